@@ -1,0 +1,16 @@
+// Registers the vllm_prism._C custom ops with torch (namespace torch.ops._C_prism) and gives
+// the shared library a Python module entry so that `import vllm_prism._C` loads it.
+#include <Python.h>
+#include <torch/library.h>
+
+#include "ops.h"
+
+TORCH_LIBRARY(_C_prism, m) {
+  // Dequantize packed PQ2_0 rows (uint8 [rows, K/128*34]) to a dense [rows, K] tensor.
+  m.def("pq2_dequantize(Tensor raw, ScalarType dtype) -> Tensor");
+  m.impl("pq2_dequantize", c10::kCUDA, &pq2_dequantize);
+}
+
+static struct PyModuleDef prism_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, 0, nullptr};
+
+PyMODINIT_FUNC PyInit__C(void) { return PyModule_Create(&prism_module); }

@@ -1,0 +1,73 @@
+"""The ``vllm-prism`` command: inspect a Bonsai GGUF, make a tiny test model.
+
+Subcommands:
+  inspect FILE.gguf            architecture, hyperparameters, tensor types, the Hadamard
+                               contract and every problem; exit 0 for a good file, 1 (with
+                               the problems on stderr) for a bad one.
+  make-tiny OUT.gguf [...]     a deterministic tiny Bonsai-architecture model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+EXIT_BAD_FILE = 1
+
+
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    from vllm_prism.gguf.errors import GGUFError
+    from vllm_prism.gguf.inspect import format_report, inspect_gguf
+
+    try:
+        report = inspect_gguf(args.file)
+    except GGUFError as e:
+        sys.stderr.write(f"vllm-prism inspect: {e}\n")
+        return EXIT_BAD_FILE
+    sys.stdout.write(format_report(report) + "\n")
+    if report.problems:
+        sys.stderr.write(f"vllm-prism inspect: {report.path}: {len(report.problems)} "
+                         "problem(s):\n")
+        for p in report.problems:
+            sys.stderr.write(f"  - {p}\n")
+        return EXIT_BAD_FILE
+    return 0
+
+
+def _cmd_make_tiny(args: argparse.Namespace) -> int:
+    from vllm_prism.gguf.tiny import make_tiny_gguf
+
+    summary = make_tiny_gguf(args.out, fmt=args.format, seed=args.seed, layers=args.layers)
+    sys.stdout.write(f"wrote {summary['path']}: {summary['format']}, {summary['n_layers']} "
+                     f"layers, vocab {summary['vocab_size']}, {summary['n_tensors']} tensors\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-prism", description="Serve PrismML's ternary Bonsai GGUF models with vLLM.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("inspect", help="summarise a GGUF file and list its problems")
+    p.add_argument("file", help="path of the .gguf file")
+    p.set_defaults(func=_cmd_inspect)
+
+    p = sub.add_parser("make-tiny", help="write a tiny Bonsai-architecture model")
+    p.add_argument("out", help="path of the .gguf file to write")
+    p.add_argument("--format", choices=["pq2_0", "ptq1_0", "q2_0"], default="pq2_0",
+                   help="ternary tensor type (q2_0: legacy group-128 type 42, no Hadamard)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--layers", type=int, default=4,
+                   help="decoder layers; every 4th is full attention (default 4)")
+    p.set_defaults(func=_cmd_make_tiny)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""Every VLLM_PRISM_* environment switch, documented in one place and read lazily.
+
+Use it as ``from vllm_prism import envs; envs.VLLM_PRISM_TARGET_DEVICE``. A switch lives here
+only while two paths are both worth keeping; see docs/switches.md.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+environment_variables: dict[str, Callable[[], Any]] = {
+    # Build time (setup.py): "cpu" skips the CUDA extension, "cuda" requires it; unset:
+    # build it when a CUDA toolkit and a CUDA torch are present.
+    "VLLM_PRISM_TARGET_DEVICE": lambda: os.getenv("VLLM_PRISM_TARGET_DEVICE", "").lower(),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in environment_variables:
+        return environment_variables[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return list(environment_variables.keys())

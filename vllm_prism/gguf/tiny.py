@@ -1,0 +1,243 @@
+"""A deterministic tiny model with Bonsai's architecture, written as a GGUF file.
+
+``vllm-prism make-tiny`` uses it; the tests and the README's main command serve it. The
+model is a qwen35 (Qwen3.5 text) model: Gated DeltaNet layers and gated full-attention
+layers in Bonsai's 3:1 pattern, sized for vLLM's CPU kernels (bf16, linear-attention head
+dim 64). Its ternary weights are drawn directly in the folded domain and written as PQ2_0 or
+PTQ1_0 with a Hadamard contract (block 128, three sign vectors like the real file's three
+widths), or as legacy group-128 Q2_0 without one. Small tensors are F32 or BF16, as in the
+real file. It carries a byte-level BPE tokenizer trained on a built-in text and a chat
+template.
+
+Its logits are decisive: the LM head is built so that, in the folded domain, the row of
+token j is the embedding row of the token that precedes j on a fixed cycle through the
+vocabulary, so the successor of the current token wins by a wide margin while the layers
+(whose outputs are scaled to about half the embedding's size) still move every logit.
+Greedy decoding then agrees between two correct implementations despite bf16 rounding.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from vllm_prism.gguf.codecs import pack_blocks
+from vllm_prism.gguf.constants import GGMLType
+from vllm_prism.gguf.hadamard import make_contract
+from vllm_prism.gguf.qwen35 import (Qwen35Dims, expected_tensors, gguf_to_hf_name,
+                                    hf_to_gguf_tensor, qwen35_metadata)
+from vllm_prism.gguf.tokenizer import tokenizer_metadata, train_tiny_tokenizer
+from vllm_prism.gguf.writer import GGUFWriter
+
+FORMATS: dict[str, GGMLType] = {
+    "pq2_0": GGMLType.PQ2_0,
+    "ptq1_0": GGMLType.PTQ1_0,
+    "q2_0": GGMLType.Q2_0,
+}
+HADAMARD_BLOCK = 128
+GROUP = 128
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+# Training text of the tiny tokenizer (its merges only need to be real, not good).
+CORPUS = """\
+Bonsai models keep every weight of their linear layers in three values: minus one, zero and
+plus one, with one scale for each group of one hundred and twenty eight weights. A rotation
+folded into the weights spreads the outliers of each input over many channels, so that the
+ternary grid loses little. The model reads its input, thinks about it, and writes an answer
+one token at a time. Hello, world! How are you today? I am fine, thank you. What is the
+capital of France? Paris is the capital of France. Two plus two is four. The quick brown fox
+jumps over the lazy dog. Serving a model well means answering many requests at once, keeping
+the memory of each conversation in a cache of keys and values, and reading every weight from
+memory as few times as possible. Small models run on small cards; large models need care.
+Numbers like 1, 2, 3, 42 and 2026 appear in text too, and so do names, places and dates.
+"""
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """Sizes of the tiny model (all input widths are multiples of 128)."""
+
+    n_layers: int = 4
+    hidden: int = 256
+    intermediate: int = 512
+    n_heads: int = 6
+    n_kv_heads: int = 2
+    head_dim: int = 64
+    n_k_heads: int = 2
+    n_v_heads: int = 6
+    linear_head_dim: int = 64
+    conv_kernel: int = 4
+    full_attention_interval: int = 4
+    vocab_target: int = 512
+    context_length: int = 4096
+    rope_theta: float = 1.0e7
+    rms_eps: float = 1.0e-6
+    rope_dim: int = 16
+    rope_sections: tuple[int, ...] = (3, 3, 2, 0)
+    layer_gain: float = 0.5   # RMS of a sublayer's output relative to its normalised input
+    lm_head_scale: float = 0.1
+
+
+def _dims(cfg: TinyConfig, vocab_size: int) -> Qwen35Dims:
+    return Qwen35Dims(
+        n_layers=cfg.n_layers, hidden=cfg.hidden, intermediate=cfg.intermediate,
+        n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+        n_k_heads=cfg.n_k_heads, n_v_heads=cfg.n_v_heads, head_k_dim=cfg.linear_head_dim,
+        head_v_dim=cfg.linear_head_dim, conv_kernel=cfg.conv_kernel,
+        full_attention_interval=cfg.full_attention_interval, vocab_size=vocab_size)
+
+
+def _is_ternary(gguf_name: str) -> bool:
+    """The tensors Bonsai stores ternary (and folds): every projection, embedding, LM head."""
+    leaf = gguf_name.split(".")[-2] if gguf_name.startswith("blk.") else gguf_name
+    return leaf in {"attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate",
+                    "ssm_out", "ffn_gate", "ffn_up", "ffn_down"} or gguf_name in {
+                        "token_embd.weight", "output.weight"}
+
+
+class _TinyBuilder:
+    """Draws the tiny model's tensors in Hugging Face order and value conventions."""
+
+    def __init__(self, cfg: TinyConfig, dims: Qwen35Dims, seed: int) -> None:
+        self.cfg = cfg
+        self.dims = dims
+        self.rng = np.random.default_rng(seed)
+
+    def ternary(self, shape: tuple[int, int], out_rms: float) -> tuple[np.ndarray, np.ndarray]:
+        """Random ternary codes and fp16 group scales giving outputs of RMS ``out_rms``
+        for inputs of RMS 1."""
+        rows, cols = shape
+        q = self.rng.integers(-1, 2, size=shape, dtype=np.int8)
+        base = out_rms / np.sqrt(cols * 2.0 / 3.0)
+        d = base * self.rng.uniform(0.75, 1.25, size=(rows, cols // GROUP))
+        return q, d.astype(np.float16)
+
+    def floats(self, shape: tuple[int, ...], mean: float, std: float) -> np.ndarray:
+        return (mean + std * self.rng.standard_normal(shape)).astype(np.float32)
+
+    def embedding_and_head(self, n_special: int) -> dict[str, Any]:
+        d = self.dims
+        z, _ = self.ternary((d.vocab_size, d.hidden), 1.0)
+        z_scale = np.full((d.vocab_size, d.hidden // GROUP), np.sqrt(1.5), np.float16)
+        normal = np.arange(n_special, d.vocab_size)
+        cycle = self.rng.permutation(normal)
+        pred = np.empty(d.vocab_size, np.int64)
+        pred[cycle] = np.roll(cycle, 1)  # pred[cycle[i]] = cycle[i - 1]
+        head_q = np.zeros_like(z)
+        head_q[normal] = z[pred[normal]]
+        head_d = np.full_like(z_scale, self.cfg.lm_head_scale)
+        return {"model.embed_tokens.weight": (z, z_scale), "lm_head.weight": (head_q, head_d)}
+
+    def layer(self, i: int) -> dict[str, Any]:
+        d, g = self.dims, self.cfg.layer_gain
+        p = f"model.layers.{i}."
+        t: dict[str, Any] = {
+            p + "input_layernorm.weight": self.floats((d.hidden,), 0.0, 0.1),
+            p + "post_attention_layernorm.weight": self.floats((d.hidden,), 0.0, 0.1),
+            p + "mlp.gate_proj.weight": self.ternary((d.intermediate, d.hidden), 1.0),
+            p + "mlp.up_proj.weight": self.ternary((d.intermediate, d.hidden), 1.0),
+            p + "mlp.down_proj.weight": self.ternary((d.hidden, d.intermediate), 2.0 * g),
+        }
+        if d.is_full_attention(i):
+            q_width = d.n_heads * d.head_dim
+            kv_width = d.n_kv_heads * d.head_dim
+            t.update({
+                p + "self_attn.q_proj.weight": self.ternary((2 * q_width, d.hidden), 1.0),
+                p + "self_attn.k_proj.weight": self.ternary((kv_width, d.hidden), 1.0),
+                p + "self_attn.v_proj.weight": self.ternary((kv_width, d.hidden), 1.0),
+                p + "self_attn.o_proj.weight": self.ternary((d.hidden, q_width), 2.0 * g),
+                p + "self_attn.q_norm.weight": self.floats((d.head_dim,), 0.0, 0.1),
+                p + "self_attn.k_norm.weight": self.floats((d.head_dim,), 0.0, 0.1),
+            })
+        else:
+            t.update({
+                p + "linear_attn.in_proj_qkv.weight": self.ternary((d.conv_dim, d.hidden), 1.0),
+                p + "linear_attn.in_proj_z.weight": self.ternary((d.value_dim, d.hidden), 1.0),
+                p + "linear_attn.in_proj_b.weight": self.floats((d.n_v_heads, d.hidden), 0.0,
+                                                                1.0 / np.sqrt(d.hidden)),
+                p + "linear_attn.in_proj_a.weight": self.floats((d.n_v_heads, d.hidden), 0.0,
+                                                                1.0 / np.sqrt(d.hidden)),
+                p + "linear_attn.conv1d.weight": self.floats((d.conv_dim, 1, d.conv_kernel),
+                                                             0.0, 0.5),
+                p + "linear_attn.dt_bias": self.floats((d.n_v_heads,), 0.0, 0.5),
+                p + "linear_attn.A_log": np.log(self.rng.uniform(1.0, 16.0, d.n_v_heads)
+                                                ).astype(np.float32),
+                p + "linear_attn.norm.weight": self.floats((d.head_v_dim,), 1.0, 0.1),
+                p + "linear_attn.out_proj.weight": self.ternary((d.hidden, d.value_dim), 4.0 * g),
+            })
+        return t
+
+
+# Small tensors stored in BF16 (the rest F32), as in the real file.
+_BF16_LEAVES = {"ssm_alpha.weight", "ssm_beta.weight"}
+
+
+def _write_tensor(writer: GGUFWriter, name: str, value: Any, ternary_type: GGMLType) -> None:
+    if isinstance(value, tuple):
+        q, d = value
+        group = GROUP
+        raw = pack_blocks(q, d, ternary_type, group=group if ternary_type == GGMLType.Q2_0
+                          else None)
+        writer.add_tensor(name, raw, ternary_type, shape=q.shape)
+        return
+    leaf = name.split(".", 2)[-1] if name.startswith("blk.") else name
+    ftype = GGMLType.BF16 if leaf in _BF16_LEAVES else GGMLType.F32
+    writer.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32), ftype)
+
+
+def make_tiny_gguf(path: str | os.PathLike, *, fmt: str = "pq2_0", seed: int = 0,
+                   layers: int = 4, config: TinyConfig | None = None) -> dict[str, Any]:
+    """Write the tiny model to ``path``; returns a summary (vocab size, tensor count, ...)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    if layers < 1:
+        raise ValueError(f"--layers must be at least 1, got {layers}")
+    cfg = config or TinyConfig(n_layers=layers)
+    ternary_type = FORMATS[fmt]
+    tok = train_tiny_tokenizer(CORPUS.splitlines(), cfg.vocab_target, SPECIAL_TOKENS)
+    dims = _dims(cfg, tok.get_vocab_size())
+    builder = _TinyBuilder(cfg, dims, seed)
+    hf: dict[str, Any] = builder.embedding_and_head(len(SPECIAL_TOKENS))
+    hf["model.norm.weight"] = builder.floats((dims.hidden,), 0.0, 0.1)
+    for i in range(dims.n_layers):
+        hf.update(builder.layer(i))
+
+    shapes = expected_tensors(dims)
+    gguf: dict[str, Any] = {}
+    for name in shapes:
+        value = hf[gguf_to_hf_name(name)]
+        if isinstance(value, tuple):
+            gguf[name] = tuple(hf_to_gguf_tensor(name, a, dims) for a in value)
+        else:
+            gguf[name] = hf_to_gguf_tensor(name, value, dims)
+
+    writer = GGUFWriter(path)
+    writer.add_metadata("general.name", f"Tiny-Bonsai-{fmt}-s{seed}")
+    for key, value, vtype, etype in qwen35_metadata(
+            dims, context_length=cfg.context_length, rope_theta=cfg.rope_theta,
+            rms_eps=cfg.rms_eps, rope_dim=cfg.rope_dim, rope_sections=cfg.rope_sections):
+        writer.add_metadata(key, value, vtype, etype)
+    for key, value, vtype, etype in tokenizer_metadata(
+            tok, pre="qwen2", special_tokens={"eos": "<|im_end|>", "pad": "<|endoftext|>"},
+            chat_template=CHAT_TEMPLATE):
+        writer.add_metadata(key, value, vtype, etype)
+    if ternary_type != GGMLType.Q2_0:
+        folded = [n for n in shapes if _is_ternary(n) and n != "token_embd.weight"]
+        widths = sorted({shapes[n][-1] for n in folded})
+        contract = make_contract(widths, HADAMARD_BLOCK, folded, ["token_embd.weight"],
+                                 seed=seed + 1)
+        for key, value, vtype, etype in contract.to_metadata():
+            writer.add_metadata(key, value, vtype, etype)
+    for name in shapes:
+        _write_tensor(writer, name, gguf[name], ternary_type)
+    writer.write()
+    return {"path": os.fspath(path), "format": fmt, "vocab_size": dims.vocab_size,
+            "n_layers": dims.n_layers, "n_tensors": len(shapes)}
