@@ -1,8 +1,6 @@
 """What :func:`vllm_prism.register` registers with vLLM, in one place.
 
-Each entry is a small function that imports its component lazily and registers it. The
-list grows as components land (quantization method, GGUF loader, model class, attention
-backend, patches); today it only checks that the vLLM it runs in is the one we pin.
+Each entry is a small function that imports its component lazily and registers it.
 """
 
 from __future__ import annotations
@@ -28,7 +26,28 @@ def _check_vllm_version() -> None:
             ", ".join(SUPPORTED_VLLM_VERSIONS), version)
 
 
-REGISTRATIONS: list[Callable[[], None]] = [_check_vllm_version]
+def _register_serving() -> None:
+    """The prism quantization method, the GGUF config source and loader, the model class
+    and the engine-argument hook that selects them for a .gguf model."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return
+    from vllm import ModelRegistry
+
+    import vllm_prism.model_executor.layers.quantization.prism  # noqa: F401 (registers)
+    from vllm_prism.engine.arg_utils import install_engine_args_hook
+    from vllm_prism.model_executor.model_loader.gguf_loader import register_gguf_loader
+    from vllm_prism.transformers_utils.gguf_config import ARCHITECTURE, register_config_source
+
+    register_config_source()
+    register_gguf_loader()
+    ModelRegistry.register_model(
+        ARCHITECTURE, "vllm_prism.model_executor.models.bonsai:PrismBonsaiForCausalLM")
+    install_engine_args_hook()
+
+
+REGISTRATIONS: list[Callable[[], None]] = [_check_vllm_version, _register_serving]
 
 
 def register_all() -> None:

@@ -14,6 +14,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Build time (setup.py): "cpu" skips the CUDA extension, "cuda" requires it; unset:
     # build it when a CUDA toolkit and a CUDA torch are present.
     "VLLM_PRISM_TARGET_DEVICE": lambda: os.getenv("VLLM_PRISM_TARGET_DEVICE", "").lower(),
+    # Where vllm-prism caches what it derives from a GGUF file (the tokenizer folder).
+    "VLLM_PRISM_CACHE_DIR": lambda: os.path.expanduser(
+        os.getenv("VLLM_PRISM_CACHE_DIR", "~/.cache/vllm-prism")),
 }
 
 

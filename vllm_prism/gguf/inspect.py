@@ -225,3 +225,33 @@ def _format_contract(c: HadamardContract | None) -> list[str]:
 
 
 __all__ = ["InspectReport", "find_problems", "inspect_gguf", "format_report", "may_be_ternary"]
+
+
+def find_serving_problems(reader: GGUFReader) -> list[str]:
+    """Everything that stops vllm-prism from serving the open file (empty: servable)."""
+    _, problems = find_problems(reader)
+    if problems:
+        return problems
+    ternary = {n: i for n, i in reader.tensors.items() if may_be_ternary(n)}
+    floats = sorted(n for n, i in ternary.items() if i.ggml_type in FLOAT_TYPES)
+    if floats:
+        problems.append(f"projection {floats[0]} (and {len(floats) - 1} more) is stored in "
+                        f"float; vllm-prism serves ternary projections (PQ2_0, PTQ1_0, Q2_0)")
+    kinds = {(i.ggml_type, i.layout.block_size) for i in ternary.values()
+             if i.ggml_type not in FLOAT_TYPES}
+    if len(kinds) > 1:
+        problems.append("the projections mix ternary types "
+                        f"({', '.join(sorted(f'{t.name}/g{g}' for t, g in kinds))}); "
+                        "vllm-prism serves one type per file")
+    widths = {n: i.ne[0] for n, i in reader.tensors.items()}
+    contract = parse_hadamard_contract(reader.metadata, widths, reader.path)
+    if contract is not None:
+        want = set(ternary) - {"token_embd.weight"}
+        unfolded = sorted(want - contract.weight_names)
+        if unfolded:
+            problems.append(f"the Hadamard contract does not fold {unfolded[0]} (and "
+                            f"{len(unfolded) - 1} more); vllm-prism needs every projection "
+                            "folded when the file has a contract")
+        if "token_embd.weight" not in contract.inverse_weight_names:
+            problems.append("the Hadamard contract does not inverse-fold token_embd.weight")
+    return problems

@@ -1,0 +1,137 @@
+"""Make vLLM's engine arguments serve a Bonsai GGUF file given as the model.
+
+``LLM("model.gguf")`` and ``vllm serve model.gguf`` build an ``EngineArgs``; before vLLM
+turns it into a model config, :func:`prepare_gguf_engine_args` checks the file (every
+problem is reported here, before the engine starts) and selects our config source, loader
+and quantization method, and the tokenizer and chat template stored in the file unless
+``--tokenizer`` is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from vllm.logger import init_logger
+
+from vllm_prism import envs
+
+logger = init_logger(__name__)
+
+CONFIG_FORMAT = "prism_gguf"
+LOAD_FORMAT = "prism_gguf"
+QUANTIZATION = "prism"
+
+
+def is_gguf_model(model: Any) -> bool:
+    """Whether a --model value names a GGUF file."""
+    return isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".gguf")
+
+
+def check_gguf_for_serving(path: str | os.PathLike) -> None:
+    """Raise ValueError naming the file and every problem that stops it being served."""
+    from vllm_prism.gguf.errors import GGUFError
+    from vllm_prism.gguf.inspect import find_serving_problems
+    from vllm_prism.gguf.reader import GGUFReader
+
+    if not Path(path).is_file():
+        raise ValueError(f"{path}: no such GGUF file; check the model path")
+    try:
+        with GGUFReader(path) as reader:
+            problems = find_serving_problems(reader)
+    except GGUFError as e:
+        raise ValueError(f"vllm-prism cannot serve {e}") from None
+    if problems:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        raise ValueError(f"vllm-prism cannot serve {path}:\n{lines}\n"
+                         f"(`vllm-prism inspect {path}` shows the whole file)")
+
+
+def materialize_tokenizer(path: str | os.PathLike) -> str:
+    """Write the file's tokenizer and chat template as a Hugging Face tokenizer folder
+    (cached by file identity) and return the folder."""
+    from vllm_prism.gguf.reader import GGUFReader
+    from vllm_prism.gguf.tokenizer import build_tokenizer, read_tokenizer_data
+
+    st = os.stat(path)
+    key = hashlib.sha256(f"{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}:v1".encode()
+                         ).hexdigest()[:24]
+    out = Path(envs.VLLM_PRISM_CACHE_DIR) / "tokenizers" / key
+    if (out / "tokenizer_config.json").is_file():
+        return str(out)
+    with GGUFReader(path) as reader:
+        data = read_tokenizer_data(reader.metadata, reader.path)
+        context = reader.metadata.get("qwen35.context_length")
+    tok = build_tokenizer(data)
+    special = {k: data.tokens[v] for k, v in data.special_ids.items()}
+    config: dict[str, Any] = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "clean_up_tokenization_spaces": False,
+        "add_bos_token": data.add_bos,
+        **{f"{k}_token": v for k, v in special.items()},
+    }
+    if context:
+        config["model_max_length"] = int(context)
+    if data.chat_template:
+        config["chat_template"] = data.chat_template
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "tokenizer.json").write_text(tok.to_str())
+    (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    try:
+        tmp.rename(out)
+    except OSError:  # another process won the race; its folder is identical
+        pass
+    return str(out)
+
+
+def prepare_gguf_engine_args(args: Any) -> None:
+    """Point ``args`` (an EngineArgs) at our config source, loader and quantization."""
+    if not is_gguf_model(args.model):
+        if args.quantization == QUANTIZATION:
+            raise ValueError(f"--quantization {QUANTIZATION} needs a Bonsai .gguf file as the "
+                             f"model, got {args.model!r}")
+        return
+    path = str(args.model)
+    check_gguf_for_serving(path)
+    if args.quantization not in (None, QUANTIZATION):
+        raise ValueError(f"--quantization {args.quantization} cannot be used with the Bonsai "
+                         f"GGUF file {path}; leave it unset or pass {QUANTIZATION}")
+    args.quantization = QUANTIZATION
+    args.config_format = CONFIG_FORMAT
+    args.load_format = LOAD_FORMAT
+    if args.tokenizer in (None, "", path):
+        args.tokenizer = materialize_tokenizer(path)
+    if args.served_model_name is None:
+        args.served_model_name = path
+    logger.info("vllm-prism: serving %s (tokenizer %s)", path, args.tokenizer)
+
+
+def install_engine_args_hook() -> None:
+    """Run prepare_gguf_engine_args when EngineArgs builds the engine config (once), and keep
+    vLLM's speculators probe, which reads the model path as a JSON config, off GGUF files."""
+    import vllm.engine.arg_utils as arg_utils
+
+    engine_args = arg_utils.EngineArgs
+    if getattr(engine_args.create_engine_config, "_prism_hook", False):
+        return
+    original_create = engine_args.create_engine_config
+    original_probe = arg_utils.maybe_override_with_speculators
+
+    def create_engine_config(self, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+        prepare_gguf_engine_args(self)
+        return original_create(self, *args, **kwargs)
+
+    def maybe_override_with_speculators(model: Any, tokenizer: Any, *args: Any,
+                                        vllm_speculative_config: Any = None, **kwargs: Any):
+        if is_gguf_model(model):
+            return model, tokenizer, vllm_speculative_config
+        return original_probe(model, tokenizer, *args,
+                              vllm_speculative_config=vllm_speculative_config, **kwargs)
+
+    create_engine_config._prism_hook = True  # type: ignore[attr-defined]
+    engine_args.create_engine_config = create_engine_config  # type: ignore[method-assign]
+    arg_utils.maybe_override_with_speculators = maybe_override_with_speculators

@@ -1,0 +1,288 @@
+"""The activation producer of the PQ2 kernels: (RMSNorm) -> signs -> block Hadamard -> layout.
+
+A folded Bonsai linear layer computes ``y = W_st @ Hblk(s * x)``. One Triton kernel reads the
+activation once and writes it in the form the chosen weight kernel consumes, so the rotation
+costs no extra pass: it optionally applies an RMSNorm first (``rms_weight``), making it the
+norm kernel of the layer, then multiplies by the sign vector, runs the normalized
+Walsh-Hadamard butterfly on each ``block``-chunk in fp32 (same operation order as
+:func:`vllm_prism.gguf.hadamard.forward_transform`) and stores one of
+
+* ``FLOAT``: ``[M, K]`` in the requested dtype (the standalone transform, the bf16/fp16
+  tensor-core kernels, the PTQ1 GEMV with fp32);
+* ``F32_PERM``: fp32 ``[M, 16, K/16]`` with ``data[m, i, w] = x[m, 16w + i] * 4**-e(i)``,
+  ``e(i) = i`` for ``i <= 10`` else ``i - 11``, plus the fp32 sum of every 128-group: the
+  float GEMV multiplies masked, unshifted code fields by it;
+* ``Q8``: int8 ``[M, K]`` quantized per 128-group (``scale = max|x| / 127``, round half away
+  from zero), with the fp32 scale and the int32 sum of the codes of every group;
+* ``Q8_PERM``: the same int8 values in the dp4a order of the int8 GEMV: int32
+  ``[M, 4, K/16]`` where byte ``b`` of word ``(p, w)`` is ``q[16w + 4b + p]``.
+
+Without signs the kernel only (normalizes and) re-lays out the activation.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+
+from vllm_prism.kernels.pq2.common import HAS_TRITON, triton_can_run
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+__all__ = ["ActKind", "PQ2Activation", "transform_activation", "hadamard_transform",
+           "transform_activation_torch"]
+
+GROUP = 128
+_MAX_SEG = 1024
+
+
+class ActKind(enum.IntEnum):
+    """Layouts the producer writes (see the module docstring)."""
+
+    FLOAT = 0
+    F32_PERM = 1
+    Q8 = 2
+    Q8_PERM = 3
+
+
+@dataclass
+class PQ2Activation:
+    """A transformed activation in one of the :class:`ActKind` layouts.
+
+    ``group_scale`` (fp32 ``[M, K/128]``) is set for the Q8 kinds; ``group_sum`` holds the
+    int32 code sums (Q8 kinds) or the fp32 value sums (F32_PERM) of every 128-group.
+    """
+
+    kind: ActKind
+    data: torch.Tensor
+    m: int
+    k: int
+    dtype: torch.dtype
+    group_scale: torch.Tensor | None = None
+    group_sum: torch.Tensor | None = None
+
+
+# ------------------------------------------------------------------------------ Triton
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _fwht(x, SEG: tl.constexpr, LOG_B: tl.constexpr):
+        """Unnormalized Walsh-Hadamard butterflies on every 2**LOG_B chunk of x [SEG]."""
+        for s in tl.static_range(LOG_B):
+            y = tl.reshape(x, (SEG // (2 << s), 2, 1 << s))
+            y = tl.permute(y, (0, 2, 1))
+            a, b = tl.split(y)
+            y = tl.join(a + b, a - b)
+            y = tl.permute(y, (0, 2, 1))
+            x = tl.reshape(y, (SEG,))
+        return x
+
+    @triton.jit
+    def _act_kernel(x_ptr, signs_ptr, rmsw_ptr, out_ptr, gscale_ptr, gsum_ptr,
+                    K, stride_xm, stride_om, stride_gm, eps,
+                    SEG: tl.constexpr, LOG_B: tl.constexpr, INV_SQRT_B: tl.constexpr,
+                    HAS_SIGNS: tl.constexpr, HAS_RMS: tl.constexpr, RMS_BLOCK: tl.constexpr,
+                    MODE: tl.constexpr):
+        m = tl.program_id(0).to(tl.int64)
+        seg = tl.program_id(1)
+        NG: tl.constexpr = SEG // 128
+        offs = seg * SEG + tl.arange(0, SEG)
+        x_row = x_ptr + m * stride_xm
+        x = tl.load(x_row + offs).to(tl.float32)
+        if HAS_RMS:
+            sq = tl.zeros([RMS_BLOCK], dtype=tl.float32)
+            for k0 in range(0, K, RMS_BLOCK):
+                o = k0 + tl.arange(0, RMS_BLOCK)
+                v = tl.load(x_row + o, mask=o < K, other=0.0).to(tl.float32)
+                sq += v * v
+            rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+            x = x * rstd * tl.load(rmsw_ptr + offs).to(tl.float32)
+        if HAS_SIGNS:
+            x = x * tl.load(signs_ptr + offs)
+        if LOG_B > 0:
+            x = _fwht(x, SEG, LOG_B) * INV_SQRT_B
+        out_row = out_ptr + m * stride_om
+        g_offs = seg * NG + tl.arange(0, NG)
+        if MODE == 0:  # FLOAT
+            tl.store(out_row + offs, x.to(out_ptr.dtype.element_ty))
+        elif MODE == 1:  # F32_PERM
+            i = offs & 15
+            e = tl.where(i <= 10, i, i - 11)
+            scale = ((127 - 2 * e) << 23).to(tl.float32, bitcast=True)
+            tl.store(out_row + i * (K // 16) + (offs >> 4), x * scale)
+            xs = tl.sum(tl.reshape(x, (NG, 128)), axis=1)
+            tl.store(gsum_ptr + m * stride_gm + g_offs, xs)
+        else:  # Q8, Q8_PERM
+            xg = tl.reshape(x, (NG, 128))
+            amax = tl.max(tl.abs(xg), axis=1)
+            inv = tl.where(amax > 0, 127.0 / amax, 0.0)
+            v = xg * inv[:, None]
+            qa = (tl.abs(v) + 0.5).to(tl.int32)
+            qa = tl.minimum(qa, 127)
+            q = tl.where(v < 0, -qa, qa)
+            tl.store(gscale_ptr + m * stride_gm + g_offs, amax / 127.0)
+            tl.store(gsum_ptr + m * stride_gm + g_offs, tl.sum(q, axis=1))
+            q = tl.reshape(q, (SEG,)).to(tl.int8)
+            if MODE == 2:
+                tl.store(out_row + offs, q)
+            else:
+                r = offs & 15
+                dst = (r & 3) * (K // 4) + (offs >> 4) * 4 + (r >> 2)
+                tl.store(out_row + dst, q)
+
+
+def _segment(k: int, block: int) -> int:
+    """Elements per program: a power of two >= max(block, 128) dividing K, <= 1024 if possible."""
+    seg = max(block, GROUP)
+    while seg < _MAX_SEG and k % (2 * seg) == 0:
+        seg *= 2
+    return seg
+
+
+def _check_inputs(x: torch.Tensor, signs: torch.Tensor | None, block: int | None) -> int:
+    if x.dim() != 2:
+        raise ValueError(f"activation must be 2-D [M, K], got shape {tuple(x.shape)}")
+    k = x.shape[1]
+    if k % GROUP:
+        raise ValueError(f"K = {k} is not a multiple of {GROUP}")
+    b = 1 if block is None else int(block)
+    if b <= 0 or b & (b - 1) or k % b:
+        raise ValueError(f"Hadamard block must be a power of two dividing K = {k}, got {block}")
+    if signs is not None and signs.numel() != k:
+        raise ValueError(f"signs has {signs.numel()} values, expected K = {k}")
+    if (signs is None) != (block is None):
+        raise ValueError("signs and block must be given together")
+    return b
+
+
+def _alloc(kind: ActKind, m: int, k: int, dtype: torch.dtype,
+           device: torch.device) -> PQ2Activation:
+    g = k // GROUP
+    if kind == ActKind.FLOAT:
+        data = torch.empty(m, k, dtype=dtype, device=device)
+        return PQ2Activation(kind, data, m, k, dtype)
+    if kind == ActKind.F32_PERM:
+        data = torch.empty(m, 16, k // 16, dtype=torch.float32, device=device)
+        gsum = torch.empty(m, g, dtype=torch.float32, device=device)
+        return PQ2Activation(kind, data, m, k, dtype, None, gsum)
+    if kind == ActKind.Q8:
+        data = torch.empty(m, k, dtype=torch.int8, device=device)
+    else:
+        data = torch.empty(m, 4, k // 16, dtype=torch.int32, device=device)
+    scale = torch.empty(m, g, dtype=torch.float32, device=device)
+    qsum = torch.empty(m, g, dtype=torch.int32, device=device)
+    return PQ2Activation(kind, data, m, k, dtype, scale, qsum)
+
+
+def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int | None,
+                         kind: ActKind = ActKind.FLOAT, *, out_dtype: torch.dtype | None = None,
+                         rms_weight: torch.Tensor | None = None,
+                         eps: float = 1e-6) -> PQ2Activation:
+    """``Hblk(signs * RMSNorm?(x))`` of x [M, K] in the layout ``kind``, one Triton launch.
+
+    ``out_dtype`` (FLOAT only) defaults to x's dtype; ``rms_weight`` [K] fuses an RMSNorm
+    (fp32 math) in front. Falls back to :func:`transform_activation_torch` where Triton
+    cannot run.
+    """
+    b = _check_inputs(x, signs, block)
+    if not triton_can_run(x.device):
+        return transform_activation_torch(x, signs, block, kind, out_dtype=out_dtype,
+                                          rms_weight=rms_weight, eps=eps)
+    m, k = x.shape
+    dtype = out_dtype or x.dtype
+    act = _alloc(ActKind(kind), m, k, dtype, x.device)
+    if m == 0:
+        return act
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    seg = _segment(k, b)
+    log_b = b.bit_length() - 1
+    dummy = act.data
+    gsum = act.group_sum if act.group_sum is not None else dummy
+    gscale = act.group_scale if act.group_scale is not None else dummy
+    out_row_stride = act.data.numel() // m
+    if act.data.dtype == torch.int32:  # Q8_PERM is written byte-wise
+        data = act.data.view(torch.int8)
+        out_row_stride *= 4
+    else:
+        data = act.data
+    _act_kernel[(m, k // seg)](
+        x, signs if signs is not None else x, rms_weight if rms_weight is not None else x,
+        data, gscale, gsum, k, x.stride(0), out_row_stride, k // GROUP, float(eps),
+        SEG=seg, LOG_B=log_b, INV_SQRT_B=1.0 / math.sqrt(b),
+        HAS_SIGNS=signs is not None, HAS_RMS=rms_weight is not None,
+        RMS_BLOCK=min(1024, triton.next_power_of_2(k)), MODE=int(kind),
+        num_warps=4 if seg >= 512 else 2)
+    return act
+
+
+def hadamard_transform(x: torch.Tensor, signs: torch.Tensor, block: int,
+                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Standalone signed block Hadamard ``Hblk(signs * x)`` of x [..., K] (Triton)."""
+    lead = x.shape[:-1]
+    act = transform_activation(x.reshape(-1, x.shape[-1]), signs, block, ActKind.FLOAT,
+                               out_dtype=out_dtype)
+    return act.data.reshape(*lead, x.shape[-1])
+
+
+# ------------------------------------------------------------------------------- torch
+
+
+def _fwht_torch(x: torch.Tensor, block: int) -> torch.Tensor:
+    m, k = x.shape
+    y = x.reshape(m, k // block, block).clone()
+    h = 1
+    while h < block:
+        v = y.reshape(m, k // block, block // (2 * h), 2, h)
+        a, b = v[:, :, :, 0, :], v[:, :, :, 1, :]
+        y = torch.stack([a + b, a - b], dim=3).reshape(m, k // block, block)
+        h *= 2
+    return (y * (1.0 / math.sqrt(block))).reshape(m, k)
+
+
+def transform_activation_torch(x: torch.Tensor, signs: torch.Tensor | None, block: int | None,
+                               kind: ActKind = ActKind.FLOAT, *,
+                               out_dtype: torch.dtype | None = None,
+                               rms_weight: torch.Tensor | None = None,
+                               eps: float = 1e-6) -> PQ2Activation:
+    """Same result and layouts as :func:`transform_activation`, in plain torch."""
+    b = _check_inputs(x, signs, block)
+    m, k = x.shape
+    g = k // GROUP
+    dtype = out_dtype or x.dtype
+    xf = x.float()
+    if rms_weight is not None:
+        rstd = torch.rsqrt(xf.pow(2).mean(dim=1, keepdim=True) + eps)
+        xf = xf * rstd * rms_weight.float()
+    if signs is not None:
+        xf = xf * signs.to(xf.device, torch.float32)
+    if b > 1:
+        xf = _fwht_torch(xf, b)
+    kind = ActKind(kind)
+    if kind == ActKind.FLOAT:
+        return PQ2Activation(kind, xf.to(dtype), m, k, dtype)
+    if kind == ActKind.F32_PERM:
+        i = torch.arange(16, device=x.device)
+        e = torch.where(i <= 10, i, i - 11).float()
+        perm = xf.reshape(m, k // 16, 16).transpose(1, 2) * torch.exp2(-2 * e)[None, :, None]
+        gsum = xf.reshape(m, g, GROUP).sum(dim=2)
+        return PQ2Activation(kind, perm.contiguous(), m, k, dtype, None, gsum)
+    xg = xf.reshape(m, g, GROUP)
+    amax = xg.abs().amax(dim=2)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    v = xg * inv.unsqueeze(-1)
+    q = (torch.floor(v.abs() + 0.5).clamp(max=127) * torch.sign(v)).to(torch.int32)
+    qsum = q.sum(dim=2, dtype=torch.int32)
+    q8 = q.reshape(m, k).to(torch.int8)
+    if kind == ActKind.Q8:
+        data = q8
+    else:  # [M, K/16 (w), 4 (b), 4 (p)] -> [M, 4 (p), K/16 (w), 4 (b)]
+        data = q8.reshape(m, k // 16, 4, 4).permute(0, 3, 1, 2).contiguous()
+        data = data.view(torch.int32).reshape(m, 4, k // 16)
+    return PQ2Activation(kind, data, m, k, dtype, amax / 127.0, qsum)

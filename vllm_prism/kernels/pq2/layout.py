@@ -1,0 +1,226 @@
+"""Prepared weight layouts for the PQ2_0 and PTQ1_0 kernels, built once after loading.
+
+A GGUF PQ2_0 row is K/128 blocks of 34 bytes (fp16 scale ``d`` first, then 32 bytes of
+2-bit codes). Interleaving scales and codes makes wide, aligned loads impossible, so the
+kernels read two planes instead:
+
+* ``codes``: int32 ``[N, K/16]``, the code bytes of each row concatenated. Word ``w`` of a
+  row holds elements ``16w .. 16w+15``; element ``j`` is ``(codes[j // 16] >> 2*(j % 16)) & 3``
+  (a little-endian reinterpretation of the GGUF bytes, so no bit is moved).
+* ``scales``: fp16 ``[N, G_pad]`` with ``G = K/128`` blocks, the row stride padded to a
+  multiple of 8 so every row starts 16-byte aligned.
+
+PTQ1_0 (28-byte blocks: 24 bytes ``qs``, 2 bytes ``qh``, fp16 ``d`` last) keeps its trits:
+``qs`` int32 ``[N, G*6]``, ``qh`` uint8 ``[N, G*2]`` and the same ``scales`` plane.
+
+The optional Hadamard fold travels with the weight: ``signs`` (float32 ``[K]``, +-1) and
+``hadamard_block``; the linear op then computes ``y = W_st @ Hblk(signs * x)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from vllm_prism.gguf import codecs_torch
+from vllm_prism.gguf.constants import GGMLType
+
+__all__ = ["PQ2Weight", "PTQ1Weight", "GROUP", "PQ2_BLOCK_BYTES", "PTQ1_BLOCK_BYTES"]
+
+GROUP = 128
+PQ2_BLOCK_BYTES = 34
+PTQ1_BLOCK_BYTES = 28
+_SCALE_ALIGN = 8  # fp16 elements: 16 bytes
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def _check_raw(raw: torch.Tensor, block_bytes: int, fmt: str) -> tuple[int, int]:
+    """Validate uint8 [N, G * block_bytes]; returns (N, G)."""
+    if raw.dtype != torch.uint8 or raw.dim() != 2:
+        raise ValueError(f"{fmt}: raw weight must be a 2-D uint8 tensor [N, K/128*{block_bytes}],"
+                         f" got {raw.dtype} with shape {tuple(raw.shape)}")
+    n, row_bytes = raw.shape
+    if row_bytes == 0 or row_bytes % block_bytes:
+        raise ValueError(f"{fmt}: {row_bytes} bytes per row is not a positive multiple of the "
+                         f"{block_bytes}-byte block")
+    return int(n), row_bytes // block_bytes
+
+
+def _check_transform(k: int, signs: torch.Tensor | None,
+                     hadamard_block: int | None) -> tuple[torch.Tensor | None, int | None]:
+    """Validate the optional fold; returns (signs, block) with both set or both None."""
+    if signs is None and hadamard_block is None:
+        return None, None
+    if signs is None or hadamard_block is None:
+        raise ValueError("signs and hadamard_block must be given together")
+    block = int(hadamard_block)
+    if block <= 0 or block & (block - 1) or k % block:
+        raise ValueError(f"hadamard_block must be a power of two dividing K = {k}, got {block}")
+    signs = torch.as_tensor(signs).reshape(-1)
+    if signs.numel() != k:
+        raise ValueError(f"signs has {signs.numel()} values, expected K = {k}")
+    return signs, block
+
+
+def _scale_plane(d: torch.Tensor) -> torch.Tensor:
+    """fp16 [N, G] -> fp16 [N, G_pad] with a 16-byte aligned row stride."""
+    n, g = d.shape
+    g_pad = _round_up(g, _SCALE_ALIGN)
+    if g_pad == g:
+        return d.contiguous()
+    out = torch.zeros(n, g_pad, dtype=torch.float16, device=d.device)
+    out[:, :g] = d
+    return out
+
+
+@dataclass(eq=False)
+class PQ2Weight:
+    """A PQ2_0 matrix ``[N, K]`` in the kernels' layout (see the module docstring).
+
+    Build it with :meth:`from_raw` from the GGUF bytes. ``signs`` / ``hadamard_block``
+    describe the folded Hadamard rotation of the input, or are both None.
+    """
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    n: int
+    k: int
+    signs: torch.Tensor | None = None
+    hadamard_block: int | None = None
+    fmt: str = field(default="PQ2_0")
+
+    @classmethod
+    def from_raw(cls, raw: torch.Tensor, signs: torch.Tensor | None = None,
+                 hadamard_block: int | None = None,
+                 device: torch.device | str | None = None) -> PQ2Weight:
+        """Prepare uint8 ``[N, K/128*34]`` GGUF rows (optionally moving them to ``device``)."""
+        n, g = _check_raw(raw, PQ2_BLOCK_BYTES, "PQ2_0")
+        k = g * GROUP
+        signs, block = _check_transform(k, signs, hadamard_block)
+        if device is not None:
+            raw = raw.to(device)
+        blocks = raw.reshape(n, g, PQ2_BLOCK_BYTES)
+        d = blocks[..., :2].contiguous().view(torch.float16).reshape(n, g)
+        codes = blocks[..., 2:].contiguous().view(torch.int32).reshape(n, k // 16)
+        if signs is not None:
+            signs = signs.to(device=raw.device, dtype=torch.float32).contiguous()
+        return cls(codes=codes, scales=_scale_plane(d), n=n, k=k, signs=signs,
+                   hadamard_block=block)
+
+    @property
+    def device(self) -> torch.device:
+        return self.codes.device
+
+    @property
+    def groups(self) -> int:
+        return self.k // GROUP
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a kernel streams per pass (codes plus the unpadded scales)."""
+        return self.n * self.k // 4 + self.n * self.groups * 2
+
+    def unpack(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q int8 [N, K] in -1..2, d fp16 [N, K/128]): the exact integer content."""
+        shifts = torch.arange(0, 32, 2, dtype=torch.int32, device=self.device)
+        codes = (self.codes.unsqueeze(-1) >> shifts) & 3
+        q = codes.reshape(self.n, self.k).to(torch.int8) - 1
+        return q, self.scales[:, :self.groups]
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Dense ``W_st`` [N, K] (one rounding to ``dtype``): for references and fallbacks."""
+        q, d = self.unpack()
+        w = q.reshape(self.n, self.groups, GROUP).float() * d.float().unsqueeze(-1)
+        return w.reshape(self.n, self.k).to(dtype)
+
+    def to_raw(self) -> torch.Tensor:
+        """The GGUF bytes again, uint8 [N, K/128*34]."""
+        d = self.scales[:, :self.groups].contiguous().view(torch.uint8)
+        d = d.reshape(self.n, self.groups, 2)
+        codes = self.codes.contiguous().view(torch.uint8).reshape(self.n, self.groups, 32)
+        return torch.cat([d, codes], dim=-1).reshape(self.n, self.groups * PQ2_BLOCK_BYTES)
+
+
+@dataclass(eq=False)
+class PTQ1Weight:
+    """A PTQ1_0 matrix ``[N, K]`` in the kernels' layout (see the module docstring)."""
+
+    qs: torch.Tensor
+    qh: torch.Tensor
+    scales: torch.Tensor
+    n: int
+    k: int
+    signs: torch.Tensor | None = None
+    hadamard_block: int | None = None
+    fmt: str = field(default="PTQ1_0")
+    _pq2: PQ2Weight | None = field(default=None, repr=False)
+
+    @classmethod
+    def from_raw(cls, raw: torch.Tensor, signs: torch.Tensor | None = None,
+                 hadamard_block: int | None = None,
+                 device: torch.device | str | None = None) -> PTQ1Weight:
+        """Prepare uint8 ``[N, K/128*28]`` GGUF rows."""
+        n, g = _check_raw(raw, PTQ1_BLOCK_BYTES, "PTQ1_0")
+        k = g * GROUP
+        signs, block = _check_transform(k, signs, hadamard_block)
+        if device is not None:
+            raw = raw.to(device)
+        blocks = raw.reshape(n, g, PTQ1_BLOCK_BYTES)
+        qs = blocks[..., :24].contiguous().view(torch.int32).reshape(n, g * 6)
+        qh = blocks[..., 24:26].contiguous().reshape(n, g * 2)
+        d = blocks[..., 26:].contiguous().view(torch.float16).reshape(n, g)
+        if signs is not None:
+            signs = signs.to(device=raw.device, dtype=torch.float32).contiguous()
+        return cls(qs=qs, qh=qh, scales=_scale_plane(d), n=n, k=k, signs=signs,
+                   hadamard_block=block)
+
+    @property
+    def device(self) -> torch.device:
+        return self.qs.device
+
+    @property
+    def groups(self) -> int:
+        return self.k // GROUP
+
+    @property
+    def nbytes(self) -> int:
+        return self.n * self.groups * PTQ1_BLOCK_BYTES
+
+    def to_raw(self, rows: slice | None = None) -> torch.Tensor:
+        """The GGUF bytes again, uint8 [N, K/128*28] (or the given rows)."""
+        rows = rows or slice(None)
+        g = self.groups
+        qs = self.qs[rows].contiguous().view(torch.uint8)
+        n = qs.shape[0]
+        qs = qs.reshape(n, g, 24)
+        qh = self.qh[rows].reshape(n, g, 2)
+        d = self.scales[rows, :g].contiguous().view(torch.uint8).reshape(n, g, 2)
+        return torch.cat([qs, qh, d], dim=-1).reshape(n, g * PTQ1_BLOCK_BYTES)
+
+    def unpack(self, rows: slice | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q int8 [N, K] in -1..1, d fp16 [N, K/128]) through the reference codec."""
+        return codecs_torch.unpack_blocks(self.to_raw(rows), GGMLType.PTQ1_0)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """Dense ``W_st`` [N, K]: for references and fallbacks."""
+        return codecs_torch.dequantize_to(self.to_raw(), GGMLType.PTQ1_0, dtype)
+
+    def as_pq2(self, chunk_rows: int = 16384) -> PQ2Weight:
+        """The same values as a :class:`PQ2Weight` (lossless transcode, made once, cached).
+
+        The small-batch and prefill kernels read PQ2 planes; this copy costs 34/28 of the
+        PTQ1 bytes on the device.
+        """
+        if self._pq2 is None:
+            parts = []
+            for r0 in range(0, self.n, chunk_rows):
+                q, d = self.unpack(slice(r0, r0 + chunk_rows))
+                parts.append(codecs_torch.pack_blocks(q, d, GGMLType.PQ2_0))
+            raw = torch.cat(parts) if parts else torch.empty(
+                0, self.groups * PQ2_BLOCK_BYTES, dtype=torch.uint8, device=self.device)
+            self._pq2 = PQ2Weight.from_raw(raw, self.signs, self.hadamard_block)
+        return self._pq2

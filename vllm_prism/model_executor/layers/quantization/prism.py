@@ -1,0 +1,190 @@
+"""The "prism" quantization method: ternary Bonsai weights kept packed, y = W_st·H(s⊙x).
+
+Every ternary projection of a Bonsai GGUF (PQ2_0, PTQ1_0 or legacy Q2_0 blocks) stays in its
+packed bytes, one uint8 row per output feature. When the file carries PrismML's Hadamard
+contract, the weights are folded: a linear layer computes W_st · Hblk(s ⊙ x) and the
+embedding applies s ⊙ Hblk(z) after the row lookup. The LM head is a folded linear too.
+
+On CPU both methods run the exact torch computation (decode codes and scales, the block
+Hadamard, a float32 matmul); the GPU kernels are tested against this path.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import Parameter
+from vllm.distributed import get_tensor_model_parallel_rank
+from vllm.logger import init_logger
+from vllm.model_executor.layers.linear import LinearBase, LinearMethodBase, \
+    UnquantizedLinearMethod
+from vllm.model_executor.layers.quantization import register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, \
+    QuantizeMethodBase
+from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+from vllm.model_executor.utils import set_weight_attrs
+
+from vllm_prism.gguf.codecs import block_layout
+from vllm_prism.gguf.codecs_torch import dequantize_to
+from vllm_prism.gguf.constants import GGMLType
+from vllm_prism.model_executor.layers.hadamard import (forward_transform,
+                                                      inverse_embedding_transform)
+
+logger = init_logger(__name__)
+
+PRISM_QUANT = "prism"
+# Projections of the Gated DeltaNet that Bonsai keeps in float.
+FLOAT_LINEAR_SUFFIXES = (".conv1d", ".in_proj_ba")
+
+
+@functools.cache
+def _load_signs(gguf_path: str) -> dict[int, np.ndarray]:
+    """The Hadamard sign vectors of a GGUF file, by input width (read once per process)."""
+    from vllm_prism.gguf.hadamard import parse_hadamard_contract
+    from vllm_prism.gguf.reader import GGUFReader
+
+    with GGUFReader(gguf_path) as reader:
+        widths = {n: i.ne[0] for n, i in reader.tensors.items()}
+        contract = parse_hadamard_contract(reader.metadata, widths, reader.path)
+    if contract is None:
+        return {}
+    return {w: np.array(s, dtype=np.float32) for w, s in contract.signs.items()}
+
+
+@register_quantization_config(PRISM_QUANT)
+class PrismConfig(QuantizationConfig):
+    """Ternary weights of one GGUF block type, optionally Hadamard-folded."""
+
+    def __init__(self, ggml_type: int, group: int, hadamard_block: int | None,
+                 gguf_path: str | None) -> None:
+        super().__init__()
+        self.ggml_type = GGMLType(ggml_type)
+        self.group = group
+        self.hadamard_block = hadamard_block
+        self.gguf_path = gguf_path
+        self.layout = block_layout(self.ggml_type, group if self.ggml_type == GGMLType.Q2_0
+                                   else None)
+
+    def __repr__(self) -> str:
+        return (f"PrismConfig(type={self.ggml_type.name}, group={self.group}, "
+                f"hadamard_block={self.hadamard_block})")
+
+    def get_name(self) -> str:
+        return PRISM_QUANT
+
+    def get_supported_act_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 80
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> PrismConfig:
+        return cls(ggml_type=int(config.get("ggml_type", GGMLType.PQ2_0)),
+                   group=int(config.get("group", 128)),
+                   hadamard_block=config.get("hadamard_block"),
+                   gguf_path=config.get("gguf_path"))
+
+    def signs_for(self, width: int) -> np.ndarray | None:
+        """The sign vector of input width ``width`` (None: the weights are not folded)."""
+        if self.hadamard_block is None:
+            return None
+        if self.gguf_path is None:
+            raise ValueError("the prism quantization config names no GGUF file to read the "
+                             "Hadamard signs from")
+        signs = _load_signs(self.gguf_path).get(width)
+        if signs is None:
+            raise ValueError(f"{self.gguf_path}: the Hadamard contract has no sign vector for "
+                             f"input width {width}")
+        return signs
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        if isinstance(layer, VocabParallelEmbedding):
+            return PrismEmbeddingMethod(self)
+        if isinstance(layer, LinearBase):
+            if prefix.endswith(FLOAT_LINEAR_SUFFIXES):
+                return UnquantizedLinearMethod()
+            return PrismLinearMethod(self)
+        return None
+
+
+def _partition_signs(config: PrismConfig, layer: torch.nn.Module, input_size: int,
+                     input_size_per_partition: int) -> torch.Tensor | None:
+    signs = config.signs_for(input_size)
+    if signs is None:
+        return None
+    if input_size_per_partition != input_size:
+        start = get_tensor_model_parallel_rank() * input_size_per_partition
+        signs = signs[start:start + input_size_per_partition]
+    if input_size_per_partition % config.hadamard_block:
+        raise ValueError(f"{type(layer).__name__}: the input width per rank "
+                         f"({input_size_per_partition}) is not a multiple of the Hadamard "
+                         f"block ({config.hadamard_block}); use a smaller tensor-parallel size")
+    return torch.from_numpy(np.ascontiguousarray(signs))
+
+
+class PrismLinearMethod(LinearMethodBase):
+    """A folded (or plain) ternary linear layer over packed GGUF rows."""
+
+    def __init__(self, config: PrismConfig) -> None:
+        self.config = config
+
+    def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                       output_partition_sizes: list[int], input_size: int, output_size: int,
+                       params_dtype: torch.dtype, **extra_weight_attrs: Any) -> None:
+        layout = self.config.layout
+        if input_size_per_partition % layout.block_size:
+            raise ValueError(f"{type(layer).__name__}: input width per rank "
+                             f"{input_size_per_partition} is not a multiple of the "
+                             f"{self.config.ggml_type.name} block ({layout.block_size})")
+        row_bytes = input_size_per_partition // layout.block_size * layout.type_size
+        weight = Parameter(torch.empty(sum(output_partition_sizes), row_bytes,
+                                       dtype=torch.uint8), requires_grad=False)
+        set_weight_attrs(weight, {"input_dim": 1, "output_dim": 0})
+        set_weight_attrs(weight, extra_weight_attrs)
+        layer.register_parameter("weight", weight)
+        signs = _partition_signs(self.config, layer, input_size, input_size_per_partition)
+        layer.register_buffer("prism_signs", signs, persistent=False)
+        layer.prism_out_dtype = params_dtype
+
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        if layer.prism_signs is not None:
+            layer.prism_signs = layer.prism_signs.to(layer.weight.device)
+
+    def apply(self, layer: torch.nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        return prism_linear_reference(x, layer.weight, layer.prism_signs, self.config, bias)
+
+
+class PrismEmbeddingMethod(PrismLinearMethod):
+    """Embedding lookup (then the inverse transform) and the folded LM head."""
+
+    def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
+        cfg = self.config
+        rows = layer.weight.index_select(0, input_.reshape(-1))
+        group = cfg.group if cfg.ggml_type == GGMLType.Q2_0 else None
+        z = dequantize_to(rows, cfg.ggml_type, torch.float32, group=group)
+        if layer.prism_signs is not None:
+            z = inverse_embedding_transform(z, layer.prism_signs, cfg.hadamard_block)
+        return z.to(layer.prism_out_dtype).reshape(*input_.shape, -1)
+
+
+def prism_linear_reference(x: torch.Tensor, packed: torch.Tensor, signs: torch.Tensor | None,
+                           config: PrismConfig, bias: torch.Tensor | None = None
+                           ) -> torch.Tensor:
+    """The exact torch computation y = W_st · Hblk(s ⊙ x) (+ bias), in float32."""
+    xf = x.float()
+    if signs is not None:
+        xf = forward_transform(xf, signs, config.hadamard_block)
+    group = config.group if config.ggml_type == GGMLType.Q2_0 else None
+    w = dequantize_to(packed, config.ggml_type, torch.float32, group=group)
+    y = torch.nn.functional.linear(xf, w, None if bias is None else bias.float())
+    return y.to(x.dtype)

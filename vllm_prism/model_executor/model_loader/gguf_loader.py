@@ -1,0 +1,85 @@
+"""The GGUF loader: stream a Bonsai file's tensors into vLLM's model, zero copy where possible.
+
+Registered as the load format "prism_gguf". Each tensor is read from the memory-mapped file,
+renamed to its Hugging Face name, freed of llama.cpp's conversions (row permutations are
+applied to packed rows without decoding them) and handed to the model's weight loaders;
+ternary tensors stay packed for the prism quantization method.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from torch import nn
+from vllm.config import ModelConfig
+from vllm.logger import init_logger
+from vllm.model_executor.model_loader import register_model_loader
+from vllm.model_executor.model_loader.base_loader import BaseModelLoader
+from tqdm import tqdm
+
+from vllm_prism.gguf.constants import FLOAT_TYPES, GGMLType
+from vllm_prism.gguf.floats import float32_from_bf16_bits
+from vllm_prism.gguf.hadamard import parse_hadamard_contract
+from vllm_prism.gguf.qwen35 import gguf_to_hf_name, gguf_to_hf_tensor, qwen35_dims
+from vllm_prism.gguf.reader import GGUFReader
+
+logger = init_logger(__name__)
+
+LOAD_FORMAT = "prism_gguf"
+
+
+def _float_values(reader: GGUFReader, name: str) -> np.ndarray:
+    info = reader.tensors[name]
+    data = reader.tensor(name)
+    if info.ggml_type == GGMLType.BF16:
+        return float32_from_bf16_bits(np.asarray(data))
+    return np.asarray(data, dtype=np.float32)
+
+
+def iterate_gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, tensor) for every tensor of a Bonsai GGUF file.
+
+    Float tensors come as float32 with llama.cpp's value conversions undone; ternary
+    tensors come as their packed uint8 rows (row permutations undone on the bytes).
+    """
+    with GGUFReader(path) as reader:
+        vocab = reader.tensors["token_embd.weight"].shape[0]
+        dims = qwen35_dims(reader.metadata, reader.path, vocab_size=vocab)
+        widths = {n: i.ne[0] for n, i in reader.tensors.items()}
+        contract = parse_hadamard_contract(reader.metadata, widths, reader.path)
+        grouped = True if contract is None else contract.gdn_v_grouped
+        bar = tqdm(reader.tensors.items(), desc="Loading GGUF tensors", unit="tensor",
+                   total=len(reader.tensors), disable=len(reader.tensors) < 64)
+        for name, info in bar:
+            hf_name = gguf_to_hf_name(name)
+            if hf_name is None:  # refused by validation before the engine started
+                raise ValueError(f"{reader.path}: tensor {name} has no Hugging Face name")
+            if info.ggml_type in FLOAT_TYPES:
+                values = _float_values(reader, name)
+            else:
+                values = reader.raw(name)
+            converted = gguf_to_hf_tensor(name, values, dims, gdn_v_grouped=grouped,
+                                          row_block_elems=info.layout.block_size)
+            yield hf_name, torch.from_numpy(np.ascontiguousarray(converted))
+
+
+def register_gguf_loader() -> None:
+    """Register the "prism_gguf" load format with vLLM."""
+
+    @register_model_loader(LOAD_FORMAT)
+    class PrismGGUFModelLoader(BaseModelLoader):
+        """Loads a Bonsai GGUF file into PrismBonsaiForCausalLM."""
+
+        def download_model(self, model_config: ModelConfig) -> None:
+            return None  # a local file; nothing to download
+
+        def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+            path = model_config.hf_config.quantization_config["gguf_path"]
+            loaded = model.load_weights(iterate_gguf_weights(path))
+            expected = {n for n, _ in model.named_parameters()}
+            missing = expected - set(loaded)
+            if missing:
+                raise ValueError(f"{path}: no weights were loaded for {sorted(missing)[:8]}")
+            logger.info("Loaded %d weights from %s", len(loaded), path)

@@ -1,0 +1,181 @@
+"""The Bonsai (GGUF architecture qwen35) causal LM, built from vLLM's Qwen3-Next layers.
+
+The text model is vLLM's Qwen3.5: Gated DeltaNet layers and gated full-attention layers
+(3:1), a dense SiLU MLP, zero-centred RMSNorms. vLLM's own qwen3_5 module also defines the
+vision model and imports torchvision through it, which a CPU install cannot import; this
+module composes the same layers from qwen3_next and the Gated DeltaNet layer directly, and
+adds what Bonsai needs: the quantization config reaches the embedding too (it is ternary
+and inverse-folded in Bonsai files). Tensor and pipeline parallelism work where vLLM's
+layers support them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.compilation.decorators import support_torch_compile
+from vllm.config import VllmConfig
+from vllm.distributed import get_pp_group
+from vllm.logger import init_logger
+from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import \
+    QwenGatedDeltaNetAttention
+from vllm.model_executor.layers.mamba.mamba_utils import (MambaStateCopyFuncCalculator,
+                                                          MambaStateDtypeCalculator,
+                                                          MambaStateShapeCalculator)
+from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
+                                                                 VocabParallelEmbedding)
+from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid, SupportsPP
+from vllm.model_executor.models.qwen2_moe import Qwen2MoeMLP
+from vllm.model_executor.models.qwen3_next import (Qwen3NextAttention, Qwen3NextDecoderLayer,
+                                                   Qwen3NextModel)
+from vllm.model_executor.models.utils import (AutoWeightsLoader, PPMissingLayer,
+                                              WeightsMapper, extract_layer_index,
+                                              make_empty_intermediate_tensors_factory,
+                                              make_layers, maybe_prefix)
+from vllm.sequence import IntermediateTensors
+
+logger = init_logger(__name__)
+
+ARCHITECTURE = "PrismBonsaiForCausalLM"
+
+
+class BonsaiDecoderLayer(Qwen3NextDecoderLayer):
+    """One Qwen3.5 text layer: GDN or gated attention, then the dense MLP."""
+
+    def __init__(self, vllm_config: VllmConfig, layer_type: str, prefix: str = "") -> None:
+        nn.Module.__init__(self)
+        config = vllm_config.model_config.hf_text_config
+        quant_config = vllm_config.quant_config
+        self.layer_type = layer_type
+        self.layer_idx = extract_layer_index(prefix)
+        self.use_attn_reduce_scatter_for_moe = False
+        self.layer_scale = False
+        if layer_type == "linear_attention":
+            self.linear_attn = QwenGatedDeltaNetAttention(
+                config=config, vllm_config=vllm_config, prefix=f"{prefix}.linear_attn",
+                gqa_interleaved_layout=False)
+        elif layer_type == "full_attention":
+            self.self_attn = Qwen3NextAttention(
+                config, model_config=vllm_config.model_config,
+                cache_config=vllm_config.cache_config, quant_config=quant_config,
+                prefix=f"{prefix}.self_attn")
+        else:
+            raise ValueError(f"layer {self.layer_idx}: unknown layer type {layer_type!r}")
+        self.mlp = Qwen2MoeMLP(hidden_size=config.hidden_size,
+                               intermediate_size=config.intermediate_size,
+                               hidden_act=config.hidden_act, quant_config=quant_config,
+                               prefix=f"{prefix}.mlp")
+        self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size,
+                                                     eps=config.rms_norm_eps)
+
+
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1,
+                                         "intermediate_tensors": 0, "inputs_embeds": 0})
+class BonsaiModel(Qwen3NextModel):
+    """Embedding (quantized, inverse-folded), the layer stack and the final norm."""
+
+    # Hugging Face Qwen3.5 names -> vLLM's fused projections.
+    hf_to_vllm_mapper = Qwen3NextModel.hf_to_vllm_mapper | WeightsMapper(
+        orig_to_new_stacked={
+            ".in_proj_qkv": (".in_proj_qkvz", (0, 1, 2)),
+            ".in_proj_z": (".in_proj_qkvz", 3),
+            ".in_proj_b": (".in_proj_ba", 0),
+            ".in_proj_a": (".in_proj_ba", 1),
+        })
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        nn.Module.__init__(self)
+        config = vllm_config.model_config.hf_text_config
+        self.config = config
+        self.quant_config = vllm_config.quant_config
+        self.num_redundant_experts = 0
+        self.vocab_size = config.vocab_size
+        self.embed_tokens = VocabParallelEmbedding(
+            self.vocab_size, config.hidden_size, quant_config=self.quant_config,
+            prefix=maybe_prefix(prefix, "embed_tokens"))
+
+        def get_layer(prefix: str) -> BonsaiDecoderLayer:
+            kind = config.layer_types[extract_layer_index(prefix)]
+            return BonsaiDecoderLayer(vllm_config, layer_type=kind, prefix=prefix)
+
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers, get_layer, prefix=f"{prefix}.layers")
+        self.is_fused_shared_expert_enabled = False
+        self.make_empty_intermediate_tensors = make_empty_intermediate_tensors_factory(
+            ["hidden_states", "residual"], config.hidden_size)
+        if get_pp_group().is_last_rank:
+            self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        else:
+            self.norm = PPMissingLayer()
+        self.aux_hidden_state_layers: tuple[int, ...] = ()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return AutoWeightsLoader(self).load_weights(weights, mapper=self.hf_to_vllm_mapper)
+
+
+class PrismBonsaiForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsPP):
+    """Bonsai causal LM: BonsaiModel plus the (folded, ternary) LM head."""
+
+    packed_modules_mapping = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+        "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"],
+        "in_proj_ba": ["in_proj_b", "in_proj_a"],
+    }
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_text_config
+        self.config = config
+        self.vllm_config = vllm_config
+        self.quant_config = vllm_config.quant_config
+        self.model = BonsaiModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        if get_pp_group().is_last_rank:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size,
+                                          quant_config=self.quant_config,
+                                          prefix=maybe_prefix(prefix, "lm_head"))
+        else:
+            self.lm_head = PPMissingLayer()
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+        self.make_empty_intermediate_tensors = self.model.make_empty_intermediate_tensors
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                intermediate_tensors: IntermediateTensors | None = None,
+                inputs_embeds: torch.Tensor | None = None, **kwargs: object
+                ) -> torch.Tensor | IntermediateTensors:
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig
+                                          ) -> tuple[torch.dtype, torch.dtype]:
+        cache = vllm_config.cache_config
+        return MambaStateDtypeCalculator.gated_delta_net_state_dtype(
+            vllm_config.model_config.dtype, cache.mamba_cache_dtype, cache.mamba_ssm_cache_dtype)
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig
+                                          ) -> tuple[tuple[int, int], tuple[int, int]]:
+        cfg = vllm_config.model_config.hf_text_config
+        spec = vllm_config.speculative_config
+        return MambaStateShapeCalculator.gated_delta_net_state_shape(
+            vllm_config.parallel_config.tensor_parallel_size, cfg.linear_num_key_heads,
+            cfg.linear_num_value_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim,
+            cfg.linear_conv_kernel_dim, spec.num_speculative_tokens if spec else 0)
+
+    @classmethod
+    def get_mamba_state_copy_func(cls) -> tuple:
+        return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return AutoWeightsLoader(self).load_weights(weights)
