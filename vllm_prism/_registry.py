@@ -47,7 +47,18 @@ def _register_serving() -> None:
     install_engine_args_hook()
 
 
-REGISTRATIONS: list[Callable[[], None]] = [_check_vllm_version, _register_serving]
+def _apply_patches() -> None:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return
+    from vllm_prism.patches import apply_patches
+
+    apply_patches()
+
+
+REGISTRATIONS: list[Callable[[], None]] = [_check_vllm_version, _apply_patches,
+                                           _register_serving]
 
 
 def register_all() -> None:

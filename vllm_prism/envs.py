@@ -17,6 +17,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Where vllm-prism caches what it derives from a GGUF file (the tokenizer folder).
     "VLLM_PRISM_CACHE_DIR": lambda: os.path.expanduser(
         os.getenv("VLLM_PRISM_CACHE_DIR", "~/.cache/vllm-prism")),
+    # PQ2 linear kernel (vllm_prism.kernels.pq2.dispatch): "auto" (default) picks by M, shape
+    # and GPU; a kernel name (gemv_a8, gemv_a16, ptq1_gemv, mma_a16, mma_a8, gemm_a16, gemm_a8,
+    # torch) is tried first and, where it cannot run a call, falls back to auto with a warning.
+    "VLLM_PRISM_PQ2_KERNEL": lambda: os.getenv("VLLM_PRISM_PQ2_KERNEL", "auto").strip().lower(),
 }
 
 

@@ -179,12 +179,7 @@ def test_helpers_agree(tiny: dict[str, Path], models: dict[str, torch.nn.Module]
     assert margins.shape == (len(seq),) and bool((margins >= 0).all())
 
 
-@pytest.mark.parametrize("fmt", [
-    "pq2_0",
-    pytest.param("q2_0", marks=pytest.mark.xfail(
-        strict=True, reason="tiny q2_0 (default TinyConfig): 'The capital of France is' has a "
-        "0.031-logit near-tie at a generated position; TinyConfig(layer_gain=0.35) fixes it")),
-])
+@pytest.mark.parametrize("fmt", ["pq2_0", "q2_0"])
 def test_tiny_model_is_decisive(tiny: dict[str, Path], models: dict[str, torch.nn.Module],
                                 fmt: str) -> None:
     model = models[fmt]

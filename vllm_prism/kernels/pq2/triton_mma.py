@@ -45,7 +45,8 @@ class TCConfig:
     fold_scale: bool = False
 
 
-def default_mma_config(m: int, n: int, k: int, num_sms: int = 132) -> TCConfig:
+def default_mma_config(m: int, n: int, k: int, num_sms: int = 132, a8: bool = False,
+                       dtype: torch.dtype | None = None) -> TCConfig:
     """Small batches: the smallest token tile that holds M, split K until the GPU is full."""
     block_m = 16 if m <= 16 else (32 if m <= 32 else 64)
     block_n = 64
@@ -57,7 +58,8 @@ def default_mma_config(m: int, n: int, k: int, num_sms: int = 132) -> TCConfig:
     return TCConfig(block_n=block_n, block_m=block_m, split_k=split, num_warps=4, num_stages=4)
 
 
-def default_gemm_config(m: int, n: int, k: int, num_sms: int = 132) -> TCConfig:
+def default_gemm_config(m: int, n: int, k: int, num_sms: int = 132, a8: bool = False,
+                        dtype: torch.dtype | None = None) -> TCConfig:
     """Prefill: 128 x 128 tiles, two warp groups."""
     return TCConfig(block_n=128, block_m=128, split_k=1, num_warps=8, num_stages=3)
 
@@ -66,8 +68,8 @@ if HAS_TRITON:
 
     @triton.jit
     def _pq2_tc_kernel(codes_ptr, scales_ptr, x_ptr, sx_ptr, qsum_ptr, bias_ptr, out_ptr,
-                       M, N, G, stride_cn, stride_sn, stride_xm, stride_gm, stride_om,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+                       M, N, G, stride_cn, stride_sn, stride_xm, stride_gm, stride_om, SPLIT_K,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ATOMIC: tl.constexpr,
                        A8: tl.constexpr, FOLD_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
                        DOT_F32: tl.constexpr):
         pid_n = tl.program_id(0)
@@ -113,12 +115,12 @@ if HAS_TRITON:
                     acc += tl.dot(wv, xt) * d[:, None]
         if HAS_BIAS:
             b = tl.load(bias_ptr + rn).to(tl.float32)
-            if SPLIT_K > 1:
+            if ATOMIC:
                 b = tl.where(pid_k == 0, b, 0.0)
             acc += b[:, None]
         out_ptrs = out_ptr + rm[None, :] * stride_om + rn[:, None]
         omask = nmask[:, None] & mmask[None, :]
-        if SPLIT_K > 1:
+        if ATOMIC:
             tl.atomic_add(out_ptrs, acc, mask=omask, sem="relaxed")
         else:
             tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=omask)
@@ -152,8 +154,8 @@ def pq2_tc_linear(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = 
     _pq2_tc_kernel[grid](
         w.codes, w.scales, x, sx, qsum, bias if bias is not None else out, out,
         m, n, w.groups, w.codes.stride(0), w.scales.stride(0), x.stride(0),
-        sx.stride(0) if a8 else 0, out.stride(0),
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, SPLIT_K=split, A8=a8,
+        sx.stride(0) if a8 else 0, out.stride(0), split,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC=split > 1, A8=a8,
         FOLD_SCALE=cfg.fold_scale, HAS_BIAS=bias is not None, DOT_F32=interpreting(),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out.to(dtype) if split > 1 else out

@@ -1,0 +1,356 @@
+"""Benchmark of the PQ2 linear op (vllm_prism.kernels.pq2) on a CUDA GPU.
+
+For each Bonsai 2 shape and batch size M it reports the median time of ``pq2_linear`` (the
+activation producer with the signed Hadamard plus the chosen kernel, as the model runs it),
+the bytes it must move (codes + scales + activation + output), the share of the read
+bandwidth measured in the same run by a large read-only reduction, the ratio to torch bf16
+``F.linear`` on dense weights of the same shape, and t(M) / t(1).
+
+Timing: CUDA events around replays of a CUDA graph that holds many calls, each call on a
+different copy of the weights (enough copies to exceed 3x the L2 cache, so every call
+streams its weights from device memory); time per call = median replay time / calls.
+
+    python benchmarks/kernels/bench_pq2_linear.py                 # writes benchmarks/results/
+    python benchmarks/kernels/bench_pq2_linear.py --sweep --out /tmp/sweep   # tile sweep
+
+``--sweep`` times every tile variant of each kernel family (kernel only, on a prepared
+activation) after checking its output against the torch reference, to choose defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from vllm_prism.kernels.pq2 import dispatch  # noqa: E402
+from vllm_prism.kernels.pq2.hadamard import ActKind, transform_activation  # noqa: E402
+from vllm_prism.kernels.pq2.layout import PQ2Weight  # noqa: E402
+from vllm_prism.kernels.pq2.triton_gemv import GemvConfig, gemv_a8, gemv_a16  # noqa: E402
+from vllm_prism.kernels.pq2.triton_mma import TCConfig, pq2_tc_linear  # noqa: E402
+
+SHAPES = [(1024, 5120), (12288, 5120), (10240, 5120), (6144, 5120), (14336, 5120),
+          (34816, 5120), (5120, 6144), (5120, 17408), (248320, 5120)]
+M_LIST = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
+HADAMARD_BLOCK = 1024
+L2_MULTIPLE = 3
+
+
+def gpu_slug() -> str:
+    name = torch.cuda.get_device_name()
+    return name.lower().replace("nvidia", "").strip().replace(" ", "-") or "gpu"
+
+
+# --------------------------------------------------------------------------- measurement
+
+
+def time_graph(calls: list[Callable[[], object]], replays: int = 15) -> float:
+    """Median microseconds per call of a CUDA graph replaying ``calls`` in order."""
+    for c in calls:  # compile and warm up outside the capture
+        c()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for c in calls:
+            c()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del graph
+    return statistics.median(times) * 1000.0 / len(calls)
+
+
+def read_bandwidth_gbps() -> float:
+    """GB/s of a read-only fp32 sum over 4 GiB (median of 10)."""
+    buf = torch.rand(1 << 30, device="cuda")
+    for _ in range(3):
+        buf.sum()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        buf.sum()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    gbps = buf.numel() * 4 / (statistics.median(times) * 1e-3) / 1e9
+    del buf
+    torch.cuda.empty_cache()
+    return gbps
+
+
+def l2_bytes() -> int:
+    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+
+
+def copies_for(nbytes: int) -> int:
+    return max(1, min(256, math.ceil(L2_MULTIPLE * l2_bytes() / max(nbytes, 1))))
+
+
+# ------------------------------------------------------------------------------- inputs
+
+
+def random_weight(n: int, k: int, gen: torch.Generator) -> PQ2Weight:
+    """Random codes (all four, code 3 included), scales in [0.5, 1.5) * 0.02, random signs."""
+    g = k // 128
+    raw = torch.randint(0, 256, (n, g, 34), dtype=torch.uint8, device="cuda", generator=gen)
+    d = ((torch.rand(n, g, device="cuda", generator=gen) + 0.5) * 0.02).half()
+    raw[:, :, :2] = d.view(torch.uint8).reshape(n, g, 2)
+    signs = torch.where(torch.rand(k, device="cuda", generator=gen) < 0.5, -1.0, 1.0)
+    return PQ2Weight.from_raw(raw.reshape(n, g * 34), signs, HADAMARD_BLOCK)
+
+
+def clone_weight(w: PQ2Weight) -> PQ2Weight:
+    return PQ2Weight(codes=w.codes.clone(), scales=w.scales.clone(), n=w.n, k=w.k,
+                     signs=w.signs, hadamard_block=w.hadamard_block)
+
+
+def op_bytes(m: int, n: int, k: int, weight_bytes: int, act_bytes: int = 2) -> int:
+    return weight_bytes + m * k * act_bytes + m * n * act_bytes
+
+
+def reference(x: torch.Tensor, w: PQ2Weight, wf: torch.Tensor) -> torch.Tensor:
+    """fp32 reference: exact transform (gguf.hadamard) and the fp32 dense weight wf."""
+    from vllm_prism.gguf.hadamard import forward_transform
+    xt = forward_transform(x.float(), w.signs, w.hadamard_block)
+    return xt @ wf.T
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.float() - ref).norm() / ref.norm()).item()
+
+
+# -------------------------------------------------------------------------------- sweep
+
+GEMV_A8_CONFIGS = [GemvConfig(8, 8, 2), GemvConfig(16, 8, 4), GemvConfig(32, 8, 4),
+                   GemvConfig(64, 8, 8), GemvConfig(16, 16, 4), GemvConfig(32, 4, 4)]
+GEMV_A16_CONFIGS = [GemvConfig(8, 8, 2), GemvConfig(16, 8, 4), GemvConfig(32, 8, 4),
+                    GemvConfig(64, 8, 8)]
+MMA_M = [2, 16, 32, 64]
+GEMM_M = [128, 512, 2048]
+
+
+def mma_configs(m: int, n: int, k: int) -> list[TCConfig]:
+    bm = 16 if m <= 16 else (32 if m <= 32 else 64)
+    out = []
+    for bn in (32, 64, 128):
+        tiles = -(-n // bn)
+        split = 1
+        while tiles * split < 132 and split < 8 and (k // 128) // (split * 2) >= 4:
+            split *= 2
+        for s in sorted({1, split}):
+            out.append(TCConfig(block_n=bn, block_m=bm, split_k=s, num_warps=4, num_stages=4))
+    return out
+
+
+GEMM_CONFIGS = {
+    "a16": [TCConfig(128, 128, 1, 8, 3), TCConfig(64, 128, 1, 4, 3), TCConfig(128, 64, 1, 4, 3),
+            TCConfig(128, 128, 1, 8, 2)],
+    "a16fold": [TCConfig(128, 64, 1, 4, 3, fold_scale=True),
+                TCConfig(128, 128, 1, 8, 3, fold_scale=True)],
+    "a8": [TCConfig(64, 128, 1, 4, 3), TCConfig(128, 64, 1, 4, 3), TCConfig(128, 128, 1, 8, 3)],
+}
+
+
+def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
+                m_filter: set[int] | None) -> None:
+    w0 = random_weight(n, k, gen)
+    ws = [w0] + [clone_weight(w0) for _ in range(copies_for(w0.nbytes) - 1)]
+    calls_n = max(len(ws), 20)
+    shape = f"{n}x{k}"
+    wf = w0.dequantize(torch.float32)
+
+    def record(**kw):
+        kw["shape"] = shape
+        results.append(kw)
+        print(json.dumps(kw), flush=True)
+
+    def run_variant(family, m, cfg, act, fn, tol, ref):
+        try:
+            y = fn(act, ws[0], cfg)
+            err = rel_err(y, ref)
+            ok = math.isfinite(err) and err < tol
+            us = time_graph([lambda i=i: fn(act, ws[i % len(ws)], cfg) for i in range(calls_n)])
+            record(family=family, M=m, config=repr(cfg), us=us, err=err, ok=ok)
+        except Exception as e:  # keep sweeping; report the failure
+            record(family=family, M=m, config=repr(cfg), error=f"{type(e).__name__}: {e}"[:400])
+
+    ms = [1] + MMA_M + (GEMM_M if n < 100000 else [128])
+    for m in ms:
+        if m_filter and m not in m_filter:
+            continue
+        x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+        ref = reference(x, w0, wf)
+        if m == 1:
+            for kind in (ActKind.Q8_PERM, ActKind.F32_PERM, ActKind.FLOAT):
+                us = time_graph([lambda: transform_activation(x, w0.signs, HADAMARD_BLOCK, kind)
+                                 for _ in range(20)])
+                record(family=f"producer_{kind.name}", M=1, us=us)
+            a8 = transform_activation(x, w0.signs, HADAMARD_BLOCK, ActKind.Q8_PERM)
+            a16 = transform_activation(x, w0.signs, HADAMARD_BLOCK, ActKind.F32_PERM)
+            for cfg in GEMV_A8_CONFIGS:
+                run_variant("gemv_a8", 1, cfg, a8,
+                            lambda a, w, c: gemv_a8(a, w, config=c), 3e-2, ref)
+            for cfg in GEMV_A16_CONFIGS:
+                run_variant("gemv_a16", 1, cfg, a16,
+                            lambda a, w, c: gemv_a16(a, w, config=c), 1e-2, ref)
+            continue
+        af = transform_activation(x, w0.signs, HADAMARD_BLOCK, ActKind.FLOAT)
+        aq = transform_activation(x, w0.signs, HADAMARD_BLOCK, ActKind.Q8)
+        tc = lambda a, w, c: pq2_tc_linear(a, w, config=c)  # noqa: E731
+        if m <= 64:
+            for cfg in mma_configs(m, n, k):
+                run_variant("mma_a16", m, cfg, af, tc, 1e-2, ref)
+                run_variant("mma_a8", m, cfg, aq, tc, 3e-2, ref)
+        else:
+            for fam, cfgs in GEMM_CONFIGS.items():
+                for cfg in cfgs:
+                    run_variant(f"gemm_{fam}", m, cfg, aq if fam == "a8" else af, tc,
+                                3e-2 if fam == "a8" else 1e-2, ref)
+        # dense bf16 baseline
+        wd = w0.dequantize(torch.bfloat16)
+        dense = [wd] + [wd.clone() for _ in range(copies_for(wd.numel() * 2) - 1)]
+        xt = af.data
+        us = time_graph([lambda i=i: F.linear(xt, dense[i % len(dense)])
+                         for i in range(max(len(dense), 20))])
+        record(family="bf16_linear", M=m, us=us)
+        del dense, wd
+    if not m_filter or 1 in m_filter:
+        wd = w0.dequantize(torch.bfloat16)
+        dense = [wd] + [wd.clone() for _ in range(copies_for(wd.numel() * 2) - 1)]
+        x1 = torch.randn(1, k, device="cuda", generator=gen).bfloat16()
+        us = time_graph([lambda i=i: F.linear(x1, dense[i % len(dense)])
+                         for i in range(max(len(dense), 20))])
+        record(family="bf16_linear", M=1, us=us)
+    del ws, wf
+    torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------- benchmark
+
+
+def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gbps: float,
+                records: list[dict]) -> None:
+    w0 = random_weight(n, k, gen)
+    ws = [w0] + [clone_weight(w0) for _ in range(copies_for(w0.nbytes) - 1)]
+    wd = w0.dequantize(torch.bfloat16)
+    dense = [wd] + [wd.clone() for _ in range(copies_for(wd.numel() * 2) - 1)]
+    shape = f"{n}x{k}"
+    wf = w0.dequantize(torch.float32)
+    t1 = None
+    for m in m_list:
+        if n > 100000 and m > 128:
+            continue  # lm_head runs on the last token of a prefill only
+        x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+        kernel = dispatch.select_kernel(m, w0, x.dtype)
+        ref = reference(x, w0, wf)
+        y = dispatch.pq2_linear(x, w0)
+        err = rel_err(y, ref)
+        calls = max(len(ws), 20)
+        us = time_graph([lambda i=i: dispatch.pq2_linear(x, ws[i % len(ws)])
+                         for i in range(calls)])
+        act = kernel.make_activation(x, w0)
+        us_kernel = time_graph([lambda i=i: kernel.run(act, ws[i % len(ws)], None, x.dtype)
+                                for i in range(calls)])
+        us_bf16 = time_graph([lambda i=i: F.linear(x, dense[i % len(dense)])
+                              for i in range(max(len(dense), 20))])
+        if m == 1:
+            t1 = us
+        nbytes = op_bytes(m, n, k, w0.nbytes)
+        rec = {
+            "shape": shape, "M": m, "kernel": kernel.name, "us": round(us, 2),
+            "us_kernel_only": round(us_kernel, 2), "bytes": nbytes,
+            "bw_frac": round(nbytes / (us * 1e-6) / (read_gbps * 1e9), 3),
+            "bf16_us": round(us_bf16, 2), "vs_bf16": round(us_bf16 / us, 3),
+            "vs_m1": round(us / t1, 3) if t1 else None,
+            "tflops": round(2 * m * n * k / (us * 1e-6) / 1e12, 1), "rel_err": round(err, 5),
+        }
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+    del ws, dense, wd, wf
+    torch.cuda.empty_cache()
+
+
+def write_results(out_dir: Path, payload: dict) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"pq2_linear_{payload['gpu']}"
+    (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n")
+    lines = [f"# PQ2 linear on {payload['gpu_name']} ({payload['date']})", "",
+             f"Command: `{payload['command']}`", "",
+             f"Measured read bandwidth (fp32 sum of 4 GiB): {payload['read_gbps']:.0f} GB/s. "
+             "Times: median per call inside CUDA graphs, weights rotated beyond 3x L2; "
+             "`us` includes the Hadamard/quantize producer, `kernel` is the weight kernel alone.",
+             "", "| shape | M | kernel | us | kernel us | bw_frac | vs_bf16 | vs_m1 | TFLOP/s |"
+             " rel err |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in payload["records"]:
+        lines.append(f"| {r['shape']} | {r['M']} | {r['kernel']} | {r['us']} | "
+                     f"{r['us_kernel_only']} | {r['bw_frac']} | {r['vs_bf16']} | {r['vs_m1']} | "
+                     f"{r['tflops']} | {r['rel_err']} |")
+    (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sweep", action="store_true", help="time every tile variant")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--shapes", default="", help="comma list like 12288x5120 (default: all)")
+    ap.add_argument("--m", default="", help="comma list of M (default: all)")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("bench_pq2_linear.py needs a CUDA GPU")
+    shapes = SHAPES
+    if args.shapes:
+        want = set(args.shapes.split(","))
+        shapes = [s for s in SHAPES if f"{s[0]}x{s[1]}" in want]
+    m_sel = [int(v) for v in args.m.split(",")] if args.m else None
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    out = Path(args.out)
+    t0 = time.time()
+    if args.sweep:
+        results: list[dict] = []
+        for n, k in shapes:
+            sweep_shape(n, k, gen, results, set(m_sel) if m_sel else None)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "sweep.json").write_text(json.dumps(results) + "\n")
+        print(f"sweep done in {time.time() - t0:.0f} s")
+        return
+    read_gbps = read_bandwidth_gbps()
+    print(f"read bandwidth {read_gbps:.0f} GB/s", flush=True)
+    records: list[dict] = []
+    payload = {
+        "gpu": gpu_slug(), "gpu_name": torch.cuda.get_device_name(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "command": "python " + " ".join([os.path.relpath(__file__, ROOT), *sys.argv[1:]]),
+        "torch": torch.__version__, "read_gbps": round(read_gbps, 1), "records": records,
+    }
+    for n, k in shapes:
+        bench_shape(n, k, m_sel or M_LIST, gen, read_gbps, records)
+        write_results(out, payload)
+    print(f"benchmark done in {time.time() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

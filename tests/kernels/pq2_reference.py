@@ -1,0 +1,81 @@
+"""Independent references for the PQ2 kernel tests (no code from vllm_prism.kernels).
+
+Weights are made and decoded with :mod:`vllm_prism.gguf.codecs_torch`, the rotation comes from
+:func:`vllm_prism.gguf.hadamard.forward_transform`, and the int8 activation rule is written
+out here again from its description (per 128-group, scale = max|x| / 127, round half away
+from zero).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_prism.gguf import codecs_torch
+from vllm_prism.gguf.constants import GGMLType
+from vllm_prism.gguf.hadamard import forward_transform
+
+
+def random_ternary(n: int, k: int, fmt: str, gen: torch.Generator,
+                   device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(raw uint8 rows, q int8 [N, K], d fp16 [N, K/128]) on ``device``, drawn on the CPU
+    generator ``gen`` and packed on ``device``; PQ2_0 uses all four codes."""
+    hi = 3 if fmt == "PQ2_0" else 2
+    q = torch.randint(-1, hi, (n, k), generator=gen, dtype=torch.int8).to(device)
+    d = ((torch.rand(n, k // 128, generator=gen) + 0.5) * 0.05).to(torch.float16).to(device)
+    raw = codecs_torch.pack_blocks(q, d, GGMLType[fmt])
+    return raw, q, d
+
+
+def random_signs(k: int, gen: torch.Generator, device: str = "cpu") -> torch.Tensor:
+    return torch.where(torch.rand(k, generator=gen) < 0.5, -1.0, 1.0).to(device)
+
+
+def dense(raw: torch.Tensor, fmt: str, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    return codecs_torch.dequantize(raw, GGMLType[fmt]).to(dtype)
+
+
+def reference_linear(x: torch.Tensor, raw: torch.Tensor, fmt: str, signs: torch.Tensor | None,
+                     block: int | None, bias: torch.Tensor | None = None,
+                     dtype: torch.dtype = torch.float64,
+                     w_dense: torch.Tensor | None = None) -> torch.Tensor:
+    """W_st @ Hblk(s * x) (+ bias) with the exact transform, in ``dtype``.
+
+    ``w_dense`` is ``dense(raw, fmt, dtype)`` when the caller already has it."""
+    xt = x.to(dtype)
+    if signs is not None:
+        xt = forward_transform(xt, signs, block)
+    y = xt @ (dense(raw, fmt, dtype) if w_dense is None else w_dense).T
+    if bias is not None:
+        y = y + bias.to(dtype)
+    return y
+
+
+def quantize_q8(xt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-128-group int8 of a transformed activation [M, K]: (q int32, scale fp32 [M, G])."""
+    m, k = xt.shape
+    xg = xt.float().reshape(m, k // 128, 128)
+    amax = xg.abs().amax(dim=2)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    v = xg * inv.unsqueeze(-1)
+    q = torch.sign(v) * torch.floor(v.abs() + 0.5)
+    return q.reshape(m, k).to(torch.int32), amax / 127.0
+
+
+def integer_reference(xq: torch.Tensor, scale: torch.Tensor, q: torch.Tensor, d: torch.Tensor,
+                      bias: torch.Tensor | None = None) -> torch.Tensor:
+    """sum_g d[n, g] * scale[m, g] * sum_j q[n, j] xq[m, j] in float64 (integer sums exact)."""
+    m, k = xq.shape
+    n = q.shape[0]
+    y = torch.zeros(m, n, dtype=torch.float64, device=xq.device)
+    for g in range(k // 128):
+        sl = slice(128 * g, 128 * (g + 1))
+        dot = xq[:, sl].double() @ q[:, sl].double().T  # exact: |sum| < 2**53
+        y += dot * scale[:, g:g + 1].double() * d[:, g].double()[None, :]
+    if bias is not None:
+        y += bias.double()
+    return y
+
+
+def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
+    ref = ref.double()
+    return ((y.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()

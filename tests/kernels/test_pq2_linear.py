@@ -1,0 +1,184 @@
+"""PQ2 linear kernels on the GPU against the torch reference (codecs_torch + gguf.hadamard).
+
+Tolerances (relative Frobenius error against an fp64 reference with the exact transform):
+
+* ``gemv_a16``: fp32 activation and fp32 math; only the bf16 output rounds: 4e-3.
+* ``mma_a16`` / ``gemm_a16``: the activation is rounded to bf16 once after the transform, as
+  the reference ``forward_transform`` returns it; fp32 accumulation; bf16 output: 8e-3.
+* int8-activation kernels (``gemv_a8``, ``mma_a8``, ``gemm_a8``): 3e-2 against the float
+  reference (activation quantization error), and, with fp32 output, 2e-5 against the exact
+  integer reference built from the kernel's own int8 activation: the integer sums are exact,
+  only the fp32 epilogue rounds.
+* ``ptq1_gemv``: fp32 activation and math: 4e-3 (bf16 output).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pq2_reference import (dense, integer_reference, random_signs, random_ternary,
+                           reference_linear, rel_err)
+
+from vllm_prism.kernels.pq2 import dispatch
+from vllm_prism.kernels.pq2.hadamard import ActKind, hadamard_transform
+from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
+
+pytestmark = pytest.mark.gpu
+
+BONSAI_SHAPES = [(1024, 5120), (12288, 5120), (10240, 5120), (6144, 5120), (14336, 5120),
+                 (34816, 5120), (5120, 6144), (5120, 17408), (248320, 5120)]
+ODD_SHAPES = [(37, 640, 128), (300, 2304, 256), (4097, 5120, 1024), (96, 384, None)]
+M_FULL = list(range(1, 17)) + [24, 32, 48, 64, 128, 512, 2048]
+TOL = {"gemv_a16": 4e-3, "mma_a16": 8e-3, "gemm_a16": 8e-3, "gemv_a8": 3e-2, "mma_a8": 3e-2,
+       "gemm_a8": 3e-2, "ptq1_gemv": 4e-3}
+A8 = {"gemv_a8", "mma_a8", "gemm_a8"}
+
+
+def kernels_for(m: int) -> list[str]:
+    if m == 1:
+        return ["gemv_a8", "gemv_a16"]
+    if m <= dispatch.MMA_MAX_M:
+        return ["mma_a16", "mma_a8"]
+    return ["gemm_a16", "gemm_a8"]
+
+
+_CACHE: dict[tuple, tuple] = {}
+
+
+def make_case(n: int, k: int, block: int | None, fmt: str = "PQ2_0"):
+    key = (n, k, block, fmt)
+    if key not in _CACHE:
+        _CACHE.clear()  # keep one big matrix at a time
+        gen = torch.Generator().manual_seed(n * 7 + k)
+        raw, q, d = random_ternary(n, k, fmt, gen, "cuda")
+        signs = random_signs(k, gen, "cuda") if block else None
+        cls = PQ2Weight if fmt == "PQ2_0" else PTQ1Weight
+        w = cls.from_raw(raw, signs, block)
+        _DENSE.clear()
+        _DENSE[key] = dense(raw, fmt)
+        _CACHE[key] = (raw, q, d, signs, w)
+    return _CACHE[key]
+
+
+_DENSE: dict[tuple, torch.Tensor] = {}
+
+
+def _dense_of(w) -> torch.Tensor | None:
+    for (n, k, _, fmt), t in _DENSE.items():
+        if (n, k, fmt) == (w.n, w.k, w.fmt):
+            return t
+    return None
+
+
+def check_kernel(name: str, x: torch.Tensor, raw, q, d, signs, block, w, bias=None) -> None:
+    kernel = dispatch._BY_NAME[name]
+    fmt = w.fmt
+    ok, why = kernel.can_implement(dispatch.PQ2LinearConfig.of(x.shape[0], w, x.dtype))
+    assert ok, why
+    act = kernel.make_activation(x, w)
+    y = kernel.run(act, w, bias, x.dtype)
+    assert y.shape == (x.shape[0], w.n) and y.dtype == x.dtype
+    assert torch.isfinite(y).all()
+    ref = reference_linear(x, raw, fmt, signs, block, bias, w_dense=_dense_of(w))
+    err = rel_err(y, ref)
+    assert err < TOL[name], f"{name}: relative error {err:.2e} >= {TOL[name]}"
+    if name in A8 and x.shape[0] <= 128:
+        y32 = kernel.run(act, w, bias, torch.float32)
+        xq = act.data.view(torch.int8).reshape(x.shape[0], -1) if act.kind == ActKind.Q8 else None
+        if xq is None:  # Q8_PERM: undo the dp4a order [p, w, b] -> element 16w + 4b + p
+            k = w.k
+            xq = (act.data.contiguous().view(torch.int8).reshape(x.shape[0], 4, k // 16, 4)
+                  .permute(0, 2, 3, 1).reshape(x.shape[0], k))
+        iref = integer_reference(xq.int(), act.group_scale, q, d, bias)
+        ierr = rel_err(y32, iref)
+        assert ierr < 2e-5, f"{name}: integer path error {ierr:.2e}"
+        assert torch.equal(act.group_sum, xq.int().reshape(x.shape[0], -1, 128).sum(-1))
+
+
+@pytest.mark.parametrize("shape", BONSAI_SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_bonsai_shapes(shape: tuple[int, int]) -> None:
+    n, k = shape
+    raw, q, d, signs, w = make_case(n, k, 1024)
+    ms = [1, 7, 128] if n > 100000 else [1, 5, 16, 64, 128]
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    for m in ms:
+        x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
+        for name in kernels_for(m):
+            check_kernel(name, x, raw, q, d, signs, 1024, w)
+
+
+@pytest.mark.parametrize("m", M_FULL)
+def test_all_m_fused_qkv(m: int) -> None:
+    """Every M of the issue on one model shape (fused attention qkv), auto dispatch too."""
+    raw, q, d, signs, w = make_case(6144, 5120, 1024)
+    x = torch.randn(m, 5120, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m))
+    x = x.to(torch.bfloat16)
+    for name in kernels_for(m):
+        check_kernel(name, x, raw, q, d, signs, 1024, w)
+    y = dispatch.pq2_linear(x, w)
+    assert rel_err(y, reference_linear(x, raw, "PQ2_0", signs, 1024)) < 3e-2
+
+
+@pytest.mark.parametrize("case", ODD_SHAPES, ids=lambda c: f"{c[0]}x{c[1]}-b{c[2]}")
+@pytest.mark.parametrize("m", [1, 3, 17, 130])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_odd_shapes_bias_dtypes(case, m: int, dtype: torch.dtype) -> None:
+    n, k, block = case
+    raw, q, d, signs, w = make_case(n, k, block)
+    gen = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
+    bias = torch.randn(n, device="cuda", generator=gen).to(dtype)
+    for name in kernels_for(m):
+        check_kernel(name, x, raw, q, d, signs, block, w, bias)
+
+
+@pytest.mark.parametrize("shape", [(5120, 6144), (248320, 5120), (300, 2304)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_ptq1(shape: tuple[int, int]) -> None:
+    n, k = shape
+    block = 256 if k == 2304 else 1024
+    raw, q, d, signs, w = make_case(n, k, block, "PTQ1_0")
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(1, k, device="cuda", generator=gen).to(torch.bfloat16)
+    check_kernel("ptq1_gemv", x, raw, q, d, signs, block, w)
+    if n < 100000:  # M > 1 runs through the lossless PQ2 copy
+        x = torch.randn(9, k, device="cuda", generator=gen).to(torch.bfloat16)
+        y = dispatch.pq2_linear(x, w)
+        assert rel_err(y, reference_linear(x, raw, "PTQ1_0", signs, block)) < 8e-3
+
+
+def test_split_k_and_code_three() -> None:
+    """All-(+2) weights (code 3) through every path, and a split-K launch."""
+    from vllm_prism.kernels.pq2.triton_mma import TCConfig, pq2_tc_linear
+
+    n, k = 256, 2048
+    raw = torch.full((n, k // 128 * 34), 0xFF, dtype=torch.uint8)
+    d = torch.full((n, k // 128), 0.25, dtype=torch.float16)
+    raw.view(n, k // 128, 34)[:, :, :2] = d.view(torch.uint8).reshape(n, k // 128, 2)
+    w = PQ2Weight.from_raw(raw.cuda())
+    x = torch.randn(4, k, device="cuda").to(torch.bfloat16)
+    expect = 0.5 * x.double().sum(dim=1, keepdim=True).expand(4, n)
+    for m, names in ((1, ["gemv_a8", "gemv_a16"]), (4, ["mma_a16", "gemm_a16"])):
+        for name in names:
+            kern = dispatch._BY_NAME[name]
+            y = kern.run(kern.make_activation(x[:m], w), w, None, torch.float32)
+            assert rel_err(y, expect[:m]) < (2e-2 if name.endswith("a8") else 1e-5), name
+    act = dispatch._BY_NAME["mma_a16"].make_activation(x, w)
+    y = pq2_tc_linear(act, w, None, torch.float32, TCConfig(block_n=32, block_m=16, split_k=4))
+    assert rel_err(y, expect) < 1e-5
+
+
+@pytest.mark.parametrize("k,block", [(5120, 1024), (6144, 1024), (17408, 1024), (512, 64)])
+@pytest.mark.parametrize("m", [1, 33])
+def test_hadamard_standalone(k: int, block: int, m: int) -> None:
+    from vllm_prism.gguf.hadamard import forward_transform
+
+    gen = torch.Generator(device="cuda").manual_seed(k + m)
+    x = torch.randn(m, k, device="cuda", generator=gen)
+    s = random_signs(k, torch.Generator().manual_seed(k)).cuda()
+    torch.testing.assert_close(hadamard_transform(x, s, block), forward_transform(x, s, block),
+                               rtol=0, atol=0)  # fp32: same butterfly, same order
+    xb = x.to(torch.bfloat16)
+    torch.testing.assert_close(hadamard_transform(xb, s, block).float(),
+                               forward_transform(xb, s, block).float(), rtol=0, atol=0)

@@ -1,0 +1,369 @@
+"""Kernel choice for the PQ2 linear op, and the op itself.
+
+``pq2_linear(x, w, bias)`` computes ``y = W_st @ Hblk(s * x)`` (or ``W_st @ x`` for a weight
+without signs) for x ``[..., K]``. Each kernel is a class with ``is_supported(capability)``
+and ``can_implement(config) -> (ok, reason)``; the first class in :data:`KERNELS` that
+accepts the call runs it, and every kernel passed over is logged once with its reason.
+``VLLM_PRISM_PQ2_KERNEL=<name>`` (see :mod:`vllm_prism.envs`) puts one kernel first; it falls
+back to the automatic order, with a warning, where that kernel cannot run the call.
+
+Every kernel gets its activation from the Triton producer in :mod:`.hadamard`, which applies
+the signs and the block Hadamard in the same pass that writes the layout the kernel reads
+(and can fuse the RMSNorm in front: ``rms_weight``), so the rotation adds no pass of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from vllm_prism import envs
+from vllm_prism.gguf.hadamard import forward_transform
+from vllm_prism.kernels.pq2.common import HAS_TRITON, device_capability, interpreting
+from vllm_prism.kernels.pq2.hadamard import ActKind, PQ2Activation, transform_activation
+from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PQ2LinearConfig", "PQ2LinearKernel", "KERNELS", "select_kernel", "pq2_linear",
+           "pq2_linear_from_activation"]
+
+Weight = PQ2Weight | PTQ1Weight
+_FLOAT_ACT = (torch.bfloat16, torch.float16)
+MMA_MAX_M = 64
+
+
+@dataclass(frozen=True)
+class PQ2LinearConfig:
+    """What a kernel needs to know to accept a call."""
+
+    m: int
+    n: int
+    k: int
+    dtype: torch.dtype
+    fmt: str
+    device_type: str
+    capability: tuple[int, int] | None
+
+    @classmethod
+    def of(cls, m: int, w: Weight, dtype: torch.dtype) -> PQ2LinearConfig:
+        return cls(m=m, n=w.n, k=w.k, dtype=dtype, fmt=w.fmt, device_type=w.device.type,
+                   capability=device_capability(w.device))
+
+
+def _triton_supported(capability: tuple[int, int] | None) -> tuple[bool, str]:
+    if not HAS_TRITON:
+        return False, "Triton is not installed"
+    if capability is None:
+        if interpreting():
+            return True, ""
+        return False, "not a CUDA device (set TRITON_INTERPRET=1 to run Triton on CPU)"
+    if interpreting():
+        return False, "TRITON_INTERPRET=1 runs Triton on CPU tensors only"
+    if capability < (8, 0):
+        return False, f"needs compute capability >= 8.0, this GPU is {capability[0]}.{capability[1]}"
+    return True, ""
+
+
+class PQ2LinearKernel:
+    """One way to run the linear op. Subclasses set ``name`` and ``act_kind``."""
+
+    name: ClassVar[str] = ""
+    act_kind: ClassVar[ActKind] = ActKind.FLOAT
+    act_fp32: ClassVar[bool] = False  # FLOAT activation in fp32 instead of x's dtype
+
+    @classmethod
+    def is_supported(cls, capability: tuple[int, int] | None) -> tuple[bool, str]:
+        return _triton_supported(capability)
+
+    @classmethod
+    def can_implement(cls, c: PQ2LinearConfig) -> tuple[bool, str]:
+        raise NotImplementedError
+
+    @classmethod
+    def run(cls, act: PQ2Activation, w: Weight, bias: torch.Tensor | None,
+            out_dtype: torch.dtype) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def make_activation(cls, x: torch.Tensor, w: Weight, *,
+                        rms_weight: torch.Tensor | None = None,
+                        eps: float = 1e-6) -> PQ2Activation:
+        """The activation this kernel reads: one producer launch (signs, Hadamard, layout)."""
+        return transform_activation(x, w.signs, w.hadamard_block, cls.act_kind,
+                                    out_dtype=torch.float32 if cls.act_fp32 else None,
+                                    rms_weight=rms_weight, eps=eps)
+
+
+def _pq2_only(c: PQ2LinearConfig) -> tuple[bool, str]:
+    if c.fmt != "PQ2_0":
+        return False, f"reads PQ2_0 planes, weight is {c.fmt}"
+    return True, ""
+
+
+class GemvA8Kernel(PQ2LinearKernel):
+    """M = 1: int8-activation dp4a GEMV (triton_gemv.gemv_a8)."""
+
+    name = "gemv_a8"
+    act_kind = ActKind.Q8_PERM
+
+    @classmethod
+    def can_implement(cls, c: PQ2LinearConfig) -> tuple[bool, str]:
+        if c.m != 1:
+            return False, f"M = {c.m} (GEMV takes M = 1)"
+        return _pq2_only(c)
+
+    @classmethod
+    def run(cls, act, w, bias, out_dtype):
+        from vllm_prism.kernels.pq2.triton_gemv import gemv_a8
+        return gemv_a8(act, w, bias, out_dtype)
+
+
+class GemvA16Kernel(PQ2LinearKernel):
+    """M = 1: fp32-activation GEMV (triton_gemv.gemv_a16), the reference's precision."""
+
+    name = "gemv_a16"
+    act_kind = ActKind.F32_PERM
+
+    @classmethod
+    def can_implement(cls, c: PQ2LinearConfig) -> tuple[bool, str]:
+        if c.m != 1:
+            return False, f"M = {c.m} (GEMV takes M = 1)"
+        return _pq2_only(c)
+
+    @classmethod
+    def run(cls, act, w, bias, out_dtype):
+        from vllm_prism.kernels.pq2.triton_gemv import gemv_a16
+        return gemv_a16(act, w, bias, out_dtype)
+
+
+class PTQ1GemvKernel(PQ2LinearKernel):
+    """M = 1 on PTQ1_0 weights, reading the packed trits (ptq1.ptq1_gemv)."""
+
+    name = "ptq1_gemv"
+    act_kind = ActKind.FLOAT
+    act_fp32 = True
+
+    @classmethod
+    def can_implement(cls, c: PQ2LinearConfig) -> tuple[bool, str]:
+        if c.fmt != "PTQ1_0":
+            return False, f"reads PTQ1_0 weights, weight is {c.fmt}"
+        if c.m != 1:
+            return False, f"M = {c.m} (GEMV takes M = 1)"
+        return True, ""
+
+    @classmethod
+    def run(cls, act, w, bias, out_dtype):
+        from vllm_prism.kernels.pq2.ptq1 import ptq1_gemv
+        return ptq1_gemv(act, w, bias, out_dtype)
+
+
+def _tc_run(act: PQ2Activation, w: Weight, bias: torch.Tensor | None, out_dtype: torch.dtype,
+            prefill: bool) -> torch.Tensor:
+    from vllm_prism.kernels.pq2.triton_mma import (default_gemm_config, default_mma_config,
+                                                   pq2_tc_linear)
+    if isinstance(w, PTQ1Weight):
+        _log_once(logging.INFO, ("ptq1-copy",), "PQ2 linear: PTQ1_0 weights with M > 1 run "
+                  "through a lossless PQ2_0 copy made once per weight (34/28 of its bytes)")
+        pw = w.as_pq2()
+    else:
+        pw = w
+    cfg_fn = default_gemm_config if prefill else default_mma_config
+    cfg = cfg_fn(act.m, pw.n, pw.k, _num_sms(pw.device), a8=act.kind == ActKind.Q8,
+                 dtype=act.dtype)
+    return pq2_tc_linear(act, pw, bias, out_dtype, cfg)
+
+
+def _tc_can_implement(c: PQ2LinearConfig, lo: int, hi: int | None,
+                      a8: bool) -> tuple[bool, str]:
+    if c.m < lo or (hi is not None and c.m > hi):
+        return False, f"M = {c.m} outside {lo}..{hi if hi is not None else 'inf'}"
+    if not a8 and c.dtype not in _FLOAT_ACT:
+        return False, f"activation dtype {c.dtype} (needs bf16 or fp16)"
+    return True, ""
+
+
+class MmaA16Kernel(PQ2LinearKernel):
+    """M = 2..64: bf16/fp16 tensor-core kernel with decoded tiles (triton_mma)."""
+
+    name = "mma_a16"
+    act_kind = ActKind.FLOAT
+
+    @classmethod
+    def can_implement(cls, c):
+        return _tc_can_implement(c, 2, MMA_MAX_M, a8=False)
+
+    @classmethod
+    def run(cls, act, w, bias, out_dtype):
+        return _tc_run(act, w, bias, out_dtype, prefill=False)
+
+
+class MmaA8Kernel(MmaA16Kernel):
+    """M = 2..64: int8 tensor-core kernel (int8 activations per 128-group)."""
+
+    name = "mma_a8"
+    act_kind = ActKind.Q8
+
+    @classmethod
+    def can_implement(cls, c):
+        return _tc_can_implement(c, 2, MMA_MAX_M, a8=True)
+
+
+class GemmA16Kernel(PQ2LinearKernel):
+    """Prefill (M > 64): bf16/fp16 tensor-core GEMM, weights decoded in registers."""
+
+    name = "gemm_a16"
+    act_kind = ActKind.FLOAT
+
+    @classmethod
+    def can_implement(cls, c):
+        return _tc_can_implement(c, 2, None, a8=False)
+
+    @classmethod
+    def run(cls, act, w, bias, out_dtype):
+        return _tc_run(act, w, bias, out_dtype, prefill=act.m > MMA_MAX_M)
+
+
+class GemmA8Kernel(GemmA16Kernel):
+    """Prefill (M > 64): int8 tensor-core GEMM."""
+
+    name = "gemm_a8"
+    act_kind = ActKind.Q8
+
+    @classmethod
+    def can_implement(cls, c):
+        return _tc_can_implement(c, 2, None, a8=True)
+
+
+class TorchKernel(PQ2LinearKernel):
+    """Exact reference: transform in fp32, dense dequantized weight, one matmul. Any device."""
+
+    name = "torch"
+
+    @classmethod
+    def is_supported(cls, capability):
+        return True, ""
+
+    @classmethod
+    def can_implement(cls, c):
+        return True, ""
+
+    @classmethod
+    def make_activation(cls, x, w, *, rms_weight=None, eps=1e-6):
+        xf = x.float()
+        if rms_weight is not None:
+            xf = xf * torch.rsqrt(xf.pow(2).mean(dim=1, keepdim=True) + eps) * rms_weight.float()
+        if w.signs is not None:
+            xf = forward_transform(xf, w.signs, w.hadamard_block)
+        return PQ2Activation(ActKind.FLOAT, xf, x.shape[0], x.shape[1], x.dtype)
+
+    @classmethod
+    def run(cls, act, w, bias, out_dtype):
+        y = act.data.float() @ w.dequantize(torch.float32).T
+        if bias is not None:
+            y = y + bias.float()
+        return y.to(out_dtype)
+
+
+# Automatic order. The int8 GEMV wins at M = 1 (the fp32 GEMV is issue-bound, see
+# triton_gemv); the small-batch and prefill paths keep the activation in bf16/fp16.
+KERNELS: list[type[PQ2LinearKernel]] = [
+    PTQ1GemvKernel, GemvA8Kernel, GemvA16Kernel, MmaA16Kernel, MmaA8Kernel, GemmA16Kernel,
+    GemmA8Kernel, TorchKernel,
+]
+_BY_NAME = {k.name: k for k in KERNELS}
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_logged: set[tuple] = set()
+
+
+def _log_once(level: int, key: tuple, msg: str, *args: object) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        logger.log(level, msg, *args)
+
+
+def _accepts(kernel: type[PQ2LinearKernel], c: PQ2LinearConfig) -> tuple[bool, str]:
+    ok, why = kernel.is_supported(c.capability)
+    if ok:
+        ok, why = kernel.can_implement(c)
+    return ok, why
+
+
+@functools.lru_cache(maxsize=4096)
+def _select(c: PQ2LinearConfig, forced: str) -> type[PQ2LinearKernel]:
+    order = list(KERNELS)
+    if forced and forced != "auto":
+        if forced not in _BY_NAME:
+            _log_once(logging.WARNING, ("unknown", forced),
+                      "VLLM_PRISM_PQ2_KERNEL=%s is not a kernel; choose one of %s or auto",
+                      forced, ", ".join(_BY_NAME))
+        else:
+            kernel = _BY_NAME[forced]
+            ok, why = _accepts(kernel, c)
+            if ok:
+                _log_once(logging.INFO, ("forced", forced, c.m, c.n, c.k, c.fmt),
+                          "PQ2 linear %s M=%d N=%d K=%d: kernel %s (VLLM_PRISM_PQ2_KERNEL)",
+                          c.fmt, c.m, c.n, c.k, forced)
+                return kernel
+            _log_once(logging.WARNING, ("forced-no", forced, c.m, c.n, c.k, c.fmt),
+                      "VLLM_PRISM_PQ2_KERNEL=%s cannot run %s M=%d N=%d K=%d (%s); "
+                      "choosing automatically", forced, c.fmt, c.m, c.n, c.k, why)
+    for kernel in order:
+        ok, why = _accepts(kernel, c)
+        if ok:
+            _log_once(logging.INFO, ("chosen", kernel.name, c.fmt, c.dtype, c.device_type,
+                                     _m_bucket(c.m)),
+                      "PQ2 linear %s M=%d N=%d K=%d %s: kernel %s", c.fmt, c.m, c.n, c.k,
+                      str(c.dtype).removeprefix("torch."), kernel.name)
+            return kernel
+        _log_once(logging.DEBUG, ("skip", kernel.name, why),
+                  "PQ2 linear: kernel %s passed over: %s", kernel.name, why)
+    raise RuntimeError("no PQ2 linear kernel accepted the call")  # TorchKernel always does
+
+
+def _m_bucket(m: int) -> int:
+    return m if m <= 1 else (2 if m <= MMA_MAX_M else 3)
+
+
+def select_kernel(m: int, w: Weight, dtype: torch.dtype) -> type[PQ2LinearKernel]:
+    """The kernel class that runs an [m, K] activation of ``dtype`` through ``w``."""
+    return _select(PQ2LinearConfig.of(m, w, dtype), envs.VLLM_PRISM_PQ2_KERNEL)
+
+
+def pq2_linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
+               rms_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """``y = W_st @ Hblk(s * RMSNorm?(x)) + bias`` for x [..., K]; returns [..., N] in x's dtype.
+
+    The transform (when ``w`` carries signs) and the optional RMSNorm run in the producer
+    launch of the chosen kernel.
+    """
+    if x.shape[-1] != w.k:
+        raise ValueError(f"x has K = {x.shape[-1]}, the {w.fmt} weight [{w.n}, {w.k}] needs {w.k}")
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, w.k)
+    kernel = select_kernel(x2.shape[0], w, x.dtype)
+    act = kernel.make_activation(x2, w, rms_weight=rms_weight, eps=eps)
+    y = kernel.run(act, w, bias, x.dtype)
+    return y.reshape(*lead, w.n)
+
+
+def pq2_linear_from_activation(act: PQ2Activation, w: Weight,
+                               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Run a producer-made activation (``select_kernel(...).make_activation``) through w."""
+    kernel = select_kernel(act.m, w, act.dtype)
+    if kernel.act_kind != act.kind:
+        raise ValueError(f"kernel {kernel.name} reads {kernel.act_kind.name} activations, "
+                         f"got {act.kind.name}")
+    return kernel.run(act, w, bias, act.dtype)
