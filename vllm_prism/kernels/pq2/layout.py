@@ -66,6 +66,11 @@ def _check_transform(k: int, signs: torch.Tensor | None,
     return signs, block
 
 
+def _packed(t: torch.Tensor) -> torch.Tensor:
+    """A fresh contiguous copy at storage offset 0 (so it can be viewed as wider types)."""
+    return t.clone(memory_format=torch.contiguous_format)
+
+
 def _scale_plane(d: torch.Tensor) -> torch.Tensor:
     """fp16 [N, G] -> fp16 [N, G_pad] with a 16-byte aligned row stride."""
     n, g = d.shape
@@ -105,7 +110,7 @@ class PQ2Weight:
             raw = raw.to(device)
         blocks = raw.reshape(n, g, PQ2_BLOCK_BYTES)
         d = blocks[..., :2].contiguous().view(torch.float16).reshape(n, g)
-        codes = blocks[..., 2:].contiguous().view(torch.int32).reshape(n, k // 16)
+        codes = _packed(blocks[..., 2:]).view(torch.int32).reshape(n, k // 16)
         if signs is not None:
             signs = signs.to(device=raw.device, dtype=torch.float32).contiguous()
         return cls(codes=codes, scales=_scale_plane(d), n=n, k=k, signs=signs,
@@ -170,9 +175,9 @@ class PTQ1Weight:
         if device is not None:
             raw = raw.to(device)
         blocks = raw.reshape(n, g, PTQ1_BLOCK_BYTES)
-        qs = blocks[..., :24].contiguous().view(torch.int32).reshape(n, g * 6)
+        qs = _packed(blocks[..., :24]).view(torch.int32).reshape(n, g * 6)
         qh = blocks[..., 24:26].contiguous().reshape(n, g * 2)
-        d = blocks[..., 26:].contiguous().view(torch.float16).reshape(n, g)
+        d = _packed(blocks[..., 26:]).view(torch.float16).reshape(n, g)
         if signs is not None:
             signs = signs.to(device=raw.device, dtype=torch.float32).contiguous()
         return cls(qs=qs, qh=qh, scales=_scale_plane(d), n=n, k=k, signs=signs,

@@ -1,0 +1,189 @@
+"""Run every PQ2 Triton kernel under the Triton CPU interpreter on tiny shapes.
+
+Started by test_pq2_interpreter.py in a subprocess with TRITON_INTERPRET=1 (Triton reads it
+when the kernels are defined, so it cannot be switched on inside a running test session).
+Prints one JSON object: check name -> {"ok": bool, "detail": str}.
+
+Tolerances: kernels are compared with a reference built from the activation they consumed
+(so the interpreter's fp32->bf16 conversion, which truncates instead of rounding, does not
+count against them); fp32 outputs: 1e-5 relative. The producer is compared with
+forward_transform: bit-exact in fp32, within one bf16 step in bf16, the int8 layouts with
+the independent quantizer of pq2_reference (codes within 1, scales to 1e-6).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+from pq2_reference import (dense, integer_reference, quantize_q8, random_signs,  # noqa: E402
+                           random_ternary, rel_err)
+
+from vllm_prism.gguf.hadamard import forward_transform  # noqa: E402
+from vllm_prism.kernels.pq2 import dispatch  # noqa: E402
+from vllm_prism.kernels.pq2.hadamard import ActKind, transform_activation  # noqa: E402
+from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight  # noqa: E402
+from vllm_prism.kernels.pq2.triton_gemv import gemv_a8, gemv_a16  # noqa: E402
+from vllm_prism.kernels.pq2.triton_mma import TCConfig, pq2_tc_linear  # noqa: E402
+
+SHAPES = [(64, 256, 64), (37, 384, 128)]  # (N, K, Hadamard block)
+MS = [1, 3, 17, 130]
+RESULTS: dict[str, dict] = {}
+
+
+def check(name: str):
+    def deco(fn):
+        try:
+            detail = fn()
+            RESULTS[name] = {"ok": True, "detail": detail or ""}
+        except Exception:  # report, keep going
+            RESULTS[name] = {"ok": False, "detail": traceback.format_exc()[-1500:]}
+        return fn
+    return deco
+
+
+def case(n: int, k: int, block: int, fmt: str = "PQ2_0"):
+    gen = torch.Generator().manual_seed(n + k)
+    raw, q, d = random_ternary(n, k, fmt, gen)
+    signs = random_signs(k, gen)
+    cls = PQ2Weight if fmt == "PQ2_0" else PTQ1Weight
+    return raw, q, d, signs, cls.from_raw(raw, signs, block)
+
+
+def q8_of(act) -> torch.Tensor:
+    m, k = act.m, act.k
+    if act.kind == ActKind.Q8:
+        return act.data.int()
+    return (act.data.view(torch.int8).reshape(m, 4, k // 16, 4).permute(0, 2, 3, 1)
+            .reshape(m, k).int())
+
+
+def expect(cond: bool, what: str) -> None:
+    if not cond:
+        raise AssertionError(what)
+
+
+for n, k, block in SHAPES:
+    raw, q, d, signs, w = case(n, k, block)
+    wd = dense(raw, "PQ2_0")
+    bias = torch.randn(n, generator=torch.Generator().manual_seed(5))
+    for m in MS:
+        x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+        tag = f"{n}x{k}-b{block}-m{m}"
+
+        @check(f"producer-{tag}")
+        def _producer():
+            xf = x.float()
+            ref = forward_transform(xf, signs, block)
+            got = transform_activation(xf, signs, block, ActKind.FLOAT).data
+            expect(torch.equal(got, ref), "fp32 FLOAT not bit-exact")
+            gb = transform_activation(x, signs, block, ActKind.FLOAT).data.float()
+            rb = forward_transform(x, signs, block).float()
+            expect(((gb - rb).abs() <= rb.abs() * 2 ** -7 + 1e-30).all(), "bf16 FLOAT off")
+            qr, sr = quantize_q8(forward_transform(x.float(), signs, block))
+            for kind in (ActKind.Q8, ActKind.Q8_PERM):
+                a = transform_activation(x, signs, block, kind)
+                expect((q8_of(a) - qr).abs().max().item() <= 1, f"{kind.name} codes")
+                expect(torch.allclose(a.group_scale, sr, rtol=1e-6, atol=0), "scales")
+                expect(torch.equal(a.group_sum, q8_of(a).reshape(m, -1, 128).sum(-1)), "sums")
+            a = transform_activation(x, signs, block, ActKind.F32_PERM)
+            xt = forward_transform(x.float(), signs, block)
+            i = torch.arange(16)
+            e = torch.where(i <= 10, i, i - 11).float()
+            unperm = (a.data * torch.exp2(2 * e)[None, :, None]).transpose(1, 2).reshape(m, k)
+            expect(torch.equal(unperm, xt), "F32_PERM layout")
+
+        for name in dispatch.KERNELS:
+            kname = name.name
+            if kname in ("torch", "ptq1_gemv"):
+                continue
+            c = dispatch.PQ2LinearConfig.of(m, w, x.dtype)
+            if not name.can_implement(c)[0]:
+                continue
+
+            @check(f"{kname}-{tag}")
+            def _kernel(kernel=name):
+                act = kernel.make_activation(x, w)
+                y = kernel.run(act, w, bias, torch.float32)
+                if act.kind in (ActKind.Q8, ActKind.Q8_PERM):
+                    ref = integer_reference(q8_of(act), act.group_scale, q, d, bias)
+                elif act.kind == ActKind.F32_PERM:
+                    ref = forward_transform(x.double(), signs, block) @ wd.T + bias.double()
+                else:
+                    ref = act.data.double() @ wd.T + bias.double()
+                err = rel_err(y, ref)
+                expect(err < 1e-5, f"relative error {err:.2e}")
+                return f"{err:.1e}"
+
+        @check(f"pq2_linear-{tag}")
+        def _auto():
+            y = dispatch.pq2_linear(x, w)
+            ref = forward_transform(x.double(), signs, block) @ wd.T
+            err = rel_err(y, ref)
+            expect(y.dtype == torch.bfloat16 and err < 3e-2, f"relative error {err:.2e}")
+            return f"{dispatch.select_kernel(m, w, x.dtype).name} {err:.1e}"
+
+
+@check("split-k-and-tiles")
+def _split():
+    raw, q, d, signs, w = case(40, 1024, 1024)
+    x = torch.randn(5, 1024).to(torch.float16)
+    wd = dense(raw, "PQ2_0")
+    af = transform_activation(x, signs, 1024, ActKind.FLOAT)
+    aq = transform_activation(x, signs, 1024, ActKind.Q8)
+    for cfg in (TCConfig(16, 16, 3), TCConfig(64, 32, 8), TCConfig(32, 16, 1, fold_scale=True)):
+        y = pq2_tc_linear(af, w, None, torch.float32, cfg)
+        expect(rel_err(y, af.data.double() @ wd.T) < 1e-5, f"a16 {cfg}")
+        y = pq2_tc_linear(aq, w, None, torch.float32, cfg)
+        expect(rel_err(y, integer_reference(q8_of(aq), aq.group_scale, q, d)) < 1e-5,
+               f"a8 {cfg}")
+
+
+@check("gemv-ragged-groups")
+def _ragged():
+    from vllm_prism.kernels.pq2.triton_gemv import GemvConfig
+
+    raw, q, d, signs, w = case(19, 640, 128)  # 5 groups: not a multiple of the tile
+    x = torch.randn(1, 640).to(torch.bfloat16)
+    wd = dense(raw, "PQ2_0")
+    a8 = transform_activation(x, signs, 128, ActKind.Q8_PERM)
+    y = gemv_a8(a8, w, None, torch.float32, GemvConfig(8, 4, 2))
+    expect(rel_err(y, integer_reference(q8_of(a8), a8.group_scale, q, d)) < 1e-5, "a8")
+    a16 = transform_activation(x, signs, 128, ActKind.F32_PERM)
+    y = gemv_a16(a16, w, None, torch.float32, GemvConfig(8, 4, 2))
+    expect(rel_err(y, forward_transform(x.double(), signs, 128) @ wd.T) < 1e-5, "a16")
+
+
+@check("ptq1-gemv")
+def _ptq1():
+    for n, k, block in ((37, 640, 128), (16, 1024, 1024)):
+        raw, q, d, signs, w = case(n, k, block, "PTQ1_0")
+        x = torch.randn(1, k).to(torch.bfloat16)
+        kern = dispatch._BY_NAME["ptq1_gemv"]
+        y = kern.run(kern.make_activation(x, w), w, None, torch.float32)
+        ref = forward_transform(x.double(), signs, block) @ dense(raw, "PTQ1_0").T
+        expect(rel_err(y, ref) < 1e-5, f"{n}x{k}: {rel_err(y, ref):.1e}")
+        expect(torch.equal(w.as_pq2().dequantize(), dense(raw, "PTQ1_0", torch.float32)),
+               "PQ2 copy")
+
+
+@check("rmsnorm-fused")
+def _rms():
+    k = 512
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, k, generator=gen)
+    g = torch.rand(k, generator=gen) + 0.5
+    s = random_signs(k, gen)
+    xn = x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + 1e-6) * g
+    got = transform_activation(x, s, 256, ActKind.FLOAT, rms_weight=g).data
+    err = rel_err(got, forward_transform(xn.double(), s, 256))
+    expect(err < 1e-6, f"{err:.1e}")
+
+
+if __name__ == "__main__":
+    json.dump(RESULTS, sys.stdout)

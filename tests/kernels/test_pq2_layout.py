@@ -1,0 +1,120 @@
+"""CPU tests of the PQ2 kernel package that need no Triton: layouts (exact), the torch
+producer, argument checks and the kernel dispatch with its environment switch."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from pq2_reference import (dense, quantize_q8, random_signs, random_ternary, reference_linear,
+                           rel_err)
+
+from vllm_prism.gguf import codecs_torch
+from vllm_prism.gguf.constants import GGMLType
+from vllm_prism.gguf.hadamard import forward_transform
+from vllm_prism.kernels.pq2 import dispatch
+from vllm_prism.kernels.pq2.hadamard import ActKind, transform_activation_torch
+from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
+
+
+@pytest.mark.parametrize("n,k", [(1, 128), (7, 384), (33, 5120)])
+def test_pq2_planes_are_exact(n: int, k: int) -> None:
+    raw, q, d = random_ternary(n, k, "PQ2_0", torch.Generator().manual_seed(n))
+    w = PQ2Weight.from_raw(raw)
+    assert w.codes.dtype == torch.int32 and w.codes.shape == (n, k // 16)
+    assert w.scales.stride(0) % 8 == 0  # 16-byte aligned rows
+    assert torch.equal(w.to_raw(), raw)
+    wq, wd = w.unpack()
+    assert torch.equal(wq, q) and torch.equal(wd, d)
+    # element j of a row: word j // 16, bits 2 * (j % 16)
+    j = 77 % k
+    assert ((w.codes[0, j // 16] >> (2 * (j % 16))) & 3).item() == q[0, j].item() + 1
+    assert torch.equal(w.dequantize(), dense(raw, "PQ2_0", torch.float32))
+
+
+def test_code_three_is_plus_two() -> None:
+    raw = torch.full((1, 34), 0xFF, dtype=torch.uint8)
+    raw[0, :2] = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
+    assert torch.equal(PQ2Weight.from_raw(raw).dequantize(), torch.full((1, 128), 2.0))
+
+
+def test_ptq1_planes_and_pq2_copy() -> None:
+    raw, q, d = random_ternary(9, 640, "PTQ1_0", torch.Generator().manual_seed(1))
+    w = PTQ1Weight.from_raw(raw)
+    assert torch.equal(w.to_raw(), raw)
+    assert torch.equal(w.to_raw(slice(2, 5)), raw[2:5])
+    assert torch.equal(w.as_pq2(chunk_rows=4).dequantize(), dense(raw, "PTQ1_0", torch.float32))
+
+
+def test_bad_arguments_raise() -> None:
+    raw, _, _ = random_ternary(2, 256, "PQ2_0", torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="34-byte"):
+        PQ2Weight.from_raw(raw[:, :-1])
+    with pytest.raises(ValueError, match="power of two"):
+        PQ2Weight.from_raw(raw, torch.ones(256), 96)
+    with pytest.raises(ValueError, match="together"):
+        PQ2Weight.from_raw(raw, torch.ones(256), None)
+    with pytest.raises(ValueError, match="K = 100"):
+        dispatch.pq2_linear(torch.randn(1, 100), PQ2Weight.from_raw(raw))
+
+
+@pytest.mark.parametrize("block", [64, 256])
+def test_torch_producer(block: int) -> None:
+    gen = torch.Generator().manual_seed(block)
+    x = torch.randn(3, 512, generator=gen)
+    s = random_signs(512, gen)
+    xt = forward_transform(x, s, block)
+    assert torch.equal(transform_activation_torch(x, s, block).data, xt)
+    qr, sr = quantize_q8(xt)
+    a = transform_activation_torch(x, s, block, ActKind.Q8)
+    assert torch.equal(a.data.int(), qr) and torch.allclose(a.group_scale, sr)
+    p = transform_activation_torch(x, s, block, ActKind.Q8_PERM)
+    unperm = p.data.view(torch.int8).reshape(3, 4, 32, 4).permute(0, 2, 3, 1).reshape(3, 512)
+    assert torch.equal(unperm, a.data)
+    f = transform_activation_torch(x, s, block, ActKind.F32_PERM)
+    assert torch.allclose(f.group_sum, xt.reshape(3, 4, 128).sum(-1))
+
+
+def test_dispatch_on_cpu_uses_torch_and_env_override(monkeypatch, caplog) -> None:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    gen = torch.Generator().manual_seed(2)
+    raw, _, _ = random_ternary(16, 256, "PQ2_0", gen)
+    s = random_signs(256, gen)
+    w = PQ2Weight.from_raw(raw, s, 128)
+    x = torch.randn(2, 3, 256, generator=gen)
+    dispatch._select.cache_clear()
+    assert dispatch.select_kernel(6, w, x.dtype).name == "torch"
+    y = dispatch.pq2_linear(x, w)
+    assert y.shape == (2, 3, 16)
+    ref = reference_linear(x.reshape(6, 256), raw, "PQ2_0", s, 128).reshape(2, 3, 16)
+    assert rel_err(y, ref) < 1e-6
+    monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_a8")
+    dispatch._select.cache_clear()
+    dispatch._logged.clear()
+    with caplog.at_level(logging.WARNING, logger="vllm_prism.kernels.pq2.dispatch"):
+        assert dispatch.select_kernel(1, w, x.dtype).name == "torch"
+    assert "VLLM_PRISM_PQ2_KERNEL=gemv_a8 cannot run" in caplog.text
+    monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "nonsense")
+    dispatch._select.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="vllm_prism.kernels.pq2.dispatch"):
+        assert dispatch.select_kernel(1, w, x.dtype).name == "torch"
+    assert "is not a kernel" in caplog.text
+    dispatch._select.cache_clear()
+
+
+def test_ptq1_torch_path_matches_reference() -> None:
+    gen = torch.Generator().manual_seed(4)
+    raw, _, _ = random_ternary(8, 384, "PTQ1_0", gen)
+    w = PTQ1Weight.from_raw(raw)
+    x = torch.randn(1, 384, generator=gen)
+    bias = torch.randn(8, generator=gen)
+    assert rel_err(dispatch.pq2_linear(x, w, bias), reference_linear(x, raw, "PTQ1_0", None,
+                                                                     None, bias)) < 1e-6
+
+
+def test_reference_codec_roundtrip_sanity() -> None:
+    # the references used by the kernel tests agree with the numpy codec path
+    raw, q, d = random_ternary(3, 256, "PQ2_0", torch.Generator().manual_seed(9))
+    q2, d2 = codecs_torch.unpack_blocks(raw, GGMLType.PQ2_0)
+    assert torch.equal(q, q2) and torch.equal(d, d2)
