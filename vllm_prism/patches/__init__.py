@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 logger = logging.getLogger(__name__)
 
-PATCH_MODULES = ("vllm_prism.patches.cli_distribution_version",)
+PATCH_MODULES = (
+    "vllm_prism.patches.cli_distribution_version",
+    "vllm_prism.patches.int8_scale_view_fill",
+)
 
 
 @dataclass(frozen=True)
