@@ -27,6 +27,7 @@ import numpy as np
 from vllm_prism.gguf.codecs import pack_blocks
 from vllm_prism.gguf.constants import GGMLType
 from vllm_prism.gguf.hadamard import make_contract
+from vllm_prism.gguf.inspect import may_be_ternary
 from vllm_prism.gguf.qwen35 import (Qwen35Dims, expected_tensors, gguf_to_hf_name,
                                     hf_to_gguf_tensor, qwen35_metadata)
 from vllm_prism.gguf.tokenizer import tokenizer_metadata, train_tiny_tokenizer
@@ -93,14 +94,6 @@ def _dims(cfg: TinyConfig, vocab_size: int) -> Qwen35Dims:
         n_k_heads=cfg.n_k_heads, n_v_heads=cfg.n_v_heads, head_k_dim=cfg.linear_head_dim,
         head_v_dim=cfg.linear_head_dim, conv_kernel=cfg.conv_kernel,
         full_attention_interval=cfg.full_attention_interval, vocab_size=vocab_size)
-
-
-def _is_ternary(gguf_name: str) -> bool:
-    """The tensors Bonsai stores ternary (and folds): every projection, embedding, LM head."""
-    leaf = gguf_name.split(".")[-2] if gguf_name.startswith("blk.") else gguf_name
-    return leaf in {"attn_q", "attn_k", "attn_v", "attn_output", "attn_qkv", "attn_gate",
-                    "ssm_out", "ffn_gate", "ffn_up", "ffn_down"} or gguf_name in {
-                        "token_embd.weight", "output.weight"}
 
 
 class _TinyBuilder:
@@ -230,7 +223,7 @@ def make_tiny_gguf(path: str | os.PathLike, *, fmt: str = "pq2_0", seed: int = 0
             chat_template=CHAT_TEMPLATE):
         writer.add_metadata(key, value, vtype, etype)
     if ternary_type != GGMLType.Q2_0:
-        folded = [n for n in shapes if _is_ternary(n) and n != "token_embd.weight"]
+        folded = [n for n in shapes if may_be_ternary(n) and n != "token_embd.weight"]
         widths = sorted({shapes[n][-1] for n in folded})
         contract = make_contract(widths, HADAMARD_BLOCK, folded, ["token_embd.weight"],
                                  seed=seed + 1)
