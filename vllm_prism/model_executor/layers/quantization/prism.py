@@ -158,14 +158,30 @@ class PrismLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         if layer.prism_signs is not None:
             layer.prism_signs = layer.prism_signs.to(layer.weight.device)
+        layer.prism_kernel_weight = None
+        if layer.weight.is_cuda and self._uses_linear_kernels(layer):
+            layer.prism_kernel_weight = _prepare_kernel_weight(layer, self.config)
+
+    def _uses_linear_kernels(self, layer: torch.nn.Module) -> bool:
+        return True
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
+        if layer.prism_kernel_weight is not None:
+            from vllm_prism.kernels.pq2 import pq2_linear
+
+            return pq2_linear(x, layer.prism_kernel_weight, bias)
         return prism_linear_reference(x, layer.weight, layer.prism_signs, self.config, bias)
 
 
 class PrismEmbeddingMethod(PrismLinearMethod):
     """Embedding lookup (then the inverse transform) and the folded LM head."""
+
+    def _uses_linear_kernels(self, layer: torch.nn.Module) -> bool:
+        # The LM head is a linear layer; the input embedding only gathers packed rows.
+        from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+
+        return isinstance(layer, ParallelLMHead)
 
     def embedding(self, layer: torch.nn.Module, input_: torch.Tensor) -> torch.Tensor:
         cfg = self.config
@@ -175,6 +191,25 @@ class PrismEmbeddingMethod(PrismLinearMethod):
         if layer.prism_signs is not None:
             z = inverse_embedding_transform(z, layer.prism_signs, cfg.hadamard_block)
         return z.to(layer.prism_out_dtype).reshape(*input_.shape, -1)
+
+
+def _prepare_kernel_weight(layer: torch.nn.Module, config: PrismConfig) -> Any:
+    """The GPU kernels' layout of a layer's packed rows, made once after loading; the GGUF
+    rows are released afterwards (the kernels read only their own layout)."""
+    from vllm_prism.kernels.pq2 import PQ2Weight, PTQ1Weight
+
+    if config.ggml_type == GGMLType.PTQ1_0:
+        cls = PTQ1Weight
+    elif config.layout.type_size == 34:  # PQ2_0 and legacy Q2_0/g128 share the block
+        cls = PQ2Weight
+    else:
+        logger.warning_once("no GPU kernel for %s/g%d; using the torch path",
+                            config.ggml_type.name, config.group)
+        return None
+    prepared = cls.from_raw(layer.weight.data, signs=layer.prism_signs,
+                            hadamard_block=config.hadamard_block)
+    layer.weight.data = torch.empty(0, dtype=torch.uint8, device=layer.weight.device)
+    return prepared
 
 
 def prism_linear_reference(x: torch.Tensor, packed: torch.Tensor, signs: torch.Tensor | None,
