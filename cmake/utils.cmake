@@ -19,6 +19,9 @@ function(prism_find_torch PYTHON)
     OUTPUT_VARIABLE PY_EXT_SUFFIX OUTPUT_STRIP_TRAILING_WHITESPACE)
   set(TORCH_LIBRARIES ${TORCH_LIBRARIES} PARENT_SCOPE)
   set(TORCH_INCLUDE_DIRS ${TORCH_INCLUDE_DIRS} PARENT_SCOPE)
+  # find_package(Torch) sets this in the function's scope only; prism_define_extension needs
+  # it to find libtorch_python.
+  set(TORCH_INSTALL_PREFIX ${TORCH_INSTALL_PREFIX} PARENT_SCOPE)
   set(PRISM_PY_INCLUDE ${PY_INCLUDE} PARENT_SCOPE)
   set(PRISM_PY_EXT_SUFFIX ${PY_EXT_SUFFIX} PARENT_SCOPE)
 endfunction()
@@ -34,6 +37,6 @@ function(prism_define_extension NAME)
   target_compile_options(${NAME} PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -O3 --use_fast_math>)
   # Link torch's C++ and Python bindings (the module is imported by Python).
-  find_library(TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/lib")
+  find_library(TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/lib" REQUIRED)
   target_link_libraries(${NAME} PRIVATE ${TORCH_LIBRARIES} ${TORCH_PYTHON_LIBRARY})
 endfunction()

@@ -47,6 +47,7 @@ SHAPES = [(1024, 5120), (12288, 5120), (10240, 5120), (6144, 5120), (14336, 5120
 M_LIST = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
 HADAMARD_BLOCK = 1024
 L2_MULTIPLE = 3
+DEVICE = "cuda"
 
 
 def gpu_slug() -> str:
@@ -83,7 +84,7 @@ def time_graph(calls: list[Callable[[], object]], replays: int = 15) -> float:
 
 def read_bandwidth_gbps() -> float:
     """GB/s of a read-only fp32 sum over 4 GiB (median of 10)."""
-    buf = torch.rand(1 << 30, device="cuda")
+    buf = torch.rand(1 << 30, device=DEVICE)
     for _ in range(3):
         buf.sum()
     torch.cuda.synchronize()
@@ -116,10 +117,10 @@ def copies_for(nbytes: int) -> int:
 def random_weight(n: int, k: int, gen: torch.Generator) -> PQ2Weight:
     """Random codes (all four, code 3 included), scales in [0.5, 1.5) * 0.02, random signs."""
     g = k // 128
-    raw = torch.randint(0, 256, (n, g, 34), dtype=torch.uint8, device="cuda", generator=gen)
-    d = ((torch.rand(n, g, device="cuda", generator=gen) + 0.5) * 0.02).half()
+    raw = torch.randint(0, 256, (n, g, 34), dtype=torch.uint8, device=DEVICE, generator=gen)
+    d = ((torch.rand(n, g, device=DEVICE, generator=gen) + 0.5) * 0.02).half()
     raw[:, :, :2] = d.view(torch.uint8).reshape(n, g, 2)
-    signs = torch.where(torch.rand(k, device="cuda", generator=gen) < 0.5, -1.0, 1.0)
+    signs = torch.where(torch.rand(k, device=DEVICE, generator=gen) < 0.5, -1.0, 1.0)
     return PQ2Weight.from_raw(raw.reshape(n, g * 34), signs, HADAMARD_BLOCK)
 
 
@@ -145,18 +146,18 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 # -------------------------------------------------------------------------------- sweep
 
-GEMV_A8_CONFIGS = [GemvConfig(8, 8, 2), GemvConfig(16, 8, 4), GemvConfig(32, 8, 4),
-                   GemvConfig(64, 8, 8), GemvConfig(16, 16, 4), GemvConfig(32, 4, 4)]
-GEMV_A16_CONFIGS = [GemvConfig(8, 8, 2), GemvConfig(16, 8, 4), GemvConfig(32, 8, 4),
-                    GemvConfig(64, 8, 8)]
-MMA_M = [2, 16, 32, 64]
+GEMV_A8_CONFIGS = [GemvConfig(8, 8, 2), GemvConfig(16, 8, 4), GemvConfig(16, 16, 4),
+                   GemvConfig(32, 8, 4)]
+GEMV_A16_CONFIGS = [GemvConfig(16, 8, 4)]
+GEMV_M = [2, 4, 8, 16]
+MMA_M = [16, 32, 64]
 GEMM_M = [128, 512, 2048]
 
 
 def mma_configs(m: int, n: int, k: int) -> list[TCConfig]:
     bm = 16 if m <= 16 else (32 if m <= 32 else 64)
     out = []
-    for bn in (32, 64, 128):
+    for bn in (64, 128):
         tiles = -(-n // bn)
         split = 1
         while tiles * split < 132 and split < 8 and (k // 128) // (split * 2) >= 4:
@@ -167,11 +168,8 @@ def mma_configs(m: int, n: int, k: int) -> list[TCConfig]:
 
 
 GEMM_CONFIGS = {
-    "a16": [TCConfig(128, 128, 1, 8, 3), TCConfig(64, 128, 1, 4, 3), TCConfig(128, 64, 1, 4, 3),
-            TCConfig(128, 128, 1, 8, 2)],
-    "a16fold": [TCConfig(128, 64, 1, 4, 3, fold_scale=True),
-                TCConfig(128, 128, 1, 8, 3, fold_scale=True)],
-    "a8": [TCConfig(64, 128, 1, 4, 3), TCConfig(128, 64, 1, 4, 3), TCConfig(128, 128, 1, 8, 3)],
+    "a16": [TCConfig(128, 128, 1, 8, 3), TCConfig(64, 128, 1, 4, 3), TCConfig(128, 64, 1, 4, 3)],
+    "a8": [TCConfig(64, 128, 1, 4, 3), TCConfig(128, 64, 1, 4, 3), TCConfig(64, 64, 1, 4, 4)],
 }
 
 
@@ -198,28 +196,30 @@ def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
         except Exception as e:  # keep sweeping; report the failure
             record(family=family, M=m, config=repr(cfg), error=f"{type(e).__name__}: {e}"[:400])
 
-    ms = [1] + MMA_M + (GEMM_M if n < 100000 else [128])
+    ms = [1] + GEMV_M + MMA_M + (GEMM_M if n < 100000 else [128])
     for m in ms:
         if m_filter and m not in m_filter:
             continue
-        x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+        x = torch.randn(m, k, device=DEVICE, generator=gen).bfloat16()
         ref = reference(x, w0, wf)
+        aq = transform_activation(x, w0.signs, HADAMARD_BLOCK, ActKind.Q8)
         if m == 1:
-            for kind in (ActKind.Q8_PERM, ActKind.F32_PERM, ActKind.FLOAT):
+            for kind in (ActKind.Q8, ActKind.F32_PERM, ActKind.FLOAT):
                 us = time_graph([lambda: transform_activation(x, w0.signs, HADAMARD_BLOCK, kind)
                                  for _ in range(20)])
                 record(family=f"producer_{kind.name}", M=1, us=us)
-            a8 = transform_activation(x, w0.signs, HADAMARD_BLOCK, ActKind.Q8_PERM)
             a16 = transform_activation(x, w0.signs, HADAMARD_BLOCK, ActKind.F32_PERM)
-            for cfg in GEMV_A8_CONFIGS:
-                run_variant("gemv_a8", 1, cfg, a8,
-                            lambda a, w, c: gemv_a8(a, w, config=c), 3e-2, ref)
             for cfg in GEMV_A16_CONFIGS:
                 run_variant("gemv_a16", 1, cfg, a16,
                             lambda a, w, c: gemv_a16(a, w, config=c), 1e-2, ref)
-            continue
+        if m <= 16:
+            for c0 in GEMV_A8_CONFIGS:
+                cfg = GemvConfig(c0.block_n, c0.block_g, c0.num_warps, 1 << (m - 1).bit_length())
+                run_variant("gemv_a8", m, cfg, aq,
+                            lambda a, w, c: gemv_a8(a, w, config=c), 3e-2, ref)
+            if m < 16:
+                continue
         af = transform_activation(x, w0.signs, HADAMARD_BLOCK, ActKind.FLOAT)
-        aq = transform_activation(x, w0.signs, HADAMARD_BLOCK, ActKind.Q8)
         tc = lambda a, w, c: pq2_tc_linear(a, w, config=c)  # noqa: E731
         if m <= 64:
             for cfg in mma_configs(m, n, k):
@@ -241,7 +241,7 @@ def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
     if not m_filter or 1 in m_filter:
         wd = w0.dequantize(torch.bfloat16)
         dense = [wd] + [wd.clone() for _ in range(copies_for(wd.numel() * 2) - 1)]
-        x1 = torch.randn(1, k, device="cuda", generator=gen).bfloat16()
+        x1 = torch.randn(1, k, device=DEVICE, generator=gen).bfloat16()
         us = time_graph([lambda i=i: F.linear(x1, dense[i % len(dense)])
                          for i in range(max(len(dense), 20))])
         record(family="bf16_linear", M=1, us=us)
@@ -264,7 +264,7 @@ def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gb
     for m in m_list:
         if n > 100000 and m > 128:
             continue  # lm_head runs on the last token of a prefill only
-        x = torch.randn(m, k, device="cuda", generator=gen).bfloat16()
+        x = torch.randn(m, k, device=DEVICE, generator=gen).bfloat16()
         kernel = dispatch.select_kernel(m, w0, x.dtype)
         ref = reference(x, w0, wf)
         y = dispatch.pq2_linear(x, w0)
@@ -279,6 +279,14 @@ def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gb
                               for i in range(max(len(dense), 20))])
         if m == 1:
             t1 = us
+        cands = {}
+        for name in candidates(m):
+            fn = candidate_fn(name)
+            try:
+                cands[name] = round(time_graph([lambda i=i: fn(x, ws[i % len(ws)])
+                                                for i in range(calls)]), 2)
+            except Exception as e:  # report and go on
+                cands[name] = f"{type(e).__name__}: {e}"[:200]
         nbytes = op_bytes(m, n, k, w0.nbytes)
         rec = {
             "shape": shape, "M": m, "kernel": kernel.name, "us": round(us, 2),
@@ -287,11 +295,31 @@ def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gb
             "bf16_us": round(us_bf16, 2), "vs_bf16": round(us_bf16 / us, 3),
             "vs_m1": round(us / t1, 3) if t1 else None,
             "tflops": round(2 * m * n * k / (us * 1e-6) / 1e12, 1), "rel_err": round(err, 5),
+            "candidates_us": cands,
         }
         records.append(rec)
         print(json.dumps(rec), flush=True)
     del ws, dense, wd, wf
     torch.cuda.empty_cache()
+
+
+def candidates(m: int) -> list[str]:
+    """Other kernels timed at this M (end to end, producer included)."""
+    if m == 1:
+        return ["gemv_a8", "gemv_a16"]
+    if m <= 8:
+        return ["gemv_a8_rows", "mma_a8", "mma_a16"]
+    if m <= 64:
+        return ["mma_a8", "mma_a16"]
+    return ["gemm_a8", "gemm_a16"]
+
+
+def candidate_fn(name: str) -> Callable[[torch.Tensor, PQ2Weight], torch.Tensor]:
+    if name == "gemv_a8_rows":  # the dp4a GEMV with all rows in one program tile
+        kern = dispatch._BY_NAME["gemv_a8"]
+        return lambda x, w: gemv_a8(kern.make_activation(x, w), w)
+    kern = dispatch._BY_NAME[name]
+    return lambda x, w: kern.run(kern.make_activation(x, w), w, None, x.dtype)
 
 
 def write_results(out_dir: Path, payload: dict) -> None:
@@ -304,12 +332,30 @@ def write_results(out_dir: Path, payload: dict) -> None:
              "Times: median per call inside CUDA graphs, weights rotated beyond 3x L2; "
              "`us` includes the Hadamard/quantize producer, `kernel` is the weight kernel alone.",
              "", "| shape | M | kernel | us | kernel us | bw_frac | vs_bf16 | vs_m1 | TFLOP/s |"
-             " rel err |", "|---|---|---|---|---|---|---|---|---|---|"]
+             " rel err | other kernels (us) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in payload["records"]:
+        other = ", ".join(f"{k} {v}" for k, v in r.get("candidates_us", {}).items())
         lines.append(f"| {r['shape']} | {r['M']} | {r['kernel']} | {r['us']} | "
                      f"{r['us_kernel_only']} | {r['bw_frac']} | {r['vs_bf16']} | {r['vs_m1']} | "
-                     f"{r['tflops']} | {r['rel_err']} |")
+                     f"{r['tflops']} | {r['rel_err']} | {other} |")
     (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+
+
+def print_sweep_summary(results: list[dict]) -> None:
+    """Best variant per (shape, M, family), one line each."""
+    best: dict[tuple, dict] = {}
+    for r in results:
+        if "shape" not in r or "us" not in r or r.get("ok") is False:
+            continue
+        key = (r["shape"], r["M"], r["family"])
+        if key not in best or r["us"] < best[key]["us"]:
+            best[key] = r
+    for (shape, m, fam), r in sorted(best.items()):
+        print(f"{shape:>12} M={m:<5} {fam:<22} {r['us']:9.2f} us  {r.get('config', '')}")
+    bad = [r for r in results if r.get("ok") is False or "error" in r]
+    print(f"{len(bad)} failed variants")
+    for r in bad[:20]:
+        print("FAILED", r)
 
 
 def main() -> None:
@@ -326,15 +372,16 @@ def main() -> None:
         want = set(args.shapes.split(","))
         shapes = [s for s in SHAPES if f"{s[0]}x{s[1]}" in want]
     m_sel = [int(v) for v in args.m.split(",")] if args.m else None
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = torch.Generator(device=DEVICE).manual_seed(0)
     out = Path(args.out)
     t0 = time.time()
     if args.sweep:
-        results: list[dict] = []
+        results: list[dict] = [{"family": "read_gbps", "us": read_bandwidth_gbps()}]
         for n, k in shapes:
             sweep_shape(n, k, gen, results, set(m_sel) if m_sel else None)
             out.mkdir(parents=True, exist_ok=True)
             (out / "sweep.json").write_text(json.dumps(results) + "\n")
+        print_sweep_summary(results)
         print(f"sweep done in {time.time() - t0:.0f} s")
         return
     read_gbps = read_bandwidth_gbps()

@@ -56,11 +56,7 @@ def case(n: int, k: int, block: int, fmt: str = "PQ2_0"):
 
 
 def q8_of(act) -> torch.Tensor:
-    m, k = act.m, act.k
-    if act.kind == ActKind.Q8:
-        return act.data.int()
-    return (act.data.view(torch.int8).reshape(m, 4, k // 16, 4).permute(0, 2, 3, 1)
-            .reshape(m, k).int())
+    return act.data.int()
 
 
 def expect(cond: bool, what: str) -> None:
@@ -86,17 +82,18 @@ for n, k, block in SHAPES:
             rb = forward_transform(x, signs, block).float()
             expect(((gb - rb).abs() <= rb.abs() * 2 ** -7 + 1e-30).all(), "bf16 FLOAT off")
             qr, sr = quantize_q8(forward_transform(x.float(), signs, block))
-            for kind in (ActKind.Q8, ActKind.Q8_PERM):
-                a = transform_activation(x, signs, block, kind)
-                expect((q8_of(a) - qr).abs().max().item() <= 1, f"{kind.name} codes")
-                expect(torch.allclose(a.group_scale, sr, rtol=1e-6, atol=0), "scales")
-                expect(torch.equal(a.group_sum, q8_of(a).reshape(m, -1, 128).sum(-1)), "sums")
+            a = transform_activation(x, signs, block, ActKind.Q8)
+            expect((q8_of(a) - qr).abs().max().item() <= 1, "Q8 codes")
+            expect(torch.allclose(a.group_scale, sr, rtol=1e-6, atol=0), "scales")
+            expect(torch.equal(a.group_sum, q8_of(a).reshape(m, -1, 128).sum(-1)), "sums")
             a = transform_activation(x, signs, block, ActKind.F32_PERM)
             xt = forward_transform(x.float(), signs, block)
-            i = torch.arange(16)
-            e = torch.where(i <= 10, i, i - 11).float()
-            unperm = (a.data * torch.exp2(2 * e)[None, :, None]).transpose(1, 2).reshape(m, k)
-            expect(torch.equal(unperm, xt), "F32_PERM layout")
+            slot = torch.arange(16)  # slot 4b + q holds element 4q + b scaled by 4**-(4(b%2)+q)
+            b, q = slot // 4, slot % 4
+            unscaled = a.data * torch.exp2(2.0 * (4 * (b % 2) + q))[None, :, None]
+            got = torch.empty(m, k // 16, 16)
+            got[:, :, 4 * q + b] = unscaled.transpose(1, 2)
+            expect(torch.equal(got.reshape(m, k), xt), "F32_PERM layout")
 
         for name in dispatch.KERNELS:
             kname = name.name
@@ -110,7 +107,7 @@ for n, k, block in SHAPES:
             def _kernel(kernel=name):
                 act = kernel.make_activation(x, w)
                 y = kernel.run(act, w, bias, torch.float32)
-                if act.kind in (ActKind.Q8, ActKind.Q8_PERM):
+                if act.kind == ActKind.Q8:
                     ref = integer_reference(q8_of(act), act.group_scale, q, d, bias)
                 elif act.kind == ActKind.F32_PERM:
                     ref = forward_transform(x.double(), signs, block) @ wd.T + bias.double()
@@ -151,9 +148,13 @@ def _ragged():
     raw, q, d, signs, w = case(19, 640, 128)  # 5 groups: not a multiple of the tile
     x = torch.randn(1, 640).to(torch.bfloat16)
     wd = dense(raw, "PQ2_0")
-    a8 = transform_activation(x, signs, 128, ActKind.Q8_PERM)
+    a8 = transform_activation(x, signs, 128, ActKind.Q8)
     y = gemv_a8(a8, w, None, torch.float32, GemvConfig(8, 4, 2))
     expect(rel_err(y, integer_reference(q8_of(a8), a8.group_scale, q, d)) < 1e-5, "a8")
+    x5 = torch.randn(5, 640).to(torch.bfloat16)  # 5 rows, tiles of 4: a masked row tile
+    a8 = transform_activation(x5, signs, 128, ActKind.Q8)
+    y = gemv_a8(a8, w, None, torch.float32, GemvConfig(8, 4, 2, block_m=4))
+    expect(rel_err(y, integer_reference(q8_of(a8), a8.group_scale, q, d)) < 1e-5, "a8 rows")
     a16 = transform_activation(x, signs, 128, ActKind.F32_PERM)
     y = gemv_a16(a16, w, None, torch.float32, GemvConfig(8, 4, 2))
     expect(rel_err(y, forward_transform(x.double(), signs, 128) @ wd.T) < 1e-5, "a16")

@@ -21,7 +21,7 @@ from pq2_reference import (dense, integer_reference, random_signs, random_ternar
                            reference_linear, rel_err)
 
 from vllm_prism.kernels.pq2 import dispatch
-from vllm_prism.kernels.pq2.hadamard import ActKind, hadamard_transform
+from vllm_prism.kernels.pq2.hadamard import hadamard_transform
 from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
 
 pytestmark = pytest.mark.gpu
@@ -35,11 +35,13 @@ TOL = {"gemv_a16": 4e-3, "mma_a16": 8e-3, "gemm_a16": 8e-3, "gemv_a8": 3e-2, "mm
 A8 = {"gemv_a8", "mma_a8", "gemm_a8"}
 
 
-def kernels_for(m: int) -> list[str]:
+def kernels_for(m: int, n: int = 0) -> list[str]:
+    from vllm_prism.kernels.pq2.triton_gemv import gemv_max_m
+
     if m == 1:
         return ["gemv_a8", "gemv_a16"]
     if m <= dispatch.MMA_MAX_M:
-        return ["mma_a16", "mma_a8"]
+        return (["gemv_a8"] if m <= gemv_max_m(n) else []) + ["mma_a16", "mma_a8"]
     return ["gemm_a16", "gemm_a8"]
 
 
@@ -85,11 +87,7 @@ def check_kernel(name: str, x: torch.Tensor, raw, q, d, signs, block, w, bias=No
     assert err < TOL[name], f"{name}: relative error {err:.2e} >= {TOL[name]}"
     if name in A8 and x.shape[0] <= 128:
         y32 = kernel.run(act, w, bias, torch.float32)
-        xq = act.data.view(torch.int8).reshape(x.shape[0], -1) if act.kind == ActKind.Q8 else None
-        if xq is None:  # Q8_PERM: undo the dp4a order [p, w, b] -> element 16w + 4b + p
-            k = w.k
-            xq = (act.data.contiguous().view(torch.int8).reshape(x.shape[0], 4, k // 16, 4)
-                  .permute(0, 2, 3, 1).reshape(x.shape[0], k))
+        xq = act.data
         iref = integer_reference(xq.int(), act.group_scale, q, d, bias)
         ierr = rel_err(y32, iref)
         assert ierr < 2e-5, f"{name}: integer path error {ierr:.2e}"
@@ -104,7 +102,7 @@ def test_bonsai_shapes(shape: tuple[int, int]) -> None:
     gen = torch.Generator(device="cuda").manual_seed(n)
     for m in ms:
         x = torch.randn(m, k, device="cuda", generator=gen).to(torch.bfloat16)
-        for name in kernels_for(m):
+        for name in kernels_for(m, n):
             check_kernel(name, x, raw, q, d, signs, 1024, w)
 
 
@@ -114,7 +112,7 @@ def test_all_m_fused_qkv(m: int) -> None:
     raw, q, d, signs, w = make_case(6144, 5120, 1024)
     x = torch.randn(m, 5120, device="cuda", generator=torch.Generator(device="cuda").manual_seed(m))
     x = x.to(torch.bfloat16)
-    for name in kernels_for(m):
+    for name in kernels_for(m, 6144):
         check_kernel(name, x, raw, q, d, signs, 1024, w)
     y = dispatch.pq2_linear(x, w)
     assert rel_err(y, reference_linear(x, raw, "PQ2_0", signs, 1024)) < 3e-2
@@ -129,7 +127,7 @@ def test_odd_shapes_bias_dtypes(case, m: int, dtype: torch.dtype) -> None:
     gen = torch.Generator(device="cuda").manual_seed(m)
     x = torch.randn(m, k, device="cuda", generator=gen).to(dtype)
     bias = torch.randn(n, device="cuda", generator=gen).to(dtype)
-    for name in kernels_for(m):
+    for name in kernels_for(m, n):
         check_kernel(name, x, raw, q, d, signs, block, w, bias)
 
 

@@ -65,7 +65,8 @@ def _triton_supported(capability: tuple[int, int] | None) -> tuple[bool, str]:
     if interpreting():
         return False, "TRITON_INTERPRET=1 runs Triton on CPU tensors only"
     if capability < (8, 0):
-        return False, f"needs compute capability >= 8.0, this GPU is {capability[0]}.{capability[1]}"
+        major, minor = capability
+        return False, f"needs compute capability >= 8.0, this GPU is {major}.{minor}"
     return True, ""
 
 
@@ -106,15 +107,17 @@ def _pq2_only(c: PQ2LinearConfig) -> tuple[bool, str]:
 
 
 class GemvA8Kernel(PQ2LinearKernel):
-    """M = 1: int8-activation dp4a GEMV (triton_gemv.gemv_a8)."""
+    """M = 1..gemv_max_m(N) (2 or 4): int8-activation dp4a GEMV, weights read once per
+    program's rows (triton_gemv.gemv_a8)."""
 
     name = "gemv_a8"
-    act_kind = ActKind.Q8_PERM
+    act_kind = ActKind.Q8
 
     @classmethod
     def can_implement(cls, c: PQ2LinearConfig) -> tuple[bool, str]:
-        if c.m != 1:
-            return False, f"M = {c.m} (GEMV takes M = 1)"
+        from vllm_prism.kernels.pq2.triton_gemv import gemv_max_m
+        if c.m > gemv_max_m(c.n):
+            return False, f"M = {c.m} > {gemv_max_m(c.n)} for N = {c.n}"
         return _pq2_only(c)
 
     @classmethod
@@ -269,11 +272,14 @@ class TorchKernel(PQ2LinearKernel):
         return y.to(out_dtype)
 
 
-# Automatic order. The int8 GEMV wins at M = 1 (the fp32 GEMV is issue-bound, see
-# triton_gemv); the small-batch and prefill paths keep the activation in bf16/fp16.
+# Automatic order (H200 measurements in benchmarks/results/pq2_linear_h200.md): the int8
+# GEMV at M <= 2 (4 on large N; the fp32 GEMV is issue-bound, see triton_gemv), then the
+# int8 tensor-core kernel (1.1-1.5x faster than bf16 at every M measured; same activation
+# quantization as the GEMV). The bf16/fp16 kernels (*_a16) stay for the reference precision:
+# VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16.
 KERNELS: list[type[PQ2LinearKernel]] = [
-    PTQ1GemvKernel, GemvA8Kernel, GemvA16Kernel, MmaA16Kernel, MmaA8Kernel, GemmA16Kernel,
-    GemmA8Kernel, TorchKernel,
+    PTQ1GemvKernel, GemvA8Kernel, GemvA16Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel,
+    GemmA16Kernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 

@@ -9,13 +9,13 @@ Walsh-Hadamard butterfly on each ``block``-chunk in fp32 (same operation order a
 
 * ``FLOAT``: ``[M, K]`` in the requested dtype (the standalone transform, the bf16/fp16
   tensor-core kernels, the PTQ1 GEMV with fp32);
-* ``F32_PERM``: fp32 ``[M, 16, K/16]`` with ``data[m, i, w] = x[m, 16w + i] * 4**-e(i)``,
-  ``e(i) = i`` for ``i <= 10`` else ``i - 11``, plus the fp32 sum of every 128-group: the
-  float GEMV multiplies masked, unshifted code fields by it;
+* ``F32_PERM``: fp32 ``[M, 16, K/16]`` with ``data[m, 4b + q, w] = x[m, 16w + 4q + b] *
+  4**-(4 * (b % 2) + q)``, plus the fp32 sum of every 128-group: the float GEMV multiplies
+  the masked, unshifted code field of element ``16w + 4q + b`` (bits ``8b + 2q`` of the word,
+  or of the word shifted right by 16 for ``b >= 2``) by it;
 * ``Q8``: int8 ``[M, K]`` quantized per 128-group (``scale = max|x| / 127``, round half away
-  from zero), with the fp32 scale and the int32 sum of the codes of every group;
-* ``Q8_PERM``: the same int8 values in the dp4a order of the int8 GEMV: int32
-  ``[M, 4, K/16]`` where byte ``b`` of word ``(p, w)`` is ``q[16w + 4b + p]``.
+  from zero), with the fp32 scale and the int32 sum of the codes of every group (the int8
+  GEMV and tensor-core kernels read it in this natural order).
 
 Without signs the kernel only (normalizes and) re-lays out the activation.
 """
@@ -47,7 +47,6 @@ class ActKind(enum.IntEnum):
     FLOAT = 0
     F32_PERM = 1
     Q8 = 2
-    Q8_PERM = 3
 
 
 @dataclass
@@ -112,13 +111,13 @@ if HAS_TRITON:
         if MODE == 0:  # FLOAT
             tl.store(out_row + offs, x.to(out_ptr.dtype.element_ty))
         elif MODE == 1:  # F32_PERM
-            i = offs & 15
-            e = tl.where(i <= 10, i, i - 11)
-            scale = ((127 - 2 * e) << 23).to(tl.float32, bitcast=True)
-            tl.store(out_row + i * (K // 16) + (offs >> 4), x * scale)
+            q = (offs >> 2) & 3
+            b = offs & 3
+            scale = ((127 - 2 * (4 * (b & 1) + q)) << 23).to(tl.float32, bitcast=True)
+            tl.store(out_row + (4 * b + q) * (K // 16) + (offs >> 4), x * scale)
             xs = tl.sum(tl.reshape(x, (NG, 128)), axis=1)
             tl.store(gsum_ptr + m * stride_gm + g_offs, xs)
-        else:  # Q8, Q8_PERM
+        else:  # Q8
             xg = tl.reshape(x, (NG, 128))
             amax = tl.max(tl.abs(xg), axis=1)
             inv = tl.where(amax > 0, 127.0 / amax, 0.0)
@@ -128,13 +127,7 @@ if HAS_TRITON:
             q = tl.where(v < 0, -qa, qa)
             tl.store(gscale_ptr + m * stride_gm + g_offs, amax / 127.0)
             tl.store(gsum_ptr + m * stride_gm + g_offs, tl.sum(q, axis=1))
-            q = tl.reshape(q, (SEG,)).to(tl.int8)
-            if MODE == 2:
-                tl.store(out_row + offs, q)
-            else:
-                r = offs & 15
-                dst = (r & 3) * (K // 4) + (offs >> 4) * 4 + (r >> 2)
-                tl.store(out_row + dst, q)
+            tl.store(out_row + offs, tl.reshape(q, (SEG,)).to(tl.int8))
 
 
 def _segment(k: int, block: int) -> int:
@@ -171,10 +164,7 @@ def _alloc(kind: ActKind, m: int, k: int, dtype: torch.dtype,
         data = torch.empty(m, 16, k // 16, dtype=torch.float32, device=device)
         gsum = torch.empty(m, g, dtype=torch.float32, device=device)
         return PQ2Activation(kind, data, m, k, dtype, None, gsum)
-    if kind == ActKind.Q8:
-        data = torch.empty(m, k, dtype=torch.int8, device=device)
-    else:
-        data = torch.empty(m, 4, k // 16, dtype=torch.int32, device=device)
+    data = torch.empty(m, k, dtype=torch.int8, device=device)
     scale = torch.empty(m, g, dtype=torch.float32, device=device)
     qsum = torch.empty(m, g, dtype=torch.int32, device=device)
     return PQ2Activation(kind, data, m, k, dtype, scale, qsum)
@@ -206,15 +196,9 @@ def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int
     dummy = act.data
     gsum = act.group_sum if act.group_sum is not None else dummy
     gscale = act.group_scale if act.group_scale is not None else dummy
-    out_row_stride = act.data.numel() // m
-    if act.data.dtype == torch.int32:  # Q8_PERM is written byte-wise
-        data = act.data.view(torch.int8)
-        out_row_stride *= 4
-    else:
-        data = act.data
     _act_kernel[(m, k // seg)](
         x, signs if signs is not None else x, rms_weight if rms_weight is not None else x,
-        data, gscale, gsum, k, x.stride(0), out_row_stride, k // GROUP, float(eps),
+        act.data, gscale, gsum, k, x.stride(0), act.data.numel() // m, k // GROUP, float(eps),
         SEG=seg, LOG_B=log_b, INV_SQRT_B=1.0 / math.sqrt(b),
         HAS_SIGNS=signs is not None, HAS_RMS=rms_weight is not None,
         RMS_BLOCK=min(1024, triton.next_power_of_2(k)), MODE=int(kind),
@@ -267,10 +251,11 @@ def transform_activation_torch(x: torch.Tensor, signs: torch.Tensor | None, bloc
     kind = ActKind(kind)
     if kind == ActKind.FLOAT:
         return PQ2Activation(kind, xf.to(dtype), m, k, dtype)
-    if kind == ActKind.F32_PERM:
-        i = torch.arange(16, device=x.device)
-        e = torch.where(i <= 10, i, i - 11).float()
-        perm = xf.reshape(m, k // 16, 16).transpose(1, 2) * torch.exp2(-2 * e)[None, :, None]
+    if kind == ActKind.F32_PERM:  # [M, w, q, b] -> [M, b, q, w], scaled by 4**-(4(b%2)+q)
+        xw = xf.reshape(m, k // 16, 4, 4).permute(0, 3, 2, 1)
+        q = torch.arange(4, device=x.device).view(1, 4, 1)
+        b = torch.arange(4, device=x.device).view(4, 1, 1)
+        perm = (xw * torch.exp2(-2.0 * (4 * (b % 2) + q))).reshape(m, 16, k // 16)
         gsum = xf.reshape(m, g, GROUP).sum(dim=2)
         return PQ2Activation(kind, perm.contiguous(), m, k, dtype, None, gsum)
     xg = xf.reshape(m, g, GROUP)
@@ -279,10 +264,4 @@ def transform_activation_torch(x: torch.Tensor, signs: torch.Tensor | None, bloc
     v = xg * inv.unsqueeze(-1)
     q = (torch.floor(v.abs() + 0.5).clamp(max=127) * torch.sign(v)).to(torch.int32)
     qsum = q.sum(dim=2, dtype=torch.int32)
-    q8 = q.reshape(m, k).to(torch.int8)
-    if kind == ActKind.Q8:
-        data = q8
-    else:  # [M, K/16 (w), 4 (b), 4 (p)] -> [M, 4 (p), K/16 (w), 4 (b)]
-        data = q8.reshape(m, k // 16, 4, 4).permute(0, 3, 1, 2).contiguous()
-        data = data.view(torch.int32).reshape(m, 4, k // 16)
-    return PQ2Activation(kind, data, m, k, dtype, amax / 127.0, qsum)
+    return PQ2Activation(kind, q.reshape(m, k).to(torch.int8), m, k, dtype, amax / 127.0, qsum)

@@ -4,9 +4,12 @@ A GGUF PQ2_0 row is K/128 blocks of 34 bytes (fp16 scale ``d`` first, then 32 by
 2-bit codes). Interleaving scales and codes makes wide, aligned loads impossible, so the
 kernels read two planes instead:
 
-* ``codes``: int32 ``[N, K/16]``, the code bytes of each row concatenated. Word ``w`` of a
-  row holds elements ``16w .. 16w+15``; element ``j`` is ``(codes[j // 16] >> 2*(j % 16)) & 3``
-  (a little-endian reinterpretation of the GGUF bytes, so no bit is moved).
+* ``codes``: int32 ``[N, K/16]``. Word ``w`` of a row holds elements ``16w .. 16w+15``;
+  element ``16w + 4q + b`` sits at bits ``8b + 2q`` (byte ``b``, field ``q``): the 4 x 4 grid
+  of (byte, field) of a GGUF word, transposed. So ``(word >> 2q) & 0x03030303`` holds the
+  codes of the four consecutive elements ``4q .. 4q+3`` as bytes: the partner of one int8
+  activation word in ``dp4a`` (the GEMV), and the tensor-core kernels expand a whole word in
+  one thread into 16 consecutive K values.
 * ``scales``: fp16 ``[N, G_pad]`` with ``G = K/128`` blocks, the row stride padded to a
   multiple of 8 so every row starts 16-byte aligned.
 
@@ -52,11 +55,12 @@ def _check_raw(raw: torch.Tensor, block_bytes: int, fmt: str) -> tuple[int, int]
 
 def _check_transform(k: int, signs: torch.Tensor | None,
                      hadamard_block: int | None) -> tuple[torch.Tensor | None, int | None]:
-    """Validate the optional fold; returns (signs, block) with both set or both None."""
-    if signs is None and hadamard_block is None:
+    """Validate the optional fold; returns (signs, block), both None without signs (a
+    weight that is not folded: ``hadamard_block`` alone is ignored)."""
+    if signs is None:
         return None, None
-    if signs is None or hadamard_block is None:
-        raise ValueError("signs and hadamard_block must be given together")
+    if hadamard_block is None:
+        raise ValueError("signs given without hadamard_block")
     block = int(hadamard_block)
     if block <= 0 or block & (block - 1) or k % block:
         raise ValueError(f"hadamard_block must be a power of two dividing K = {k}, got {block}")
@@ -69,6 +73,25 @@ def _check_transform(k: int, signs: torch.Tensor | None,
 def _packed(t: torch.Tensor) -> torch.Tensor:
     """A fresh contiguous copy at storage offset 0 (so it can be viewed as wider types)."""
     return t.clone(memory_format=torch.contiguous_format)
+
+
+def _transpose_fields(code_bytes: torch.Tensor) -> torch.Tensor:
+    """GGUF code bytes [..., 4m] (element 4i + j at bits 2j of byte i) -> prepared int32
+    words [..., m] (element 16w + 4q + b at bits 8b + 2q of word w). Self-inverse on bytes."""
+    b = code_bytes.reshape(*code_bytes.shape[:-1], -1, 4)  # [..., word, byte i]
+    fields = torch.stack([(b >> (2 * j)) & 3 for j in range(4)], dim=-1)
+    # fields[..., w, i, j] is element 4i + j; new byte j collects elements 4i + j, field i
+    t = fields.transpose(-1, -2)  # [..., w, j (new byte), i (new field)]
+    out = t[..., 0] | (t[..., 1] << 2) | (t[..., 2] << 4) | (t[..., 3] << 6)
+    return out.to(torch.uint8).reshape(*code_bytes.shape[:-1], -1)
+
+
+def _transpose_rows(code_bytes: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+    """:func:`_transpose_fields` over row chunks, bounding the temporary memory."""
+    out = torch.empty_like(code_bytes)
+    for r0 in range(0, code_bytes.shape[0], chunk):
+        out[r0:r0 + chunk] = _transpose_fields(code_bytes[r0:r0 + chunk])
+    return out
 
 
 def _scale_plane(d: torch.Tensor) -> torch.Tensor:
@@ -110,7 +133,8 @@ class PQ2Weight:
             raw = raw.to(device)
         blocks = raw.reshape(n, g, PQ2_BLOCK_BYTES)
         d = blocks[..., :2].contiguous().view(torch.float16).reshape(n, g)
-        codes = _packed(blocks[..., 2:]).view(torch.int32).reshape(n, k // 16)
+        code_bytes = _transpose_rows(blocks[..., 2:].reshape(n, k // 4))
+        codes = _packed(code_bytes).view(torch.int32).reshape(n, k // 16)
         if signs is not None:
             signs = signs.to(device=raw.device, dtype=torch.float32).contiguous()
         return cls(codes=codes, scales=_scale_plane(d), n=n, k=k, signs=signs,
@@ -131,7 +155,8 @@ class PQ2Weight:
 
     def unpack(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(q int8 [N, K] in -1..2, d fp16 [N, K/128]): the exact integer content."""
-        shifts = torch.arange(0, 32, 2, dtype=torch.int32, device=self.device)
+        e = torch.arange(16, device=self.device)
+        shifts = (8 * (e % 4) + 2 * (e // 4)).to(torch.int32)  # element e = 4q + b
         codes = (self.codes.unsqueeze(-1) >> shifts) & 3
         q = codes.reshape(self.n, self.k).to(torch.int8) - 1
         return q, self.scales[:, :self.groups]
@@ -146,7 +171,8 @@ class PQ2Weight:
         """The GGUF bytes again, uint8 [N, K/128*34]."""
         d = self.scales[:, :self.groups].contiguous().view(torch.uint8)
         d = d.reshape(self.n, self.groups, 2)
-        codes = self.codes.contiguous().view(torch.uint8).reshape(self.n, self.groups, 32)
+        codes = _transpose_rows(self.codes.contiguous().view(torch.uint8).reshape(self.n, -1))
+        codes = codes.reshape(self.n, self.groups, 32)
         return torch.cat([d, codes], dim=-1).reshape(self.n, self.groups * PQ2_BLOCK_BYTES)
 
 

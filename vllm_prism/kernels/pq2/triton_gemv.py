@@ -1,20 +1,21 @@
-"""M = 1 (decode) PQ2_0 GEMVs in Triton: stream every weight byte once per step.
+"""Decode-size PQ2_0 GEMVs in Triton: stream every weight byte once per step.
 
 Both kernels read the :class:`~vllm_prism.kernels.pq2.layout.PQ2Weight` planes in tiles of
-``BLOCK_N`` rows x ``BLOCK_G`` groups x 8 words (16-byte loads along K), reduce each
-128-group in registers and apply its fp16 scale once per group, using
-``sum_j (c_j - 1) x_j = sum_j c_j x_j - sum_j x_j`` so the ``-1`` offset costs one
-subtraction per group.
+``BLOCK_N`` rows x ``BLOCK_G`` groups x 8 words (16-byte loads along K, the next tile's words
+loaded before the current one is reduced), reduce each 128-group in registers and apply its
+fp16 scale once per group, using ``sum_j (c_j - 1) x_j = sum_j c_j x_j - sum_j x_j`` so the
+``-1`` offset costs one subtraction per group.
 
-* :func:`gemv_a8` (``Q8_PERM`` activation, int8 per 128-group): 16 weights of a code word
-  meet 16 int8 activations in four ``dp4a`` instructions on the unshifted masks
-  ``w & 0x03030303 << 2p`` (one inline-asm block: 4 AND, 4 DP4A, 3 SHR per 16 weights), so
-  the decode fits in the issue budget of a bandwidth-bound pass. Exact integer sums; the only
-  rounding is the activation quantization and the fp32 epilogue.
-* :func:`gemv_a16` (``F32_PERM`` activation): the bf16/fp16 semantics of the reference, fp32
-  math. Code ``i`` of a word is read in place as ``float(0x4B000000 | (w & 3 << 2i)) - 2**23
-  = c * 4**i`` and multiplied by an activation pre-scaled by ``4**-i`` (exact): 3 instructions
-  a weight, no shifts or int-to-float conversions.
+* :func:`gemv_a8` (``Q8`` activation, int8 per 128-group; M = 1..``BLOCK_M`` rows per
+  program): ``(word >> 2q) & 0x03030303`` holds the codes of elements ``16w + 4q .. +3``, the
+  partners of one int8 activation word, so 16 weights cost 3 shifts and 4 ANDs (shared by
+  all rows of the program) plus 4 ``dp4a`` per row. Exact integer sums; the only rounding is
+  the activation quantization and the fp32 epilogue.
+* :func:`gemv_a16` (``F32_PERM`` activation, M = 1): the precision of the reference (fp32
+  math). The code of element ``16w + 4q + b`` is read in place as
+  ``float(0x4B000000 | (v & 3 << s)) - 2**23 = c * 2**s`` (``v`` the word, or the word
+  shifted right by 16 for ``b >= 2``; ``s = 8(b % 2) + 2q``) and multiplied by the activation
+  pre-scaled by ``2**-s`` (exact): 3 instructions a weight, no int-to-float conversion.
 
 Under the Triton interpreter the dp4a block is emulated with shifts and multiplies.
 """
@@ -31,120 +32,146 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-__all__ = ["gemv_a8", "gemv_a16", "GemvConfig", "default_gemv_config"]
+__all__ = ["gemv_a8", "gemv_a16", "GemvConfig", "default_gemv_config", "GEMV_MAX_M",
+           "gemv_max_m"]
+
+# The dp4a work grows with M: the GEMV beats the tensor-core kernel up to M = 2 everywhere and
+# up to M = 4 on matrices of >= 4096 rows (H200, benchmarks/results/pq2_linear_h200.md).
+GEMV_MAX_M = 4
+GEMV_SMALL_N_MAX_M = 2
 
 
 class GemvConfig:
-    """Tile of a GEMV program: rows, groups of 128 per step, warps."""
+    """Tile of a GEMV program: rows, groups of 128 per step, warps, activation rows."""
 
-    def __init__(self, block_n: int, block_g: int, num_warps: int) -> None:
+    def __init__(self, block_n: int, block_g: int, num_warps: int, block_m: int = 1) -> None:
         self.block_n = block_n
         self.block_g = block_g
         self.num_warps = num_warps
+        self.block_m = block_m
 
     def __repr__(self) -> str:
-        return f"GemvConfig(n={self.block_n}, g={self.block_g}, w={self.num_warps})"
+        return (f"GemvConfig(n={self.block_n}, g={self.block_g}, w={self.num_warps}, "
+                f"m={self.block_m})")
 
 
-def default_gemv_config(n: int, k: int, a8: bool = True) -> GemvConfig:
-    """Tile choice: 8 groups (1024 weights) of K per step, rows so that the grid fills the GPU."""
-    if n >= 8192:
-        return GemvConfig(32, 8, 4)
-    if n >= 2048:
+def gemv_max_m(n: int) -> int:
+    """Largest M the dispatch sends to the GEMV for a matrix of n rows."""
+    return GEMV_MAX_M if n >= 4096 else GEMV_SMALL_N_MAX_M
+
+
+def default_gemv_config(m: int, n: int, k: int, a8: bool = True) -> GemvConfig:
+    """Tile choice from the H200 sweep: 8 or 16 groups of K per step, 16-32 rows, 4 warps."""
+    block_m = 1 if m <= 1 else min(16, 1 << (m - 1).bit_length())
+    if not a8:
         return GemvConfig(16, 8, 4)
-    return GemvConfig(8, 8, 2)
+    if n >= 12288:
+        return GemvConfig(32, 8, 4, block_m)
+    if k >= 8192 or n <= 6144:
+        return GemvConfig(16, 16 if block_m == 1 else 8, 4, block_m)
+    return GemvConfig(16, 8, 4, block_m)
 
 
 if HAS_TRITON:
 
     @triton.jit
-    def _dp16_asm(w, x0, x1, x2, x3):
-        """sum over 16 weights of code * x: dp4a on the four unshifted 2-bit fields."""
+    def _dp4x4_asm(t0, t1, t2, t3, x0, x1, x2, x3):
+        """sum over the 16 bytes of four (codes, int8 activations) word pairs: 4 dp4a."""
         return tl.inline_asm_elementwise(
             """
             {
-            .reg .b32 t, a;
-            and.b32 t, $1, 0xC0C0C0C0;
+            .reg .b32 a;
             mov.b32 a, 0;
-            dp4a.u32.s32 a, t, $5, a;
-            shr.s32 a, a, 2;
-            and.b32 t, $1, 0x30303030;
-            dp4a.u32.s32 a, t, $4, a;
-            shr.s32 a, a, 2;
-            and.b32 t, $1, 0x0C0C0C0C;
-            dp4a.u32.s32 a, t, $3, a;
-            shr.s32 a, a, 2;
-            and.b32 t, $1, 0x03030303;
-            dp4a.u32.s32 $0, t, $2, a;
+            dp4a.u32.s32 a, $1, $5, a;
+            dp4a.u32.s32 a, $2, $6, a;
+            dp4a.u32.s32 a, $3, $7, a;
+            dp4a.u32.s32 $0, $4, $8, a;
             }
             """,
-            "=r,r,r,r,r,r", [w, x0, x1, x2, x3], dtype=tl.int32, is_pure=True, pack=1)
+            "=r,r,r,r,r,r,r,r,r", [t0, t1, t2, t3, x0, x1, x2, x3], dtype=tl.int32,
+            is_pure=True, pack=1)
 
     @triton.jit
-    def _dp16_emulated(w, x0, x1, x2, x3):
-        """Interpreter twin of _dp16_asm: the same integer sum with shifts and multiplies."""
-        acc = tl.zeros(w.shape, dtype=tl.int32)
+    def _dp4_emulated(t, x):
+        acc = tl.zeros(t.shape, dtype=tl.int32)
         for b in tl.static_range(4):
-            c0 = (w >> (8 * b)) & 3
-            c1 = (w >> (8 * b + 2)) & 3
-            c2 = (w >> (8 * b + 4)) & 3
-            c3 = (w >> (8 * b + 6)) & 3
-            acc += c0 * ((x0 << (24 - 8 * b)) >> 24)
-            acc += c1 * ((x1 << (24 - 8 * b)) >> 24)
-            acc += c2 * ((x2 << (24 - 8 * b)) >> 24)
-            acc += c3 * ((x3 << (24 - 8 * b)) >> 24)
+            acc += ((t >> (8 * b)) & 0xFF) * ((x << (24 - 8 * b)) >> 24)
         return acc
 
     @triton.jit
+    def _dp4x4_emulated(t0, t1, t2, t3, x0, x1, x2, x3):
+        """Interpreter twin of _dp4x4_asm."""
+        return (_dp4_emulated(t0, x0) + _dp4_emulated(t1, x1) + _dp4_emulated(t2, x2)
+                + _dp4_emulated(t3, x3))
+
+    @triton.jit
+    def _load_words(c_rows, wo, gg, G, EVEN_G: tl.constexpr):
+        if EVEN_G:
+            return tl.load(c_rows + wo[None, :, :])
+        return tl.load(c_rows + wo[None, :, :], mask=(gg < G)[None, :, None], other=0)
+
+    @triton.jit
     def _gemv_a8_kernel(codes_ptr, scales_ptr, xq_ptr, sx_ptr, qsum_ptr, bias_ptr, out_ptr,
-                        N, G, stride_cn, stride_sn,
-                        BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, USE_ASM: tl.constexpr,
-                        HAS_BIAS: tl.constexpr, EVEN_G: tl.constexpr):
+                        M, N, G, stride_cn, stride_sn, stride_xm, stride_gm, stride_om,
+                        BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
+                        USE_ASM: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_G: tl.constexpr):
         pid = tl.program_id(0)
+        m0 = tl.program_id(1) * BLOCK_M
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N
         rows = tl.where(rmask, rows, 0).to(tl.int64)  # clamped: loads stay in bounds
-        KW = G * 8
         gi = tl.arange(0, BLOCK_G)
         wj = tl.arange(0, 8)
+        pj = tl.arange(0, 4)
         c_rows = codes_ptr + rows[:, None, None] * stride_cn
         s_rows = scales_ptr + rows[:, None] * stride_sn
-        acc = tl.zeros([BLOCK_N, BLOCK_G], dtype=tl.float32)
+        mi = tl.arange(0, BLOCK_M)
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_G], dtype=tl.float32)
+        words = _load_words(c_rows, gi[:, None] * 8 + wj[None, :], gi, G, EVEN_G)
         for g0 in range(0, G, BLOCK_G):
             gg = g0 + gi
+            gm = gg < G
             wo = gg[:, None] * 8 + wj[None, :]  # [BG, 8] word offsets
+            nxt = gg + BLOCK_G  # prefetch the next tile's words (masked past the end)
+            words_next = tl.load(c_rows + (nxt[:, None] * 8 + wj[None, :])[None, :, :],
+                                 mask=(nxt < G)[None, :, None], other=0)
+            t0 = words & 0x03030303
+            t1 = (words >> 2) & 0x03030303
+            t2 = (words >> 4) & 0x03030303
+            t3 = (words >> 6) & 0x03030303
             if EVEN_G:
-                words = tl.load(c_rows + wo[None, :, :])
-                x0 = tl.load(xq_ptr + wo)
-                x1 = tl.load(xq_ptr + KW + wo)
-                x2 = tl.load(xq_ptr + 2 * KW + wo)
-                x3 = tl.load(xq_ptr + 3 * KW + wo)
-                qs = tl.load(qsum_ptr + gg)
-                sx = tl.load(sx_ptr + gg)
                 d = tl.load(s_rows + gg[None, :]).to(tl.float32)
             else:
-                gm = gg < G
-                wm = gm[:, None] & (wj[None, :] < 8)
-                words = tl.load(c_rows + wo[None, :, :], mask=wm[None, :, :], other=0)
-                x0 = tl.load(xq_ptr + wo, mask=wm, other=0)
-                x1 = tl.load(xq_ptr + KW + wo, mask=wm, other=0)
-                x2 = tl.load(xq_ptr + 2 * KW + wo, mask=wm, other=0)
-                x3 = tl.load(xq_ptr + 3 * KW + wo, mask=wm, other=0)
-                qs = tl.load(qsum_ptr + gg, mask=gm, other=0)
-                sx = tl.load(sx_ptr + gg, mask=gm, other=0.0)
                 d = tl.load(s_rows + gg[None, :], mask=gm[None, :], other=0.0).to(tl.float32)
-            if USE_ASM:
-                dots = _dp16_asm(words, x0[None, :, :], x1[None, :, :], x2[None, :, :],
-                                 x3[None, :, :])
-            else:
-                dots = _dp16_emulated(words, x0[None, :, :], x1[None, :, :], x2[None, :, :],
-                                      x3[None, :, :])
-            gsum = tl.sum(dots, axis=2) - qs[None, :]  # [BN, BG] exact
-            acc += gsum.to(tl.float32) * (d * sx[None, :])
-        y = tl.sum(acc, axis=1)
+            for r in tl.static_range(BLOCK_M):
+                row_c = tl.minimum(m0 + r, M - 1).to(tl.int64)  # rows past M: stored masked
+                xw = tl.load(xq_ptr + row_c * stride_xm + (4 * wo)[:, :, None] + pj[None, None, :],
+                             mask=gm[:, None, None], other=0)  # [BG, 8, 4] int32
+                xa, xb = tl.split(tl.reshape(xw, (BLOCK_G, 8, 2, 2)))
+                x0, x2 = tl.split(xa)
+                x1, x3 = tl.split(xb)
+                if USE_ASM:
+                    dots = _dp4x4_asm(t0, t1, t2, t3, x0[None, :, :], x1[None, :, :],
+                                      x2[None, :, :], x3[None, :, :])
+                else:
+                    dots = _dp4x4_emulated(t0, t1, t2, t3, x0[None, :, :], x1[None, :, :],
+                                           x2[None, :, :], x3[None, :, :])
+                qs = tl.load(qsum_ptr + row_c * stride_gm + gg, mask=gm, other=0)
+                sx = tl.load(sx_ptr + row_c * stride_gm + gg, mask=gm, other=0.0)
+                gsum = tl.sum(dots, axis=2) - qs[None, :] + 0x4B400000  # exact int -> fp32
+                gsf = gsum.to(tl.float32, bitcast=True) - 12582912.0
+                contrib = gsf * (d * sx[None, :])  # [BN, BG]: reduced once, after the loop
+                if BLOCK_M == 1:
+                    acc += contrib[None, :, :]
+                else:
+                    acc += tl.where(mi[:, None, None] == r, contrib[None, :, :], 0.0)
+            words = words_next
+        y = tl.sum(acc, axis=2)  # [BM, BN]
         if HAS_BIAS:
-            y += tl.load(bias_ptr + rows).to(tl.float32)
-        tl.store(out_ptr + rows, y.to(out_ptr.dtype.element_ty), mask=rmask)
+            y += tl.load(bias_ptr + rows).to(tl.float32)[None, :]
+        omask = ((m0 + mi) < M)[:, None] & rmask[None, :]
+        optrs = out_ptr + (m0 + mi).to(tl.int64)[:, None] * stride_om + rows[None, :]
+        tl.store(optrs, y.to(out_ptr.dtype.element_ty), mask=omask)
 
     @triton.jit
     def _gemv_a16_kernel(codes_ptr, scales_ptr, xp_ptr, xsum_ptr, bias_ptr, out_ptr,
@@ -174,17 +201,18 @@ if HAS_TRITON:
                 words = tl.load(c_rows + wo[None, :, :], mask=wm[None, :, :], other=0)
                 xs = tl.load(xsum_ptr + gg, mask=gm, other=0.0)
                 d = tl.load(s_rows + gg[None, :], mask=gm[None, :], other=0.0).to(tl.float32)
-            hi = (words >> 22) & 0x3FF
+            hi = (words >> 16) & 0xFFFF
             part = tl.zeros([BLOCK_N, BLOCK_G, 8], dtype=tl.float32)
-            for i in tl.static_range(16):
+            for i in tl.static_range(16):  # slot i = 4b + q: element 16w + 4q + b
                 if EVEN_G:
                     xi = tl.load(xp_ptr + i * KW + wo)
                 else:
                     xi = tl.load(xp_ptr + i * KW + wo, mask=wm, other=0.0)
-                if i <= 10:
-                    f = ((words & (3 << (2 * i))) | 0x4B000000).to(tl.float32, bitcast=True)
+                fmask = 3 << (8 * ((i // 4) % 2) + 2 * (i % 4))
+                if i < 8:
+                    f = ((words & fmask) | 0x4B000000).to(tl.float32, bitcast=True)
                 else:
-                    f = ((hi & (3 << (2 * (i - 11)))) | 0x4B000000).to(tl.float32, bitcast=True)
+                    f = ((hi & fmask) | 0x4B000000).to(tl.float32, bitcast=True)
                 part += (f - 8388608.0) * xi[None, :, :]
             acc += (tl.sum(part, axis=2) - xs[None, :]) * d
         y = tl.sum(acc, axis=1)
@@ -198,23 +226,28 @@ def _check(act: PQ2Activation, w: PQ2Weight, kind: ActKind) -> None:
         raise ValueError(f"activation layout {act.kind.name} given, this kernel reads {kind.name}")
     if act.k != w.k:
         raise ValueError(f"activation has K = {act.k}, weight has K = {w.k}")
-    if act.m != 1:
-        raise ValueError(f"the GEMV takes one row, got M = {act.m}")
 
 
 def gemv_a8(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = None,
             out_dtype: torch.dtype | None = None,
             config: GemvConfig | None = None) -> torch.Tensor:
-    """y [1, N] = W_st @ x for a ``Q8_PERM`` activation (int8 dp4a GEMV)."""
-    _check(act, w, ActKind.Q8_PERM)
-    cfg = config or default_gemv_config(w.n, w.k, a8=True)
-    out = torch.empty(1, w.n, dtype=out_dtype or act.dtype, device=w.device)
+    """y [M, N] = x @ W_st^T for a ``Q8`` activation (int8 dp4a GEMV, weights read once per
+    ``block_m`` rows)."""
+    _check(act, w, ActKind.Q8)
+    m = act.m
+    cfg = config or default_gemv_config(m, w.n, w.k, a8=True)
+    out = torch.empty(m, w.n, dtype=out_dtype or act.dtype, device=w.device)
+    if m == 0:
+        return out
     g = w.groups
-    _gemv_a8_kernel[(cdiv(w.n, cfg.block_n),)](
-        w.codes, w.scales, act.data, act.group_scale, act.group_sum,
-        bias if bias is not None else out, out, w.n, g, w.codes.stride(0), w.scales.stride(0),
-        BLOCK_N=cfg.block_n, BLOCK_G=cfg.block_g, USE_ASM=not interpreting(),
-        HAS_BIAS=bias is not None, EVEN_G=g % cfg.block_g == 0, num_warps=cfg.num_warps)
+    xq = act.data.view(torch.int32)  # [M, K/4]
+    _gemv_a8_kernel[(cdiv(w.n, cfg.block_n), cdiv(m, cfg.block_m))](
+        w.codes, w.scales, xq, act.group_scale, act.group_sum,
+        bias if bias is not None else out, out, m, w.n, g, w.codes.stride(0),
+        w.scales.stride(0), xq.stride(0), act.group_sum.stride(0), out.stride(0),
+        BLOCK_N=cfg.block_n, BLOCK_G=cfg.block_g, BLOCK_M=cfg.block_m,
+        USE_ASM=not interpreting(), HAS_BIAS=bias is not None, EVEN_G=g % cfg.block_g == 0,
+        num_warps=cfg.num_warps)
     return out
 
 
@@ -223,7 +256,9 @@ def gemv_a16(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = None,
              config: GemvConfig | None = None) -> torch.Tensor:
     """y [1, N] = W_st @ x for an ``F32_PERM`` activation (fp32 GEMV)."""
     _check(act, w, ActKind.F32_PERM)
-    cfg = config or default_gemv_config(w.n, w.k, a8=False)
+    if act.m != 1:
+        raise ValueError(f"gemv_a16 takes one row, got M = {act.m}")
+    cfg = config or default_gemv_config(1, w.n, w.k, a8=False)
     out = torch.empty(1, w.n, dtype=out_dtype or act.dtype, device=w.device)
     g = w.groups
     _gemv_a16_kernel[(cdiv(w.n, cfg.block_n),)](

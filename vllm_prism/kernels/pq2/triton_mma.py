@@ -5,12 +5,17 @@ The weight tile is decoded in registers and never written to memory. Each progra
 token tiles of 16..256 rows are the MMA's N dimension), one 128-group of K per step:
 
 * ``A8`` (``Q8`` activation): int8 codes ``c`` in 0..3 times int8 activations on the int8
-  tensor cores; per group ``(dot - sum(xq)) * d[n] * sx[m, g]`` (exact integer dot);
-* otherwise (``FLOAT`` activation in bf16/fp16): ``c - 1`` decoded exactly as
-  ``float(0x4B000000 | c) - (2**23 + 1)`` and cast to the activation dtype; the fp32 group
-  product is scaled by ``d`` (``FOLD_SCALE=False``, exact), or ``d`` is folded into the
-  decoded tile (``FOLD_SCALE=True``: exact for fp16, one rounding of ``d`` to bf16 otherwise)
-  so the MMAs accumulate without interruption.
+  tensor cores; per group ``(dot - sum(xq)) * d[n] * sx[m, g]`` (exact integer dot, turned
+  into fp32 with the ``0x4B400000`` trick instead of a slow int-to-float conversion);
+* otherwise (``FLOAT`` activation in bf16/fp16): ``c - 1`` exactly in the activation dtype;
+  the fp32 group product is scaled by ``d`` (``FOLD_SCALE=False``, exact), or ``d`` is folded
+  into the decoded tile (``FOLD_SCALE=True``: exact for fp16, one rounding of ``d`` to bf16
+  otherwise) so the MMAs accumulate without interruption.
+
+Decoding: every thread expands whole prepared words (shift and mask per weight, plus the
+``0x4B000000`` float trick for bf16/fp16) and joins the 16 values of a word in registers
+(``tl.join``), so the tile reaches the MMA operand staging with 16 consecutive K values per
+thread (wide shared-memory stores) instead of one code per thread and word.
 
 ``SPLIT_K`` > 1 splits the groups over programs that add into an fp32 output with atomics
 (for small N, where N-tiles alone would leave SMs idle).
@@ -60,11 +65,58 @@ def default_mma_config(m: int, n: int, k: int, num_sms: int = 132, a8: bool = Fa
 
 def default_gemm_config(m: int, n: int, k: int, num_sms: int = 132, a8: bool = False,
                         dtype: torch.dtype | None = None) -> TCConfig:
-    """Prefill: 128 x 128 tiles, two warp groups."""
+    """Prefill (H200 sweep): 128 x 128 tiles on two warp groups for long prompts, 64 x 128 on
+    one below; the int8 kernel uses 64 x 128 (larger int8 tiles spill registers)."""
+    if a8 or m < 1024:
+        return TCConfig(block_n=64, block_m=128, split_k=1, num_warps=4, num_stages=3)
     return TCConfig(block_n=128, block_m=128, split_k=1, num_warps=8, num_stages=3)
 
 
 if HAS_TRITON:
+
+    @triton.jit
+    def _join16(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13, a14, a15):
+        """[..., 16] with element e = a_e, the new dimension held by one thread (tl.join)."""
+        e0 = tl.join(tl.join(a0, a8), tl.join(a4, a12))
+        e1 = tl.join(tl.join(a2, a10), tl.join(a6, a14))
+        o0 = tl.join(tl.join(a1, a9), tl.join(a5, a13))
+        o1 = tl.join(tl.join(a3, a11), tl.join(a7, a15))
+        t = tl.join(tl.join(e0, e1), tl.join(o0, o1))  # [..., 2, 2, 2, 2]: e = 8i + 4j + 2k + l
+        return tl.reshape(t, t.shape[:-4] + (16,))
+
+    @triton.jit
+    def _code(words, e: tl.constexpr, OFFSET: tl.constexpr):
+        """Element e = 4q + b of each word (bits 8b + 2q), plus OFFSET in the bits above."""
+        u = words.to(tl.uint32, bitcast=True)  # logical shifts: shift + one LOP3 per value
+        return (((u >> (8 * (e % 4) + 2 * (e // 4))) & 3) | OFFSET).to(tl.int32, bitcast=True)
+
+    @triton.jit
+    def _decode_tile(words, BLOCK_N: tl.constexpr, A8: tl.constexpr, DT: tl.constexpr):
+        """[BLOCK_N, 8] prepared words -> [BLOCK_N, 128] weights in natural K order: int8
+        codes c (A8) or c - 1 in DT. Each thread expands whole words (no cross-thread
+        shuffles); the 16 values of a word are joined in registers."""
+        if A8:
+            t = _join16(_code(words, 0, 0).to(tl.int8), _code(words, 1, 0).to(tl.int8),
+                        _code(words, 2, 0).to(tl.int8), _code(words, 3, 0).to(tl.int8),
+                        _code(words, 4, 0).to(tl.int8), _code(words, 5, 0).to(tl.int8),
+                        _code(words, 6, 0).to(tl.int8), _code(words, 7, 0).to(tl.int8),
+                        _code(words, 8, 0).to(tl.int8), _code(words, 9, 0).to(tl.int8),
+                        _code(words, 10, 0).to(tl.int8), _code(words, 11, 0).to(tl.int8),
+                        _code(words, 12, 0).to(tl.int8), _code(words, 13, 0).to(tl.int8),
+                        _code(words, 14, 0).to(tl.int8), _code(words, 15, 0).to(tl.int8))
+        else:  # float(0x4B000000 | c) = 2**23 + c exactly; minus 2**23 + 1 gives c - 1
+            t = _join16(_fcode(words, 0, DT), _fcode(words, 1, DT), _fcode(words, 2, DT),
+                        _fcode(words, 3, DT), _fcode(words, 4, DT), _fcode(words, 5, DT),
+                        _fcode(words, 6, DT), _fcode(words, 7, DT), _fcode(words, 8, DT),
+                        _fcode(words, 9, DT), _fcode(words, 10, DT), _fcode(words, 11, DT),
+                        _fcode(words, 12, DT), _fcode(words, 13, DT), _fcode(words, 14, DT),
+                        _fcode(words, 15, DT))
+        return tl.reshape(t, (BLOCK_N, 128))
+
+    @triton.jit
+    def _fcode(words, e: tl.constexpr, DT: tl.constexpr):
+        f = _code(words, e, 0x4B000000).to(tl.float32, bitcast=True) - 8388609.0
+        return f.to(DT)
 
     @triton.jit
     def _pq2_tc_kernel(codes_ptr, scales_ptr, x_ptr, sx_ptr, qsum_ptr, bias_ptr, out_ptr,
@@ -81,7 +133,7 @@ if HAS_TRITON:
         mmask = offs_m < M
         rn = tl.where(nmask, offs_n, 0).to(tl.int64)
         rm = tl.where(mmask, offs_m, 0).to(tl.int64)
-        shifts = 2 * tl.arange(0, 16)
+        xdt = x_ptr.dtype.element_ty
         c_base = codes_ptr + rn[:, None] * stride_cn + tl.arange(0, 8)[None, :]
         x_base = x_ptr + rm[None, :] * stride_xm + tl.arange(0, 128)[:, None]
         s_base = scales_ptr + rn * stride_sn
@@ -91,21 +143,19 @@ if HAS_TRITON:
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         for g in range(g_lo, g_hi):
             words = tl.load(c_base + g * 8)
-            codes = (words[:, :, None] >> shifts[None, None, :]) & 3
-            codes = tl.reshape(codes, (BLOCK_N, 128))
             xt = tl.load(x_base + g * 128)
             d = tl.load(s_base + g).to(tl.float32)
             if A8:
-                part = tl.dot(codes.to(tl.int8), xt)
+                part = tl.dot(_decode_tile(words, BLOCK_N, True, tl.int8), xt)
                 qs = tl.load(qsum_ptr + rm * stride_gm + g)
                 sx = tl.load(sx_ptr + rm * stride_gm + g)
-                acc += (part - qs[None, :]).to(tl.float32) * (d[:, None] * sx[None, :])
+                pf = (part - qs[None, :] + 0x4B400000).to(tl.float32, bitcast=True) - 12582912.0
+                acc += pf * (d[:, None] * sx[None, :])
             else:
-                wv = (codes | 0x4B000000).to(tl.float32, bitcast=True) - 8388609.0
                 if FOLD_SCALE:
-                    wv = (wv * d[:, None]).to(x_ptr.dtype.element_ty)
+                    wv = (_decode_tile(words, BLOCK_N, False, tl.float32) * d[:, None]).to(xdt)
                 else:
-                    wv = wv.to(x_ptr.dtype.element_ty)
+                    wv = _decode_tile(words, BLOCK_N, False, xdt)
                 if DOT_F32:  # the interpreter's bf16 dot is wrong (Triton 3.9): same values in fp32
                     wv = wv.to(tl.float32)
                     xt = xt.to(tl.float32)
@@ -131,7 +181,8 @@ def pq2_tc_linear(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = 
                   config: TCConfig | None = None) -> torch.Tensor:
     """y [M, N] = x @ W_st^T for a ``FLOAT`` (bf16/fp16) or ``Q8`` activation."""
     if act.kind not in (ActKind.FLOAT, ActKind.Q8):
-        raise ValueError(f"the tensor-core kernel reads FLOAT or Q8 activations, got {act.kind.name}")
+        raise ValueError("the tensor-core kernel reads FLOAT or Q8 activations, "
+                         f"got {act.kind.name}")
     if act.k != w.k:
         raise ValueError(f"activation has K = {act.k}, weight has K = {w.k}")
     a8 = act.kind == ActKind.Q8
