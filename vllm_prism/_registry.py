@@ -27,8 +27,9 @@ def _check_vllm_version() -> None:
 
 
 def _register_serving() -> None:
-    """The prism quantization method, the GGUF config source and loader, the model class
-    and the engine-argument hook that selects them for a .gguf model."""
+    """The prism quantization method, the GGUF config source and loader, the model class,
+    the PRISM attention backend and the engine-argument hook that selects them for a .gguf
+    model."""
     try:
         import vllm  # noqa: F401
     except ImportError:
@@ -36,6 +37,7 @@ def _register_serving() -> None:
     from vllm import ModelRegistry
 
     import vllm_prism.model_executor.layers.quantization.prism  # noqa: F401 (registers)
+    from vllm_prism.attention.backends.prism_attn import register_attention_backend
     from vllm_prism.engine.arg_utils import install_engine_args_hook
     from vllm_prism.model_executor.model_loader.gguf_loader import register_gguf_loader
     from vllm_prism.transformers_utils.gguf_config import ARCHITECTURE, register_config_source
@@ -44,6 +46,7 @@ def _register_serving() -> None:
     register_gguf_loader()
     ModelRegistry.register_model(
         ARCHITECTURE, "vllm_prism.model_executor.models.bonsai:PrismBonsaiForCausalLM")
+    register_attention_backend()
     install_engine_args_hook()
 
 

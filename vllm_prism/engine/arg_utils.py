@@ -3,8 +3,9 @@
 ``LLM("model.gguf")`` and ``vllm serve model.gguf`` build an ``EngineArgs``; before vLLM
 turns it into a model config, :func:`prepare_gguf_engine_args` checks the file (every
 problem is reported here, before the engine starts) and selects our config source, loader
-and quantization method, and the tokenizer and chat template stored in the file unless
-``--tokenizer`` is given.
+and quantization method, the PRISM attention backend on CUDA (unless an attention backend
+is given), and the tokenizer and chat template stored in the file unless ``--tokenizer`` is
+given.
 """
 
 from __future__ import annotations
@@ -88,6 +89,18 @@ def materialize_tokenizer(path: str | os.PathLike) -> str:
     return str(out)
 
 
+def _select_attention_backend(args: Any) -> None:
+    """On CUDA, full attention runs through the PRISM backend unless the user chose one
+    (``--attention-backend`` or ``--attention-config``)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return
+    config_backend = getattr(getattr(args, "attention_config", None), "backend", None)
+    if args.attention_backend is None and config_backend is None:
+        args.attention_backend = "PRISM"
+
+
 def prepare_gguf_engine_args(args: Any) -> None:
     """Point ``args`` (an EngineArgs) at our config source, loader and quantization."""
     if not is_gguf_model(args.model):
@@ -107,6 +120,7 @@ def prepare_gguf_engine_args(args: Any) -> None:
         args.tokenizer = materialize_tokenizer(path)
     if args.served_model_name is None:
         args.served_model_name = path
+    _select_attention_backend(args)
     logger.info("vllm-prism: serving %s (tokenizer %s)", path, args.tokenizer)
 
 

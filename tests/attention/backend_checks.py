@@ -1,0 +1,66 @@
+"""Run the PRISM backend's forward (vLLM's Triton-backend metadata in, our kernels under
+the Triton interpreter) on a mixed batch and print its error against the fp32 reference.
+
+Run by test_prism_backend.py in a subprocess with TRITON_INTERPRET=1.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+
+import torch
+from attn_helpers import make_batch, rel_err
+from vllm.v1.attention.backend import AttentionType
+
+from vllm_prism.attention.backends.prism_attn import PrismAttentionImpl
+from vllm_prism.attention.ops.reference import reference_attention
+
+
+def triton_metadata(batch, num_reqs: int, padded_tokens: int):
+    """What TritonAttentionMetadataBuilder + our build() attach, with padded buffers."""
+    qsl = batch.md.query_start_loc_cpu
+    pad = 3  # persistent buffers are longer than the batch
+    return types.SimpleNamespace(
+        num_actual_tokens=int(qsl[-1]), max_query_len=max(batch.query_lens),
+        query_start_loc=torch.cat([qsl, qsl[-1:].repeat(pad)]),
+        max_seq_len=max(batch.seq_lens),
+        seq_lens=torch.cat([batch.md.seq_lens, torch.zeros(pad, dtype=torch.int32)]),
+        block_table=torch.cat([batch.block_table,
+                               torch.zeros(pad, batch.block_table.shape[1], dtype=torch.int32)]),
+        prism_num_reqs=num_reqs, prism_query_start_loc_cpu=torch.cat([qsl, qsl[-1:].repeat(pad)]))
+
+
+def impl_for(kv_dtype: str, head_size: int) -> PrismAttentionImpl:
+    impl = object.__new__(PrismAttentionImpl)
+    impl.attn_type = AttentionType.DECODER
+    impl.kv_cache_dtype = kv_dtype
+    impl.alibi_slopes = None
+    impl.sinks = None
+    impl.sliding_window = (-1, -1)
+    impl.logits_soft_cap = 0
+    impl.scale = head_size ** -0.5
+    impl._is_per_token_head_quant = kv_dtype == "int8_per_token_head"
+    impl._k_scale_cache = impl._v_scale_cache = None
+    return impl
+
+
+def check(kv_dtype: str, cache_dtype: torch.dtype) -> float:
+    seq_lens, query_lens = [37, 70, 150, 21], [1, 5, 40, 1]  # decode, verify, prefill, decode
+    batch = make_batch(seq_lens, query_lens, cache_dtype, block_size=16)
+    hs = batch.q.shape[-1]
+    md = triton_metadata(batch, len(seq_lens), batch.q.shape[0])
+    out = torch.full((batch.q.shape[0] + 2, *batch.q.shape[1:]), float("nan"),
+                     dtype=batch.q.dtype)
+    q = torch.cat([batch.q, torch.zeros(2, *batch.q.shape[1:], dtype=batch.q.dtype)])
+    impl_for(kv_dtype, hs).forward(None, q, None, None, batch.cache, md, out)
+    ref = reference_attention(batch.q, batch.cache, batch.block_table, seq_lens,
+                              batch.md.query_start_loc_cpu)
+    n = batch.q.shape[0]
+    assert torch.isnan(out[n:]).all(), "wrote past num_actual_tokens"
+    return rel_err(out[:n], ref)
+
+
+if __name__ == "__main__":
+    print(json.dumps({"int8": check("int8_per_token_head", torch.int8),
+                      "bf16": check("auto", torch.bfloat16)}))

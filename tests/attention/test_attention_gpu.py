@@ -1,0 +1,139 @@
+"""The attention kernels on a CUDA GPU at the real shape (24 query / 4 KV heads, head dim 256)
+against the fp32 reference on the dequantised cache, contexts 1 to 128K.
+
+Each batch has a shuffled block table (non-contiguous block ids), a partial last block, and
+every byte the kernels must not read poisoned (NaN / NaN scales); outputs are poisoned first.
+Tolerance: relative L2 error 1e-2 (bf16 operands and output).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attn_helpers import make_batch, poisoned_out, rel_err
+from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry, decode_attention,
+                                      mixed_attention, prefill_attention, reference_attention,
+                                      verify_attention)
+
+pytestmark = pytest.mark.gpu
+TOL = 1e-2
+DTYPES = [torch.int8, torch.bfloat16]
+
+
+def _ref(b):
+    return reference_attention(b.q, b.cache, b.block_table, b.seq_lens, b.md.query_start_loc_cpu)
+
+
+def _per_request(out, ref, b):
+    qsl = b.md.query_start_loc_cpu.tolist()
+    return [rel_err(out[qsl[r]:qsl[r + 1]], ref[qsl[r]:qsl[r + 1]])
+            for r in range(len(b.seq_lens))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode(dtype):
+    b = make_batch([1, 17, 1000, 4101, 32771, 131072], [1] * 6, dtype, device="cuda")
+    out = poisoned_out(b.q)
+    decode_attention(b.q, b.cache, b.md, out=out)
+    errs = _per_request(out, _ref(b), b)
+    assert max(errs) < TOL, errs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_large_batch_one_segment(dtype):
+    # 96 requests x 4 KV heads fill the GPU: one segment, output written directly
+    lens = [int(x) for x in torch.randint(1, 3000, (96,), generator=torch.Generator()
+                                          .manual_seed(3))]
+    b = make_batch(lens, [1] * len(lens), dtype, device="cuda", block_size=32)
+    out = poisoned_out(b.q)
+    decode_attention(b.q, b.cache, b.md, out=out)
+    errs = _per_request(out, _ref(b), b)
+    assert max(errs) < TOL, max(errs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_verify(dtype):
+    b = make_batch([2, 100, 5000, 65537, 131072, 40000], [2, 6, 8, 16, 6, 4], dtype,
+                   device="cuda", seed=1)
+    out = poisoned_out(b.q)
+    verify_attention(b.q, b.cache, b.md, out=out)
+    errs = _per_request(out, _ref(b), b)
+    assert max(errs) < TOL, errs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill(dtype):
+    # a prompt chunk at context 0, a chunk crossing the 32K section boundary, a short one
+    b = make_batch([3000, 41500, 700], [3000, 1500, 200], dtype, device="cuda", seed=2)
+    out = poisoned_out(b.q)
+    prefill_attention(b.q, b.cache, b.md, out=out)
+    errs = _per_request(out, _ref(b), b)
+    assert max(errs) < TOL, errs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mixed_hybrid_block_size(dtype):
+    # vLLM raises the block size of hybrid models to large multiples of 16: 784 here, HND
+    b = make_batch([5000, 1, 70000, 300, 2048, 9000], [1, 1, 6, 300, 2048, 16], dtype,
+                   device="cuda", block_size=784, layout="HND", seed=4)
+    out = poisoned_out(b.q)
+    mixed_attention(b.q, b.cache, b.md, out=out)
+    errs = _per_request(out, _ref(b), b)
+    assert max(errs) < TOL, errs
+
+
+def test_decode_cuda_graph_contexts_grow():
+    """Captured once, replayed after the contexts grew: segments follow seq_lens on device."""
+    b = make_batch([50000, 3000, 20], [1, 1, 1], torch.int8, device="cuda", seed=5)
+    md = AttentionMetadata.build(b.block_table, [40000, 1000, 5], [1, 1, 1])
+    out = poisoned_out(b.q)
+    decode_attention(b.q, b.cache, md, out=out)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        decode_attention(b.q, b.cache, md, out=out)
+    md.seq_lens.copy_(torch.tensor(b.seq_lens, dtype=torch.int32))
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    errs = _per_request(out, _ref(b), b)
+    assert max(errs) < TOL, errs
+
+
+def test_int_qk_error():
+    """Integer Q.K (opt-in) against the exact path: both vs the fp32 reference."""
+    b = make_batch([32768, 4096, 131072], [1, 1, 1], torch.int8, device="cuda", seed=6,
+                   q_gain=1.0)
+    ref = _ref(b)
+    out = poisoned_out(b.q)
+    decode_attention(b.q, b.cache, b.md, out=out)
+    exact = rel_err(out, ref)
+    decode_attention(b.q, b.cache, b.md, out=out, int_qk=True)
+    err = rel_err(out, ref)
+    print(f"\nint_qk rel err {err:.4g}, exact path {exact:.4g}")
+    assert exact < TOL and err < 3e-2
+
+
+GEOMETRIES = [  # every kernel variant the geometry table can pick on this GPU
+    SplitGeometry(32, 2.0, 128, 4, 4, 1, prefetch=True),
+    SplitGeometry(64, 2.0, 128, 2, 8, 1, prefetch=True),
+    SplitGeometry(32, 2.0, 128, 4, 4, 3, block_m_min=64),
+    SplitGeometry(32, 2.0, 64, 4, 8, 1, partial_bf16=True, prefetch=True, block_m_min=64),
+    SplitGeometry(64, 2.0, 128, 2, 4, 3, partial_bf16=True),
+]
+
+
+@pytest.mark.parametrize("geom", GEOMETRIES, ids=lambda g: g.short().replace(" ", "_"))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_geometry_variants(dtype, geom):
+    b = make_batch([1, 17, 3000, 70001], [1] * 4, dtype, device="cuda", seed=7)
+    out = poisoned_out(b.q)
+    decode_attention(b.q, b.cache, b.md, out=out, geometry=geom)
+    errs = _per_request(out, _ref(b), b)
+    assert max(errs) < TOL, errs
+    b = make_batch([3, 900, 70001], [3, 6, 8], dtype, device="cuda", seed=8)
+    out = poisoned_out(b.q)
+    verify_attention(b.q, b.cache, b.md, out=out, geometry=geom)
+    errs = _per_request(out, _ref(b), b)
+    assert max(errs) < TOL, errs

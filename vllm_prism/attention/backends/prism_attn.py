@@ -1,0 +1,120 @@
+"""The PRISM attention backend: vLLM's Triton backend with our split-KV kernels.
+
+It keeps everything of vLLM 0.32's Triton backend that concerns the cache (the page layout,
+the per-token-head INT8 layout with its inline fp32 scales, the cache writer, the metadata
+builder) and replaces the attention itself with vllm_prism.attention.ops: split-KV decode,
+split verification (prefix through the split path + causal tail, merged by log-sum-exp),
+prefill from the cache in bounded sections, and mixed batches routed per request. The same
+kernels serve the BF16/FP16 cache and ``--kv-cache-dtype int8_per_token_head``.
+
+Calls the kernels cannot take (encoder attention, ALiBi, sinks, sliding windows, soft-cap,
+fused output quantization, other cache dtypes) go to the Triton backend unchanged.
+Full CUDA graphs are not captured for this backend (routing reads the per-request query
+lengths on the host); vLLM then uses piecewise graphs around attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from vllm.logger import init_logger
+from vllm.v1.attention.backend import AttentionCGSupport, AttentionType
+from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend,
+                                                    TritonAttentionImpl,
+                                                    TritonAttentionMetadataBuilder)
+
+from vllm_prism.attention.ops.metadata import AttentionMetadata as PrismMetadata
+from vllm_prism.attention.ops.mixed import mixed_attention
+
+logger = init_logger(__name__)
+
+BACKEND_NAME = "PRISM"
+SUPPORTED_KV_DTYPES = ("auto", "bfloat16", "float16", "int8_per_token_head")
+
+
+class PrismAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
+    """Triton metadata plus the host copy of query_start_loc that request routing needs."""
+
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+    def build(self, common_prefix_len: int, common_attn_metadata: Any,
+              fast_build: bool = False) -> Any:
+        md = super().build(common_prefix_len, common_attn_metadata, fast_build)
+        md.prism_num_reqs = common_attn_metadata.num_reqs
+        md.prism_query_start_loc_cpu = common_attn_metadata.query_start_loc_cpu
+        return md
+
+
+def prism_metadata(md: Any) -> PrismMetadata:
+    """Our kernels' metadata from the Triton backend's (views, no copies)."""
+    n = md.prism_num_reqs
+    return PrismMetadata(block_table=md.block_table[:n], seq_lens=md.seq_lens[:n],
+                         query_start_loc=md.query_start_loc[:n + 1],
+                         max_query_len=md.max_query_len, max_seq_len=md.max_seq_len,
+                         query_start_loc_cpu=md.prism_query_start_loc_cpu[:n + 1])
+
+
+class PrismAttentionImpl(TritonAttentionImpl):
+    """Decoder self-attention through vllm_prism.attention.ops."""
+
+    def prism_supported(self) -> tuple[bool, str]:
+        if self.attn_type != AttentionType.DECODER:
+            return False, f"attention type {self.attn_type}"
+        if self.kv_cache_dtype not in SUPPORTED_KV_DTYPES:
+            return False, f"KV cache dtype {self.kv_cache_dtype}"
+        if self.alibi_slopes is not None or self.sinks is not None:
+            return False, "ALiBi or attention sinks"
+        if self.sliding_window not in (None, (-1, -1)):
+            return False, "sliding window"
+        if self.logits_soft_cap:
+            return False, "logits soft-cap"
+        return True, ""
+
+    def forward(self, layer: Any, query: torch.Tensor, key: torch.Tensor,
+                value: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: Any,
+                output: torch.Tensor, output_scale: torch.Tensor | None = None,
+                output_block_scale: torch.Tensor | None = None) -> torch.Tensor:
+        ok, why = self.prism_supported()
+        if not ok or output_scale is not None or output_block_scale is not None:
+            if not getattr(self, "_prism_fallback_logged", False):
+                logger.info("PRISM attention: using the Triton backend for this layer (%s)",
+                            why or "fused output quantization")
+                self._prism_fallback_logged = True
+            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
+                                   output_scale, output_block_scale)
+        if attn_metadata is None:  # profiling run
+            return output.fill_(0)
+        if self._is_per_token_head_quant:
+            self._ensure_scale_caches(kv_cache)
+        n = attn_metadata.num_actual_tokens
+        mixed_attention(query[:n], kv_cache, prism_metadata(attn_metadata), scale=self.scale,
+                        out=output[:n])
+        return output
+
+
+class PrismAttentionBackend(TritonAttentionBackend):
+    """Registered as attention backend "PRISM" (``--attention-backend PRISM``)."""
+
+    supported_kv_cache_dtypes: ClassVar[list] = list(SUPPORTED_KV_DTYPES)
+
+    @staticmethod
+    def get_name() -> str:
+        return BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> type[PrismAttentionImpl]:
+        return PrismAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[PrismAttentionMetadataBuilder]:
+        return PrismAttentionMetadataBuilder
+
+
+def register_attention_backend() -> None:
+    """Register "PRISM" with vLLM's attention backend registry (once per process)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    if BACKEND_NAME in AttentionBackendEnum.__members__:
+        return
+    register_backend(BACKEND_NAME, f"{__name__}.PrismAttentionBackend")
