@@ -31,7 +31,6 @@ import argparse
 import datetime
 import json
 import math
-import statistics
 import sys
 import time
 import traceback
@@ -44,6 +43,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+import timing  # noqa: E402
 from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry,  # noqa: E402
                                       decode_attention, gpu_geometry, make_kv_cache,
                                       prefill_attention, reference_attention, verify_attention)
@@ -59,86 +59,32 @@ T0 = time.time()
 
 
 def gpu_slug() -> str:
-    if DEVICE == "cpu":
-        return "cpu-smoke"
-    name = torch.cuda.get_device_name()
-    return name.lower().replace("nvidia", "").strip().replace(" ", "-") or "gpu"
+    return "cpu-smoke" if DEVICE == "cpu" else timing.gpu_slug()
+
+
+def _cpu_us(fn: Callable[[], object]) -> float:
+    t = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t) * 1e6
 
 
 def time_graph(calls: list[Callable[[], object]], replays: int = 10) -> float:
     """Median microseconds per call of a CUDA graph replaying ``calls`` in order."""
     if DEVICE == "cpu":  # smoke test of the script under the Triton interpreter
-        t = time.perf_counter()
-        calls[0]()
-        return (time.perf_counter() - t) * 1e6
-    for c in calls[:2]:
-        c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        graph.replay()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    del graph
-    return statistics.median(times) * 1000.0 / len(calls)
+        return _cpu_us(calls[0])
+    return timing.time_graph(calls, replays, warm=2)
 
 
 def time_eager(fn: Callable[[], object], reps: int = 5) -> float:
-    if DEVICE == "cpu":
-        t = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t) * 1e6
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times) * 1000.0
+    return _cpu_us(fn) if DEVICE == "cpu" else timing.time_eager(fn, reps)
 
 
 def read_bandwidth_gbps() -> float:
-    """GB/s of a read-only fp32 sum over 4 GiB (median of 10)."""
-    if DEVICE == "cpu":
-        return 1.0
-    buf = torch.rand(1 << 30, device=DEVICE)
-    for _ in range(3):
-        buf.sum()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        s = torch.cuda.Event(enable_timing=True)
-        e = torch.cuda.Event(enable_timing=True)
-        s.record()
-        buf.sum()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    gbps = buf.numel() * 4 / (statistics.median(times) * 1e-3) / 1e9
-    del buf
-    torch.cuda.empty_cache()
-    return gbps
+    return 1.0 if DEVICE == "cpu" else timing.read_bandwidth_gbps(DEVICE)
 
 
 def l2_bytes() -> int:
-    if DEVICE == "cpu":
-        return 1 << 16
-    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+    return 1 << 16 if DEVICE == "cpu" else timing.l2_bytes()
 
 
 class Cache:

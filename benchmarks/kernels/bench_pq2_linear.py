@@ -24,7 +24,6 @@ import datetime
 import json
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from timing import gpu_slug, l2_bytes, read_bandwidth_gbps, time_graph  # noqa: E402
 from vllm_prism.kernels.pq2 import dispatch  # noqa: E402
 from vllm_prism.kernels.pq2.hadamard import ActKind, transform_activation  # noqa: E402
 from vllm_prism.kernels.pq2.layout import PQ2Weight  # noqa: E402
@@ -48,63 +48,6 @@ M_LIST = [1, 2, 4, 8, 16, 32, 64, 128, 512, 2048]
 HADAMARD_BLOCK = 1024
 L2_MULTIPLE = 3
 DEVICE = "cuda"
-
-
-def gpu_slug() -> str:
-    name = torch.cuda.get_device_name()
-    return name.lower().replace("nvidia", "").strip().replace(" ", "-") or "gpu"
-
-
-# --------------------------------------------------------------------------- measurement
-
-
-def time_graph(calls: list[Callable[[], object]], replays: int = 15) -> float:
-    """Median microseconds per call of a CUDA graph replaying ``calls`` in order."""
-    for c in calls:  # compile and warm up outside the capture
-        c()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for c in calls:
-            c()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del graph
-    return statistics.median(times) * 1000.0 / len(calls)
-
-
-def read_bandwidth_gbps() -> float:
-    """GB/s of a read-only fp32 sum over 4 GiB (median of 10)."""
-    buf = torch.rand(1 << 30, device=DEVICE)
-    for _ in range(3):
-        buf.sum()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(10):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        buf.sum()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    gbps = buf.numel() * 4 / (statistics.median(times) * 1e-3) / 1e9
-    del buf
-    torch.cuda.empty_cache()
-    return gbps
-
-
-def l2_bytes() -> int:
-    return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
 
 
 def copies_for(nbytes: int) -> int:
