@@ -55,6 +55,31 @@ def prism_metadata(md: Any) -> PrismMetadata:
                          query_start_loc_cpu=md.prism_query_start_loc_cpu[:n + 1])
 
 
+def vllm_flash_section_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 causal: bool, scale: float
+                                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Section attention on vLLM's own flash-attention build (one sequence, native GQA,
+    bottom-right causal alignment); returns the output and the log-sum-exp [heads, rows]."""
+    from vllm.vllm_flash_attn import flash_attn_varlen_func
+
+    m, n = q.shape[0], k.shape[0]
+    cu_q = torch.tensor([0, m], dtype=torch.int32, device=q.device)
+    cu_k = torch.tensor([0, n], dtype=torch.int32, device=q.device)
+    out, lse = flash_attn_varlen_func(q, k, v, max_seqlen_q=m, cu_seqlens_q=cu_q,
+                                      max_seqlen_k=n, cu_seqlens_k=cu_k, softmax_scale=scale,
+                                      causal=causal, return_softmax_lse=True)
+    return out, lse
+
+
+def _section_attention_fn() -> Any:
+    """vLLM's flash attention for prefill sections where it is built, else torch SDPA."""
+    try:
+        import vllm.vllm_flash_attn  # noqa: F401
+    except ImportError:
+        return None
+    return vllm_flash_section_attention
+
+
 class PrismAttentionImpl(TritonAttentionImpl):
     """Decoder self-attention through vllm_prism.attention.ops."""
 
@@ -88,8 +113,10 @@ class PrismAttentionImpl(TritonAttentionImpl):
         if self._is_per_token_head_quant:
             self._ensure_scale_caches(kv_cache)
         n = attn_metadata.num_actual_tokens
+        if not hasattr(self, "_prism_attn_fn"):
+            self._prism_attn_fn = _section_attention_fn() if query.is_cuda else None
         mixed_attention(query[:n], kv_cache, prism_metadata(attn_metadata), scale=self.scale,
-                        out=output[:n])
+                        out=output[:n], attn_fn=self._prism_attn_fn)
         return output
 
 
