@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -17,3 +19,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def run_interpreter_script(script: "Path", timeout: int = 900) -> str:
+    """Run a check script of the tests in a subprocess under the Triton CPU interpreter
+    (TRITON_INTERPRET must be set before triton is imported); its stdout."""
+    import os
+    import subprocess
+    import sys
+
+    here = script.resolve().parent
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
+        [str(here), str(root), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.fixture(scope="session")
+def triton_interpreter():
+    """``triton_interpreter(script_path) -> stdout``: see run_interpreter_script."""
+    pytest.importorskip("triton")
+    return run_interpreter_script

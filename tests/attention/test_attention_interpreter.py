@@ -7,9 +7,6 @@ each is reported here as its own test.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,13 +21,9 @@ EXPECTED = [f"{k}_{t}" for t in ("int8_NHD_bs16", "bfloat16_HND_bs32", "int8_HND
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(HERE / "interpreter_checks.py")], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+def results(triton_interpreter) -> dict:
+    out = triton_interpreter(HERE / "interpreter_checks.py", timeout=900)
+    return json.loads(out)
 
 
 def test_all_checks_ran(results: dict) -> None:

@@ -5,9 +5,6 @@ against the fp32 reference on the dequantised cache. CPU, Triton interpreter."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,13 +19,9 @@ TOL = 1e-2
 
 
 @pytest.fixture(scope="module")
-def errors() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(HERE / "backend_checks.py")], env=env,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def errors(triton_interpreter) -> dict:
+    out = triton_interpreter(HERE / "backend_checks.py", timeout=900)
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("kv", ["int8", "bf16"])

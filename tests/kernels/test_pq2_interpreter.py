@@ -7,9 +7,6 @@ TRITON_INTERPRET=1; each check is reported here as its own test.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,13 +18,9 @@ EXPECTED = 44  # 2 shapes x 4 M x (producer + kernels + auto) + 4 extra checks
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(HERE), str(HERE.parents[1]), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(HERE / "pq2_interpreter_checks.py")], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout)
+def results(triton_interpreter) -> dict:
+    out = triton_interpreter(HERE / "pq2_interpreter_checks.py", timeout=600)
+    return json.loads(out)
 
 
 def test_all_checks_ran(results: dict) -> None:
