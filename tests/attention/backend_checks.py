@@ -13,15 +13,15 @@ import torch
 from attn_helpers import make_batch, rel_err
 from vllm.v1.attention.backend import AttentionType
 
-from vllm_prism.attention.backends.prism_attn import PrismAttentionImpl
+from vllm_prism.attention.backends.prism_attn import PrismAttentionImpl, prism_metadata
 from vllm_prism.attention.ops.reference import reference_attention
 
 
 def triton_metadata(batch, num_reqs: int, padded_tokens: int):
-    """What TritonAttentionMetadataBuilder + our build() attach, with padded buffers."""
+    """What TritonAttentionMetadataBuilder + our build() produce, with padded buffers."""
     qsl = batch.md.query_start_loc_cpu
     pad = 3  # persistent buffers are longer than the batch
-    return types.SimpleNamespace(
+    md = types.SimpleNamespace(
         num_actual_tokens=int(qsl[-1]), max_query_len=max(batch.query_lens),
         query_start_loc=torch.cat([qsl, qsl[-1:].repeat(pad)]),
         max_seq_len=max(batch.seq_lens),
@@ -29,6 +29,8 @@ def triton_metadata(batch, num_reqs: int, padded_tokens: int):
         block_table=torch.cat([batch.block_table,
                                torch.zeros(pad, batch.block_table.shape[1], dtype=torch.int32)]),
         prism_num_reqs=num_reqs, prism_query_start_loc_cpu=torch.cat([qsl, qsl[-1:].repeat(pad)]))
+    md.prism = prism_metadata(md)  # what PrismAttentionMetadataBuilder.build attaches
+    return md
 
 
 def impl_for(kv_dtype: str, head_size: int) -> PrismAttentionImpl:

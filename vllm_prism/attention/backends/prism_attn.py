@@ -34,7 +34,8 @@ SUPPORTED_KV_DTYPES = ("auto", "bfloat16", "float16", "int8_per_token_head")
 
 
 class PrismAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
-    """Triton metadata plus the host copy of query_start_loc that request routing needs."""
+    """Triton metadata plus our kernels' view of it (with the host copy of query_start_loc
+    that request routing needs)."""
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
 
@@ -43,6 +44,8 @@ class PrismAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
         md = super().build(common_prefix_len, common_attn_metadata, fast_build)
         md.prism_num_reqs = common_attn_metadata.num_reqs
         md.prism_query_start_loc_cpu = common_attn_metadata.query_start_loc_cpu
+        # Once per step, shared by every layer (its host copies are made at most once).
+        md.prism = prism_metadata(md)
         return md
 
 
@@ -115,7 +118,7 @@ class PrismAttentionImpl(TritonAttentionImpl):
         n = attn_metadata.num_actual_tokens
         if not hasattr(self, "_prism_attn_fn"):
             self._prism_attn_fn = _section_attention_fn() if query.is_cuda else None
-        mixed_attention(query[:n], kv_cache, prism_metadata(attn_metadata), scale=self.scale,
+        mixed_attention(query[:n], kv_cache, attn_metadata.prism, scale=self.scale,
                         out=output[:n], attn_fn=self._prism_attn_fn)
         return output
 
