@@ -43,3 +43,21 @@ def triton_interpreter():
     """``triton_interpreter(script_path) -> stdout``: see run_interpreter_script."""
     pytest.importorskip("triton")
     return run_interpreter_script
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory: pytest.TempPathFactory):
+    """``tiny_gguf(fmt="pq2_0", seed=0) -> Path``: the tiny Bonsai-architecture model,
+    written once per session per (format, seed). Tests must not modify the file."""
+    from vllm_prism.gguf.tiny import make_tiny_gguf
+
+    made: dict[tuple[str, int], Path] = {}
+
+    def make(fmt: str = "pq2_0", seed: int = 0) -> Path:
+        if (fmt, seed) not in made:
+            path = tmp_path_factory.mktemp("tiny") / f"tiny-{fmt}-s{seed}.gguf"
+            make_tiny_gguf(path, fmt=fmt, seed=seed)
+            made[fmt, seed] = path
+        return made[fmt, seed]
+
+    return make

@@ -11,7 +11,6 @@ import pytest
 pytest.importorskip("vllm")
 
 from vllm_prism.engine.arg_utils import materialize_tokenizer, prepare_gguf_engine_args  # noqa: E402
-from vllm_prism.gguf.tiny import make_tiny_gguf  # noqa: E402
 
 
 def _args(model: str, **kw) -> types.SimpleNamespace:
@@ -23,10 +22,8 @@ def _args(model: str, **kw) -> types.SimpleNamespace:
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("args") / "tiny.gguf"
-    make_tiny_gguf(path)
-    return path
+def tiny(tiny_gguf) -> Path:
+    return tiny_gguf()
 
 
 def test_gguf_selects_our_components(tiny: Path, tmp_path: Path, monkeypatch) -> None:

@@ -14,11 +14,8 @@ SUPPORTED_VLLM_VERSIONS = ("0.32.0",)
 
 
 def _check_vllm_version() -> None:
-    try:
-        import vllm
-    except ImportError:
-        logger.warning("vllm-prism: vLLM is not installed; nothing to register")
-        return
+    import vllm
+
     version = getattr(vllm, "__version__", "unknown")
     if not any(version.startswith(v) for v in SUPPORTED_VLLM_VERSIONS):
         logger.warning(
@@ -30,10 +27,6 @@ def _register_serving() -> None:
     """The prism quantization method, the GGUF config source and loader, the model class,
     the PRISM attention backend and the engine-argument hook that selects them for a .gguf
     model."""
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return
     from vllm import ModelRegistry
 
     import vllm_prism.model_executor.layers.quantization.prism  # noqa: F401 (registers)
@@ -51,10 +44,6 @@ def _register_serving() -> None:
 
 
 def _apply_patches() -> None:
-    try:
-        import vllm  # noqa: F401
-    except ImportError:
-        return
     from vllm_prism.patches import apply_patches
 
     apply_patches()
@@ -65,6 +54,11 @@ REGISTRATIONS: list[Callable[[], None]] = [_check_vllm_version, _apply_patches,
 
 
 def register_all() -> None:
-    """Run every registration function once, in order."""
+    """Run every registration function once, in order (nothing without vLLM)."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        logger.warning("vllm-prism: vLLM is not installed; nothing to register")
+        return
     for fn in REGISTRATIONS:
         fn()

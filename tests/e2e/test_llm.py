@@ -21,8 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_prism.gguf.tiny import make_tiny_gguf
-
 from . import oracle
 
 pytestmark = pytest.mark.slow
@@ -45,13 +43,8 @@ def run_vllm(model: Path, request: dict, tmp: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("e2e")
-    out = {}
-    for fmt in ("pq2_0", "ptq1_0", "q2_0"):
-        out[fmt] = root / f"tiny-{fmt}.gguf"
-        make_tiny_gguf(out[fmt], fmt=fmt, seed=7)
-    return out
+def models(tiny_gguf) -> dict[str, Path]:
+    return {fmt: tiny_gguf(fmt, seed=7) for fmt in ("pq2_0", "ptq1_0", "q2_0")}
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import torch
 
 from . import oracle
 from vllm_prism.gguf.reader import GGUFReader
-from vllm_prism.gguf.tiny import make_tiny_gguf
 
 PROMPTS = ("Hello, world!", "The capital of France is", "Two plus two is four.")
 NEW_TOKENS = 24
@@ -29,13 +28,8 @@ MIN_MARGIN = 1.0
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("oracle")
-    paths = {}
-    for fmt in ("pq2_0", "ptq1_0", "q2_0"):
-        paths[fmt] = root / f"tiny-{fmt}.gguf"
-        make_tiny_gguf(paths[fmt], fmt=fmt)
-    return paths
+def tiny(tiny_gguf) -> dict[str, Path]:
+    return {fmt: tiny_gguf(fmt) for fmt in ("pq2_0", "ptq1_0", "q2_0")}
 
 
 @pytest.fixture(scope="module")

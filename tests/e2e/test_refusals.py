@@ -11,7 +11,6 @@ import pytest
 
 from vllm_prism.gguf.constants import GGMLType
 from vllm_prism.gguf.reader import GGUFReader
-from vllm_prism.gguf.tiny import make_tiny_gguf
 from vllm_prism.gguf.writer import GGUFWriter
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -19,10 +18,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("refuse") / "tiny.gguf"
-    make_tiny_gguf(path, fmt="pq2_0")
-    return path
+def tiny(tiny_gguf) -> Path:
+    return tiny_gguf("pq2_0")
 
 
 def _rewrite(src: Path, dst: Path, *, arch: str | None = None, drop: str | None = None) -> Path:

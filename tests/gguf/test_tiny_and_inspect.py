@@ -19,13 +19,8 @@ from vllm_prism.gguf.writer import GGUFWriter
 
 
 @pytest.fixture(scope="module")
-def tiny_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("tiny")
-    out = {}
-    for fmt in ("pq2_0", "ptq1_0", "q2_0"):
-        out[fmt] = root / f"tiny-{fmt}.gguf"
-        make_tiny_gguf(out[fmt], fmt=fmt)
-    return out
+def tiny_files(tiny_gguf) -> dict[str, Path]:
+    return {fmt: tiny_gguf(fmt) for fmt in ("pq2_0", "ptq1_0", "q2_0")}
 
 
 def _sha(path: Path) -> str:

@@ -19,12 +19,10 @@ from typing import Any
 from vllm.logger import init_logger
 
 from vllm_prism import envs
+from vllm_prism.transformers_utils.gguf_config import CONFIG_FORMAT, LOAD_FORMAT, QUANTIZATION
 
 logger = init_logger(__name__)
 
-CONFIG_FORMAT = "prism_gguf"
-LOAD_FORMAT = "prism_gguf"
-QUANTIZATION = "prism"
 
 
 def is_gguf_model(model: Any) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
 
 from vllm_prism.gguf.constants import FLOAT_TYPES, GGMLType, Q2_0_G64_LAYOUT
 from vllm_prism.gguf.errors import GGUFError
@@ -227,9 +226,19 @@ def _format_contract(c: HadamardContract | None) -> list[str]:
 __all__ = ["InspectReport", "find_problems", "inspect_gguf", "format_report", "may_be_ternary"]
 
 
+def ternary_kinds(reader: GGUFReader) -> set[tuple[GGMLType, int]]:
+    """The (block type, group) pairs of the file's non-float projections."""
+    return {(i.ggml_type, i.layout.block_size) for n, i in reader.tensors.items()
+            if may_be_ternary(n) and i.ggml_type not in FLOAT_TYPES}
+
+
+def format_kinds(kinds: set[tuple[GGMLType, int]]) -> str:
+    return ", ".join(sorted(f"{t.name}/g{g}" for t, g in kinds)) or "none"
+
+
 def find_serving_problems(reader: GGUFReader) -> list[str]:
     """Everything that stops vllm-prism from serving the open file (empty: servable)."""
-    _, problems = find_problems(reader)
+    report, problems = find_problems(reader)
     if problems:
         return problems
     ternary = {n: i for n, i in reader.tensors.items() if may_be_ternary(n)}
@@ -237,14 +246,11 @@ def find_serving_problems(reader: GGUFReader) -> list[str]:
     if floats:
         problems.append(f"projection {floats[0]} (and {len(floats) - 1} more) is stored in "
                         f"float; vllm-prism serves ternary projections (PQ2_0, PTQ1_0, Q2_0)")
-    kinds = {(i.ggml_type, i.layout.block_size) for i in ternary.values()
-             if i.ggml_type not in FLOAT_TYPES}
+    kinds = ternary_kinds(reader)
     if len(kinds) > 1:
-        problems.append("the projections mix ternary types "
-                        f"({', '.join(sorted(f'{t.name}/g{g}' for t, g in kinds))}); "
+        problems.append(f"the projections mix ternary types ({format_kinds(kinds)}); "
                         "vllm-prism serves one type per file")
-    widths = {n: i.ne[0] for n, i in reader.tensors.items()}
-    contract = parse_hadamard_contract(reader.metadata, widths, reader.path)
+    contract = report.contract
     if contract is not None:
         want = set(ternary) - {"token_embd.weight"}
         unfolded = sorted(want - contract.weight_names)

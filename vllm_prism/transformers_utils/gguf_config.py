@@ -10,24 +10,25 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vllm_prism.gguf.constants import GGMLType, TERNARY_TYPES
+from vllm_prism.gguf.constants import GGMLType
 from vllm_prism.gguf.errors import GGUFError
 from vllm_prism.gguf.hadamard import parse_hadamard_contract
+from vllm_prism.gguf.inspect import format_kinds, ternary_kinds
 from vllm_prism.gguf.qwen35 import qwen35_text_config
 from vllm_prism.gguf.reader import GGUFReader
 
+QUANTIZATION = "prism"
 CONFIG_FORMAT = "prism_gguf"
+LOAD_FORMAT = "prism_gguf"  # the GGUF loader's load format (model_loader/gguf_loader.py)
 ARCHITECTURE = "PrismBonsaiForCausalLM"
 
 
 def ternary_type_of(reader: GGUFReader) -> tuple[GGMLType, int]:
     """The one ternary block type (and group) of the file's projections."""
-    kinds = {(i.ggml_type, i.layout.block_size) for i in reader.tensors.values()
-             if i.ggml_type in TERNARY_TYPES}
+    kinds = ternary_kinds(reader)
     if len(kinds) != 1:
-        names = sorted(f"{t.name}/g{g}" for t, g in kinds) or ["none"]
         raise GGUFError(f"vllm-prism serves files whose projections share one ternary type; "
-                        f"this one has {', '.join(names)}", reader.path)
+                        f"this one has {format_kinds(kinds)}", reader.path)
     return next(iter(kinds))
 
 
@@ -49,7 +50,7 @@ def gguf_config_dict(path: str | Path) -> dict[str, Any]:
     config["rope_parameters"] = rope
     config["architectures"] = [ARCHITECTURE]
     config["quantization_config"] = {
-        "quant_method": "prism",
+        "quant_method": QUANTIZATION,
         "ggml_type": int(ggml_type),
         "group": int(group),
         "hadamard_block": None if contract is None else contract.block_size,

@@ -191,18 +191,21 @@ def _tc_can_implement(c: PQ2LinearConfig, lo: int, hi: int | None,
 
 
 class MmaA16Kernel(PQ2LinearKernel):
-    """M = 2..64: bf16/fp16 tensor-core kernel with decoded tiles (triton_mma)."""
+    """M = 2..64: bf16/fp16 tensor-core kernel with decoded tiles (triton_mma). Its
+    subclasses differ only in the M range they take and the activation they read."""
 
     name = "mma_a16"
     act_kind = ActKind.FLOAT
+    max_m: ClassVar[int | None] = MMA_MAX_M  # None: any M >= 2 (prefill tiles above 64)
 
     @classmethod
     def can_implement(cls, c):
-        return _tc_can_implement(c, 2, MMA_MAX_M, a8=False)
+        return _tc_can_implement(c, 2, cls.max_m, a8=cls.act_kind == ActKind.Q8)
 
     @classmethod
     def run(cls, act, w, bias, out_dtype):
-        return _tc_run(act, w, bias, out_dtype, prefill=False)
+        prefill = cls.max_m is None and act.m > MMA_MAX_M
+        return _tc_run(act, w, bias, out_dtype, prefill=prefill)
 
 
 class MmaA8Kernel(MmaA16Kernel):
@@ -211,24 +214,12 @@ class MmaA8Kernel(MmaA16Kernel):
     name = "mma_a8"
     act_kind = ActKind.Q8
 
-    @classmethod
-    def can_implement(cls, c):
-        return _tc_can_implement(c, 2, MMA_MAX_M, a8=True)
 
-
-class GemmA16Kernel(PQ2LinearKernel):
+class GemmA16Kernel(MmaA16Kernel):
     """Prefill (M > 64): bf16/fp16 tensor-core GEMM, weights decoded in registers."""
 
     name = "gemm_a16"
-    act_kind = ActKind.FLOAT
-
-    @classmethod
-    def can_implement(cls, c):
-        return _tc_can_implement(c, 2, None, a8=False)
-
-    @classmethod
-    def run(cls, act, w, bias, out_dtype):
-        return _tc_run(act, w, bias, out_dtype, prefill=act.m > MMA_MAX_M)
+    max_m = None
 
 
 class GemmA8Kernel(GemmA16Kernel):
@@ -236,10 +227,6 @@ class GemmA8Kernel(GemmA16Kernel):
 
     name = "gemm_a8"
     act_kind = ActKind.Q8
-
-    @classmethod
-    def can_implement(cls, c):
-        return _tc_can_implement(c, 2, None, a8=True)
 
 
 class TorchKernel(PQ2LinearKernel):

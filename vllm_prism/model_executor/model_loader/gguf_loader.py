@@ -24,10 +24,10 @@ from vllm_prism.gguf.floats import float32_from_bf16_bits
 from vllm_prism.gguf.hadamard import parse_hadamard_contract
 from vllm_prism.gguf.qwen35 import gguf_to_hf_name, gguf_to_hf_tensor, qwen35_dims
 from vllm_prism.gguf.reader import GGUFReader
+from vllm_prism.transformers_utils.gguf_config import LOAD_FORMAT
 
 logger = init_logger(__name__)
 
-LOAD_FORMAT = "prism_gguf"
 
 
 def _float_values(reader: GGUFReader, name: str) -> np.ndarray:

@@ -40,8 +40,6 @@ from vllm.sequence import IntermediateTensors
 
 logger = init_logger(__name__)
 
-ARCHITECTURE = "PrismBonsaiForCausalLM"
-
 
 class BonsaiDecoderLayer(Qwen3NextDecoderLayer):
     """One Qwen3.5 text layer: GDN or gated attention, then the dense MLP."""
@@ -119,7 +117,8 @@ class BonsaiModel(Qwen3NextModel):
 
 
 class PrismBonsaiForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsPP):
-    """Bonsai causal LM: BonsaiModel plus the (folded, ternary) LM head."""
+    """Bonsai causal LM: BonsaiModel plus the (folded, ternary) LM head; the architecture
+    name the GGUF config source writes (transformers_utils.gguf_config.ARCHITECTURE)."""
 
     packed_modules_mapping = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],

@@ -30,12 +30,13 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm_prism.gguf.codecs import block_layout
 from vllm_prism.gguf.codecs_torch import dequantize_to
 from vllm_prism.gguf.constants import GGMLType
+from vllm_prism.transformers_utils.gguf_config import QUANTIZATION
 from vllm_prism.model_executor.layers.hadamard import (forward_transform,
                                                       inverse_embedding_transform)
 
 logger = init_logger(__name__)
 
-PRISM_QUANT = "prism"
+PRISM_QUANT = QUANTIZATION
 # Projections of the Gated DeltaNet that Bonsai keeps in float.
 FLOAT_LINEAR_SUFFIXES = (".conv1d", ".in_proj_ba")
 
