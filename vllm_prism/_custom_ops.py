@@ -1,8 +1,16 @@
-"""Python face of the compiled ops in vllm_prism._C, with the torch path where they are absent.
+"""Python face of vllm-prism's torch custom ops: the compiled ones in vllm_prism._C, and the
+registered ops that the model's forward calls under torch.compile.
 
-The extension is optional: a CPU install, or a CUDA install built without a toolkit, has no
-``vllm_prism._C``; callers use the functions here and get the compiled op on CUDA tensors
-when it exists and the exact torch reference otherwise.
+``torch.ops.vllm_prism.pq2_linear`` is the linear op of every ternary layer. It is registered
+the way vLLM registers its own ops (``direct_register_custom_op``, with a fake
+implementation), so Dynamo treats it as opaque, CUDA graphs capture the kernels it launches,
+and the kernel is chosen by the number of rows M inside the op (as vLLM's
+``rocm_unquantized_gemm`` does), never by a Python branch that a traced graph would freeze.
+Its inputs are the layer's prepared planes (``PQ2Weight``: int32 codes, fp16 scales) and the
+optional Hadamard signs, all registered on the layer.
+
+The compiled extension is optional: a CPU install, or a CUDA install built without a
+toolkit, has no ``vllm_prism._C``; callers get the exact torch reference there.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from vllm_prism.gguf.codecs_torch import dequantize_to
 from vllm_prism.gguf.constants import GGMLType
 
 logger = logging.getLogger(__name__)
+
+OP_NAMESPACE = "vllm_prism"
 
 
 @functools.cache
@@ -35,3 +45,46 @@ def pq2_dequantize(raw: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> to
     if raw.is_cuda and has_compiled_ops():
         return torch.ops._C_prism.pq2_dequantize(raw.contiguous(), dtype)
     return dequantize_to(raw, GGMLType.PQ2_0, dtype)
+
+
+# ------------------------------------------------------------------ registered forward ops
+
+
+def _pq2_linear_impl(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                     signs: torch.Tensor | None, bias: torch.Tensor | None,
+                     hadamard_block: int) -> torch.Tensor:
+    from vllm_prism.kernels.pq2.dispatch import pq2_linear
+    from vllm_prism.kernels.pq2.layout import PQ2Weight
+
+    w = PQ2Weight.of_planes(codes, scales, signs, hadamard_block or None)
+    return pq2_linear(x, w, bias)
+
+
+def _pq2_linear_fake(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                     signs: torch.Tensor | None, bias: torch.Tensor | None,
+                     hadamard_block: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], codes.shape[0]))
+
+
+@functools.cache
+def _library() -> torch.library.Library:
+    return torch.library.Library(OP_NAMESPACE, "FRAGMENT")  # noqa: TOR901 (kept alive here)
+
+
+@functools.cache
+def register_ops() -> None:
+    """Register the forward ops once per process (vLLM's ``direct_register_custom_op``, on
+    the current platform's dispatch key)."""
+    from vllm.utils.torch_utils import direct_register_custom_op
+
+    direct_register_custom_op("pq2_linear", _pq2_linear_impl, mutates_args=[],
+                              fake_impl=_pq2_linear_fake, target_lib=_library())
+
+
+def pq2_linear_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                  signs: torch.Tensor | None, bias: torch.Tensor | None,
+                  hadamard_block: int | None) -> torch.Tensor:
+    """``y = W_st @ Hblk(signs * x) + bias`` through ``torch.ops.vllm_prism.pq2_linear``
+    (:func:`register_ops` must have run: the prism quantization method does it when it
+    creates its weights, outside any traced code)."""
+    return torch.ops.vllm_prism.pq2_linear(x, codes, scales, signs, bias, hadamard_block or 0)

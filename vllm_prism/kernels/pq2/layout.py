@@ -140,6 +140,14 @@ class PQ2Weight:
         return cls(codes=codes, scales=_scale_plane(d), n=n, k=k, signs=signs,
                    hadamard_block=block)
 
+    @classmethod
+    def of_planes(cls, codes: torch.Tensor, scales: torch.Tensor,
+                  signs: torch.Tensor | None, hadamard_block: int | None) -> PQ2Weight:
+        """A view of planes made by :meth:`from_raw` (no checks, no copies): how the
+        registered op rebuilds the weight from the tensors a layer holds."""
+        return cls(codes=codes, scales=scales, n=codes.shape[0], k=codes.shape[1] * 16,
+                   signs=signs, hadamard_block=hadamard_block if signs is not None else None)
+
     @property
     def device(self) -> torch.device:
         return self.codes.device

@@ -159,19 +159,18 @@ class PrismLinearMethod(LinearMethodBase):
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         if layer.prism_signs is not None:
             layer.prism_signs = layer.prism_signs.to(layer.weight.device)
-        layer.prism_kernel_weight = None
-        if layer.weight.is_cuda and self._uses_linear_kernels(layer):
-            layer.prism_kernel_weight = _prepare_kernel_weight(layer, self.config)
+        layer.prism_uses_op = self._uses_linear_kernels(layer) and _prepare_planes(
+            layer, self.config)
 
     def _uses_linear_kernels(self, layer: torch.nn.Module) -> bool:
         return True
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        if layer.prism_kernel_weight is not None:
-            from vllm_prism.kernels.pq2 import pq2_linear
-
-            return pq2_linear(x, layer.prism_kernel_weight, bias)
+        if layer.prism_uses_op:
+            return torch.ops.vllm_prism.pq2_linear(x, layer.prism_codes, layer.prism_scales,
+                                                   layer.prism_signs, bias,
+                                                   self.config.hadamard_block or 0)
         return prism_linear_reference(x, layer.weight, layer.prism_signs, self.config, bias)
 
 
@@ -194,23 +193,39 @@ class PrismEmbeddingMethod(PrismLinearMethod):
         return z.to(layer.prism_out_dtype).reshape(*input_.shape, -1)
 
 
-def _prepare_kernel_weight(layer: torch.nn.Module, config: PrismConfig) -> Any:
-    """The GPU kernels' layout of a layer's packed rows, made once after loading; the GGUF
-    rows are released afterwards (the kernels read only their own layout)."""
-    from vllm_prism.kernels.pq2 import PQ2Weight, PTQ1Weight
+def _prepare_planes(layer: torch.nn.Module, config: PrismConfig) -> bool:
+    """Replace the layer's GGUF rows by the one prepared form the linear op reads (int32
+    codes and fp16 scales, see kernels/pq2/layout.py), once after loading, on every device.
 
+    PQ2_0 and legacy Q2_0/g128 share the 34-byte block. PTQ1_0 is transcoded losslessly to
+    the same planes here, so each layer holds one form: the kernels for every M read it, and
+    nothing is built on a later call. Returns False (the torch reference path) for block
+    types without planes (legacy Q2_0 with 64-element groups).
+    """
+    from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
+
+    raw = layer.weight.data
     if config.ggml_type == GGMLType.PTQ1_0:
-        cls = PTQ1Weight
-    elif config.layout.type_size == 34:  # PQ2_0 and legacy Q2_0/g128 share the block
-        cls = PQ2Weight
+        w = PTQ1Weight.from_raw(raw, signs=layer.prism_signs,
+                                hadamard_block=config.hadamard_block).as_pq2()
+    elif config.layout.type_size == 34:
+        w = PQ2Weight.from_raw(raw, signs=layer.prism_signs,
+                               hadamard_block=config.hadamard_block)
     else:
-        logger.warning_once("no GPU kernel for %s/g%d; using the torch path",
+        logger.warning_once("no prepared layout for %s/g%d; the torch reference path runs",
                             config.ggml_type.name, config.group)
-        return None
-    prepared = cls.from_raw(layer.weight.data, signs=layer.prism_signs,
-                            hadamard_block=config.hadamard_block)
-    layer.weight.data = torch.empty(0, dtype=torch.uint8, device=layer.weight.device)
-    return prepared
+        return False
+    _register_ops()
+    layer.register_parameter("prism_codes", Parameter(w.codes, requires_grad=False))
+    layer.register_parameter("prism_scales", Parameter(w.scales, requires_grad=False))
+    layer.weight.data = torch.empty(0, dtype=torch.uint8, device=raw.device)
+    return True
+
+
+def _register_ops() -> None:
+    from vllm_prism._custom_ops import register_ops
+
+    register_ops()
 
 
 def prism_linear_reference(x: torch.Tensor, packed: torch.Tensor, signs: torch.Tensor | None,

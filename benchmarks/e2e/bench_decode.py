@@ -1,0 +1,281 @@
+"""Whole-model decode and prefill speed of a Bonsai GGUF through vLLM's ``LLM()`` on a GPU.
+
+    python benchmarks/e2e/bench_decode.py MODEL.gguf [--kv auto int8_per_token_head]
+        [--mode default|eager] [--batches 1 8 32 64] [--context 1024] [--long-context 32768]
+        [--prefill 512 4096] [--out-dir benchmarks/results]
+
+Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
+(torch.compile and CUDA graphs; ``--mode eager`` adds ``enforce_eager``) and prefix caching
+off, so every prompt is really prefilled. Prompts are random token ids, distinct per request.
+
+* decode: a batch of B requests with a C-token prompt each generates T tokens; the step time
+  is ``(t(1 + T) - t(1)) / T`` (the same prompts with 1 and 1 + T new tokens), so prefill
+  and start-up cancel; aggregate tok/s is ``B / step``.
+* prefill: one request of P tokens generating one token: ``P / t``.
+* profile (batch 1, first context): a torch-profiler trace of T decode steps, kernel time by
+  family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise, sampler, other), and the
+  GPU-busy share of the step: the union of kernel intervals over the step time measured
+  without the profiler.
+
+``ceiling_frac`` is the bytes a step must move (the ternary weights but the embedding, plus
+the KV cache read for every request's context, plus each request's Gated DeltaNet state read
+and written) over the read bandwidth measured in the same run, divided by the step time.
+Results: ``<out-dir>/e2e_<gpu>.json`` and ``.md`` (records of earlier runs with other modes or
+KV dtypes are kept; the same (mode, kv, batch, context) is replaced).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "kernels"))
+
+FAMILIES = [  # (family, substrings of kernel names), first match wins
+    ("pq2_linear", ("_act_kernel", "gemv", "_mma", "pq2", "_tc_", "ptq1")),
+    ("attention", ("split_kv", "_merge_kernel", "flash", "attn", "gather_kv", "reshape_and_cache",
+                   "unified_attention")),
+    ("gated_deltanet", ("gated_delta", "chunk_", "fused_recurrent", "causal_conv1d", "conv1d",
+                        "gdn", "l2norm", "solve_tril", "cumsum", "fused_gdn", "recompute_w_u",
+                        "kkt")),
+    ("sampler", ("sampl", "topk", "top_k", "argmax", "argsort", "softmax", "gumbel",
+                 "exponential")),
+    ("gemm_bf16", ("gemm", "cutlass", "sm90_xmma", "nvjet", "cublas")),
+    ("norm_elementwise", ("triton_", "rms", "norm", "elementwise", "vectorized", "unrolled",
+                          "reduce", "silu", "mul", "add", "copy", "fill", "index", "cat",
+                          "embedding")),
+]
+
+
+def family_of(name: str) -> str:
+    low = name.lower()
+    for fam, keys in FAMILIES:
+        if any(k in low for k in keys):
+            return fam
+    return "other"
+
+
+def model_bytes(path: str) -> tuple[int, dict[str, int]]:
+    """(bytes of the ternary tensors a decode step reads: all but the embedding,
+    geometry numbers)."""
+    from vllm_prism.gguf.qwen35 import qwen35_dims
+    from vllm_prism.gguf.reader import GGUFReader
+
+    with GGUFReader(path) as r:
+        weights = sum(t.nbytes for n, t in r.tensors.items() if n != "token_embd.weight")
+        dims = qwen35_dims(r.metadata, r.path, vocab_size=r.tensors["token_embd.weight"].shape[0])
+    n_full = sum(1 for t in dims.layer_types if t == "full_attention")
+    n_gdn = dims.n_layers - n_full
+    geo = {"kv_bf16_per_token": n_full * dims.n_kv_heads * dims.head_dim * 2 * 2,
+           "kv_int8_per_token": n_full * dims.n_kv_heads * (dims.head_dim + 4) * 2,
+           "gdn_state": n_gdn * dims.n_v_heads * dims.head_k_dim * dims.head_v_dim * 4}
+    return weights, geo
+
+
+def step_bytes(weights: int, geo: dict[str, int], kv: str, batch: int, context: int) -> int:
+    per_tok = geo["kv_int8_per_token"] if kv.startswith("int8") else geo["kv_bf16_per_token"]
+    return weights + batch * (context * per_tok + 2 * geo["gdn_state"])
+
+
+# --------------------------------------------------------------------------- one engine
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    import random
+
+    rng = random.Random(seed)
+    return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
+
+
+def _timed(llm, prompts, max_tokens: int) -> float:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    sp = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, temperature=0,
+                        ignore_eos=True, detokenize=False)
+    t0 = time.perf_counter()
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+    dt = time.perf_counter() - t0
+    assert all(len(o.outputs[0].token_ids) == max_tokens for o in outs)
+    return dt
+
+
+def _decode_step_s(llm, prompts, steps: int, reps: int = 3) -> float:
+    per_step = []
+    for _ in range(reps):
+        t1 = _timed(llm, prompts, 1)
+        tn = _timed(llm, prompts, 1 + steps)
+        per_step.append((tn - t1) / steps)
+    return statistics.median(per_step)
+
+
+def _profile(llm, prompts, steps: int, step_s: float) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    _timed(llm, prompts, 1 + steps)  # warm
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t1 = _timed(llm, prompts, 1)
+        tn = _timed(llm, prompts, 1 + steps)
+    torch.cuda.synchronize()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_family: dict[str, float] = {}
+    intervals = []
+    for e in kernels:
+        by_family[family_of(e.name)] = by_family.get(family_of(e.name), 0.0) + e.device_time
+        intervals.append((e.time_range.start, e.time_range.end))
+    intervals.sort()
+    busy, cur_s, cur_e = 0.0, None, None
+    for s, e in intervals:
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    # The two generate() calls ran 2 prefills and (1 + steps) + 1 sampled steps; kernel time
+    # per decode step is the difference between them: take the whole trace's busy time less
+    # the one-token call's share, estimated by its wall-clock ratio.
+    decode_share = (tn - t1) / (tn + t1)
+    per_step_us = {k: v * decode_share / steps for k, v in sorted(by_family.items())}
+    busy_per_step_us = busy * decode_share / steps
+    return {"kernel_us_per_step": per_step_us, "busy_us_per_step": busy_per_step_us,
+            "gpu_busy_frac": min(1.0, busy_per_step_us * 1e-6 / step_s),
+            "kernels_per_step": len(kernels) * decode_share / steps}
+
+
+def run_engine(args: argparse.Namespace) -> list[dict]:
+    """All measurements of one KV dtype (called in the child process)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM
+
+    kv = args.kv[0]
+    max_len = max([args.context, args.long_context or 0, *args.prefill]) + 256
+    llm = LLM(args.model, kv_cache_dtype=kv, enforce_eager=args.mode == "eager",
+              enable_prefix_caching=False, max_model_len=max_len,
+              max_num_seqs=max(args.batches), gpu_memory_utilization=args.gpu_memory,
+              max_num_batched_tokens=max(8192, *args.prefill), seed=0)
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    records = []
+    base = {"kv": kv, "mode": args.mode}
+    for b in args.batches:
+        prompts = _prompts(b, args.context, vocab, seed=b)
+        steps = args.steps if b <= 8 else max(16, args.steps // 2)
+        step = _decode_step_s(llm, prompts, steps, reps=3 if b <= 8 else 1)
+        rec = {**base, "kind": "decode", "batch": b, "context": args.context,
+               "ms_per_step": step * 1e3, "tok_s": b / step}
+        if b == 1 and args.profile:
+            rec.update(_profile(llm, prompts, steps, step))
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+    if args.long_context:
+        prompts = _prompts(1, args.long_context, vocab, seed=99)
+        step = _decode_step_s(llm, prompts, args.steps, reps=1)
+        rec = {**base, "kind": "decode", "batch": 1, "context": args.long_context,
+               "ms_per_step": step * 1e3, "tok_s": 1 / step}
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+    for p in args.prefill:
+        prompts = _prompts(1, p, vocab, seed=p)
+        _timed(llm, prompts, 1)
+        t = statistics.median(_timed(llm, prompts, 1) for _ in range(3))
+        rec = {**base, "kind": "prefill", "batch": 1, "context": p, "ms_per_step": t * 1e3,
+               "tok_s": p / t}
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+    return records
+
+
+# ------------------------------------------------------------------------------- driver
+
+
+def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
+                  records: list[dict]) -> Path:
+    path = out_dir / f"e2e_{gpu}.json"
+    old = json.loads(path.read_text())["records"] if path.is_file() else []
+    key = lambda r: (r["kind"], r["mode"], r["kv"], r["batch"], r["context"],  # noqa: E731
+                     r.get("tp", 1))
+    new_keys = {key(r) for r in records}
+    merged = [r for r in old if key(r) not in new_keys] + records
+    doc = {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command,
+           "read_gbps": read_gbps, "records": merged}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    lines = [f"# End-to-end through vLLM on {gpu}", "",
+             f"Date {doc['date']}; read bandwidth measured in the run: {read_gbps:.0f} GB/s.",
+             f"Command: `{command}`", "",
+             "| kind | mode | kv | batch | context | tok/s | ms/step | ceiling_frac | "
+             "gpu_busy_frac |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(merged, key=lambda r: (r["kind"], r["mode"], r["kv"], r["context"],
+                                           r["batch"])):
+        lines.append(f"| {r['kind']} | {r['mode']} | {r['kv']} | {r['batch']} | "
+                     f"{r['context']} | {r['tok_s']:.1f} | {r['ms_per_step']:.2f} | "
+                     f"{r.get('ceiling_frac', float('nan')):.3f} | "
+                     f"{r.get('gpu_busy_frac', float('nan')):.3f} |")
+    prof = [r for r in merged if "kernel_us_per_step" in r]
+    for r in prof:
+        lines += ["", f"Batch-1 decode step by kernel family ({r['mode']}, {r['kv']}, "
+                  f"context {r['context']}): {r['kernels_per_step']:.0f} kernels, "
+                  f"{r['busy_us_per_step']:.0f} us busy of {r['ms_per_step'] * 1e3:.0f} us", "",
+                  "| family | us per step | share of step |", "|---|---|---|"]
+        for fam, us in sorted(r["kernel_us_per_step"].items(), key=lambda kv: -kv[1]):
+            lines.append(f"| {fam} | {us:.0f} | {us / (r['ms_per_step'] * 1e3):.3f} |")
+    md = path.with_suffix(".md")
+    md.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("model")
+    p.add_argument("--kv", nargs="+", default=["auto", "int8_per_token_head"])
+    p.add_argument("--mode", choices=["default", "eager"], default="default")
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32, 64])
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--long-context", type=int, default=32768)
+    p.add_argument("--prefill", type=int, nargs="*", default=[512, 4096])
+    p.add_argument("--steps", type=int, default=64)
+    p.add_argument("--gpu-memory", type=float, default=0.85)
+    p.add_argument("--no-profile", dest="profile", action="store_false")
+    p.add_argument("--out-dir", default=str(HERE.parent / "results"))
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        print("RECORDS " + json.dumps(run_engine(args)), flush=True)
+        return
+
+    import torch
+    from timing import gpu_slug, read_bandwidth_gbps
+
+    read_gbps = read_bandwidth_gbps()
+    torch.cuda.empty_cache()
+    weights, geo = model_bytes(args.model)
+    records = []
+    for kv in args.kv:
+        cmd = [sys.executable, __file__, "--child", *sys.argv[1:], "--kv", kv]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("RECORDS ")]
+        if proc.returncode or not lines:
+            print(f"engine for kv={kv} failed (exit {proc.returncode})", file=sys.stderr)
+            continue
+        for r in json.loads(lines[-1][len("RECORDS "):]):
+            if r["kind"] == "decode":
+                need = step_bytes(weights, geo, kv, r["batch"], r["context"])
+                r["ceiling_frac"] = need / (read_gbps * 1e9) / (r["ms_per_step"] * 1e-3)
+            records.append(r)
+    command = "python benchmarks/e2e/bench_decode.py " + " ".join(sys.argv[1:])
+    path = write_results(Path(args.out_dir), gpu_slug(), command, read_gbps, records)
+    print(path.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On the GPU machine of the `device` tool, after ../shared/tools/vllm-on-gpu staged vLLM there:
+# install this tree and run one stage of the GPU checks, writing logs and results under $OUT.
+#   bash scripts/gpu-session.sh tests        GPU tests: tiny model in vLLM (all modes), kernels
+#   bash scripts/gpu-session.sh bench KV     e2e benchmark of the 27B-shaped file, one KV dtype
+#   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
+# The 27B-shaped file is written once per machine to /tmp/b27.gguf (in the background).
+set -uo pipefail
+stage=${1:?stage}
+source /tmp/vllm-gpu/env.sh
+export PATH=/tmp/vllm-gpu/site/bin:$PATH PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if ! python3 -c "import vllm_prism" 2>/dev/null || [ ! -f /tmp/.prism-installed ]; then
+  VLLM_PRISM_TARGET_DEVICE=cpu pip install -q --no-deps --no-build-isolation -e . \
+    >"$OUT/install.log" 2>&1 && touch /tmp/.prism-installed
+fi
+B27=/tmp/b27.gguf
+if [ ! -f $B27 ] && [ ! -f /tmp/b27.lock ]; then
+  touch /tmp/b27.lock
+  (python3 -m vllm_prism.entrypoints.cli make-tiny --shape bonsai-2-27b $B27.tmp \
+     >/tmp/b27.log 2>&1 && mv $B27.tmp $B27) &
+fi
+wait_b27() { while [ ! -f $B27 ]; do sleep 2; done; }
+case $stage in
+  tests)
+    shift
+    timeout 560 python3 -m pytest -x -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/tests.log"
+    ;;
+  bench)
+    kv=${2:?kv}; shift 2
+    wait_b27
+    timeout 560 python3 benchmarks/e2e/bench_decode.py $B27 --kv "$kv" "$@" 2>&1 \
+      | tee "$OUT/bench-$kv.log" | grep -v "^INFO\|^DEBUG\|^WARNING"
+    cp benchmarks/results/e2e_*.json benchmarks/results/e2e_*.md "$OUT"/ 2>/dev/null
+    ;;
+  quality)
+    shift
+    wait_b27
+    timeout 560 python3 benchmarks/quality/compare_kv_dtypes.py $B27 "$@" 2>&1 \
+      | tee "$OUT/quality.log"
+    ;;
+esac

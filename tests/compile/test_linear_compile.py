@@ -1,0 +1,97 @@
+"""The prism linear method under torch.compile the way vLLM compiles a model: one Dynamo
+trace with ``fullgraph=True``, the token dimension dynamic, every guard dropped (vLLM's
+``guard_filter_fn``), then reused for every batch size.
+
+It catches, without a GPU, what broke vLLM's default mode on CUDA: code Dynamo cannot trace
+(a logger call, an opaque Python object built in the forward), a kernel choice frozen at the
+first traced M, and an M specialised to a constant. The op must appear in the graph as one
+opaque node (``torch.ops.vllm_prism.pq2_linear``) and give the eager result at M = 512, 1
+and 7 from the graph traced at M = 512.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+from vllm_prism.gguf import codecs  # noqa: E402
+from vllm_prism.gguf.constants import GGMLType  # noqa: E402
+
+K, N = 256, 384
+
+
+def _layer(tiny_gguf, fmt: str):
+    from vllm_prism.model_executor.layers.quantization.prism import (PrismConfig,
+                                                                     PrismLinearMethod)
+
+    ggml_type = {"pq2_0": GGMLType.PQ2_0, "ptq1_0": GGMLType.PTQ1_0}[fmt]
+    cfg = PrismConfig(int(ggml_type), 128, 128, str(tiny_gguf(fmt)))
+    method = PrismLinearMethod(cfg)
+    layer = torch.nn.Module()
+    method.create_weights(layer, K, [N], K, N, torch.bfloat16)
+    rng = np.random.default_rng(3)
+    q = rng.integers(-1, 2, size=(N, K), dtype=np.int8)
+    d = rng.uniform(0.01, 0.03, size=(N, K // 128)).astype(np.float16)
+    raw = torch.from_numpy(codecs.pack_blocks(q, d, ggml_type))
+    layer.weight.data.copy_(raw)
+    dense = torch.from_numpy(q.astype(np.float32) * np.repeat(d.astype(np.float32), 128, 1))
+    signs = layer.prism_signs.clone()
+    method.process_weights_after_loading(layer)
+    return method, layer, dense, signs
+
+
+def _reference(x: torch.Tensor, dense: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+    """y = W · Hblk(s ⊙ x) with an explicit Sylvester matrix (float64)."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < 128:
+        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
+    h = h / h.shape[0] ** 0.5
+    xs = (x.double() * signs.double()).reshape(x.shape[0], -1, 128) @ h.T
+    return xs.reshape(x.shape[0], -1) @ dense.double().T
+
+
+@pytest.mark.parametrize("fmt", ["pq2_0", "ptq1_0"])
+def test_linear_compiles_once_for_every_batch_size(tiny_gguf, fmt: str) -> None:
+    method, layer, dense, signs = _layer(tiny_gguf, fmt)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return method.apply(layer, x) * 2.0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(forward, fullgraph=True, backend=backend, dynamic=False,
+                             options={"guard_filter_fn": lambda guards: [False] * len(guards)})
+    gen = torch.Generator().manual_seed(0)
+    for m in (512, 1, 7):
+        x = torch.randn(m, K, generator=gen).to(torch.bfloat16)
+        if m == 512:
+            torch._dynamo.mark_dynamic(x, 0)
+        got = compiled(x)
+        want = forward(x)
+        assert got.shape == (m, N)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        ref = _reference(x, dense, signs) * 2.0
+        err = (got.double() - ref).norm() / ref.norm()
+        assert err < 1e-2, (m, float(err))
+    assert len(graphs) == 1, f"{len(graphs)} graphs traced: M was specialised"
+    ops = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    op = torch.ops.vllm_prism.pq2_linear
+    assert op in ops or op.default in ops, ops
+
+
+def test_ptq1_keeps_one_prepared_form(tiny_gguf) -> None:
+    """PTQ1_0 is transcoded once at load: the layer holds the PQ2 planes and no GGUF rows."""
+    _, layer, _, _ = _layer(tiny_gguf, "ptq1_0")
+    assert layer.weight.numel() == 0
+    assert layer.prism_codes.dtype == torch.int32 and layer.prism_codes.shape == (N, K // 16)
+    tensors = [t for t in (*layer.parameters(), *layer.buffers()) if t is not None]
+    held = sum(t.numel() * t.element_size() for t in tensors)
+    # codes (K/4 bytes a row) + fp16 scales padded to 8 + fp32 signs
+    assert held == N * K // 4 + N * 8 * 2 + K * 4

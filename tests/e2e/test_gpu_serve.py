@@ -1,0 +1,54 @@
+"""`vllm serve tiny.gguf` on CUDA with no extra flag answers a chat request (the OpenAI
+client), in vLLM's default mode, with the reference's greedy reply."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from . import oracle
+from .test_server import _free_port
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+openai = pytest.importorskip("openai")
+
+
+def test_vllm_serve_answers_chat(tiny_gguf, tmp_path) -> None:
+    vllm_cmd = shutil.which("vllm")
+    if vllm_cmd is None:
+        pytest.skip("the `vllm` command is not on PATH")
+    model = tiny_gguf("pq2_0", seed=7)
+    port = _free_port()
+    log = open(tmp_path / "serve.log", "w")
+    proc = subprocess.Popen([vllm_cmd, "serve", str(model), "--port", str(port)], stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ})
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY",
+                           timeout=120)
+    try:
+        deadline = time.monotonic() + 900
+        while True:
+            try:
+                client.models.list()
+                break
+            except openai.APIConnectionError:
+                assert proc.poll() is None and time.monotonic() < deadline, \
+                    (tmp_path / "serve.log").read_text()[-4000:]
+                time.sleep(2)
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        reply = client.chat.completions.create(model=str(model), messages=messages,
+                                               max_tokens=8, temperature=0)
+        tok = oracle.load_reference_tokenizer(model)
+        ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=False))
+        want = oracle.greedy(oracle.load_reference_model(model), ids, 8)[-8:]
+        if tok.eos_token_id in want:  # the server stops at the end-of-turn token
+            want = want[:want.index(tok.eos_token_id)]
+        assert reply.choices[0].message.content == tok.decode(want, skip_special_tokens=True)
+    finally:
+        os.killpg(proc.pid, 15)
+        proc.wait(timeout=60)
