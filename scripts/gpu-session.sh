@@ -10,9 +10,12 @@ stage=${1:?stage}
 source /tmp/vllm-gpu/env.sh
 export PATH=/tmp/vllm-gpu/site/bin:$PATH PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-if ! python3 -c "import vllm_prism" 2>/dev/null || [ ! -f /tmp/.prism-installed ]; then
-  VLLM_PRISM_TARGET_DEVICE=cpu pip install -q --no-deps --no-build-isolation -e . \
-    >"$OUT/install.log" 2>&1 && touch /tmp/.prism-installed
+has_ep='from importlib.metadata import entry_points as e; import sys
+sys.exit(not [x for x in e(group="vllm.general_plugins") if x.name == "prism"])'
+if ! python3 -c "$has_ep"; then
+  VLLM_PRISM_TARGET_DEVICE=cpu python3 -m pip install -q --no-deps --no-build-isolation -e . \
+    >"$OUT/install.log" 2>&1
+  python3 -c "$has_ep" || echo "vllm-prism's entry point is not installed" >&2
 fi
 B27=/tmp/b27.gguf
 if [ ! -f $B27 ] && [ ! -f /tmp/b27.lock ]; then

@@ -8,9 +8,12 @@ Each KV-cache dtype runs in its own process (one engine per process), with vLLM'
 (torch.compile and CUDA graphs; ``--mode eager`` adds ``enforce_eager``) and prefix caching
 off, so every prompt is really prefilled. Prompts are random token ids, distinct per request.
 
-* decode: a batch of B requests with a C-token prompt each generates T tokens; the step time
-  is ``(t(1 + T) - t(1)) / T`` (the same prompts with 1 and 1 + T new tokens), so prefill
-  and start-up cancel; aggregate tok/s is ``B / step``.
+* decode: a batch of B requests with a C-token prompt each generates 1 + T tokens; the step
+  time is read from vLLM's per-request timestamps (engine-core monotonic clock): the request
+  admitted last decodes its T tokens while the whole batch decodes, so ``(last_token_ts -
+  first_token_ts) / T`` of that request is the step time with no prefill in it; aggregate
+  tok/s is ``B / step``. (Timing ``t(1 + T) - t(1)`` of two generate() calls, the first
+  method, let the variance of a 32K-64K-token prefill swamp the decode time at large B.)
 * prefill: one request of P tokens generating one token: ``P / t``.
 * profile (batch 1, first context): a torch-profiler trace of T decode steps, kernel time by
   family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise, sampler, other), and the
@@ -95,7 +98,7 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def _timed(llm, prompts, max_tokens: int) -> float:
+def _generate(llm, prompts, max_tokens: int):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -105,15 +108,20 @@ def _timed(llm, prompts, max_tokens: int) -> float:
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
     dt = time.perf_counter() - t0
     assert all(len(o.outputs[0].token_ids) == max_tokens for o in outs)
-    return dt
+    return dt, outs
+
+
+def _timed(llm, prompts, max_tokens: int) -> float:
+    return _generate(llm, prompts, max_tokens)[0]
 
 
 def _decode_step_s(llm, prompts, steps: int, reps: int = 3) -> float:
+    """Median decode step time of the last-admitted request (see the module docstring)."""
     per_step = []
     for _ in range(reps):
-        t1 = _timed(llm, prompts, 1)
-        tn = _timed(llm, prompts, 1 + steps)
-        per_step.append((tn - t1) / steps)
+        _, outs = _generate(llm, prompts, 1 + steps)
+        last = max((o.metrics for o in outs), key=lambda m: m.first_token_ts)
+        per_step.append((last.last_token_ts - last.first_token_ts) / steps)
     return statistics.median(per_step)
 
 
@@ -164,7 +172,8 @@ def run_engine(args: argparse.Namespace) -> list[dict]:
     llm = LLM(args.model, kv_cache_dtype=kv, enforce_eager=args.mode == "eager",
               enable_prefix_caching=False, max_model_len=max_len,
               max_num_seqs=max(args.batches), gpu_memory_utilization=args.gpu_memory,
-              max_num_batched_tokens=max(8192, *args.prefill), seed=0)
+              max_num_batched_tokens=max(8192, *args.prefill), seed=0,
+              disable_log_stats=False)  # per-request timestamps for the decode step time
     vocab = llm.llm_engine.model_config.get_vocab_size()
     records = []
     base = {"kv": kv, "mode": args.mode}
@@ -210,17 +219,30 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
     doc = {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command,
            "read_gbps": read_gbps, "records": merged}
     path.write_text(json.dumps(doc, indent=1) + "\n")
-    lines = [f"# End-to-end through vLLM on {gpu}", "",
-             f"Date {doc['date']}; read bandwidth measured in the run: {read_gbps:.0f} GB/s.",
-             f"Command: `{command}`", "",
-             "| kind | mode | kv | batch | context | tok/s | ms/step | ceiling_frac | "
-             "gpu_busy_frac |", "|---|---|---|---|---|---|---|---|---|"]
+    runs = {}
+    for r in merged:
+        runs.setdefault(r.get("command", command), (r.get("date", doc["date"]),
+                                                    r.get("read_gbps", read_gbps),
+                                                    r.get("step_timing", "")))
+    lines = [f"# End-to-end through vLLM on {gpu}", "", "Runs (read bandwidth measured in "
+             "each run; `ceiling_frac` uses its own run's figure):", ""]
+    lines += [f"- {d}: `{c}` ({g:.0f} GB/s; decode step from {t or 'request timestamps'})"
+              for c, (d, g, t) in runs.items()]
+    lines += ["", "| kind | mode | kv | batch | context | tok/s | ms/step | ceiling_frac | "
+              "gpu_busy_frac |", "|---|---|---|---|---|---|---|---|---|"]
+    notes = []
     for r in sorted(merged, key=lambda r: (r["kind"], r["mode"], r["kv"], r["context"],
                                            r["batch"])):
+        mark = ""
+        if r.get("unreliable"):
+            notes.append(r["unreliable"])
+            mark = " *"
         lines.append(f"| {r['kind']} | {r['mode']} | {r['kv']} | {r['batch']} | "
-                     f"{r['context']} | {r['tok_s']:.1f} | {r['ms_per_step']:.2f} | "
+                     f"{r['context']} | {r['tok_s']:.1f}{mark} | {r['ms_per_step']:.2f} | "
                      f"{r.get('ceiling_frac', float('nan')):.3f} | "
                      f"{r.get('gpu_busy_frac', float('nan')):.3f} |")
+    if notes:
+        lines += ["", f"\\* Not a measurement to rely on: {notes[0]}."]
     prof = [r for r in merged if "kernel_us_per_step" in r]
     for r in prof:
         lines += ["", f"Batch-1 decode step by kernel family ({r['mode']}, {r['kv']}, "
@@ -259,6 +281,7 @@ def main() -> None:
     read_gbps = read_bandwidth_gbps()
     torch.cuda.empty_cache()
     weights, geo = model_bytes(args.model)
+    command = "python benchmarks/e2e/bench_decode.py " + " ".join(sys.argv[1:])
     records = []
     for kv in args.kv:
         cmd = [sys.executable, __file__, "--child", *sys.argv[1:], "--kv", kv]
@@ -271,8 +294,9 @@ def main() -> None:
             if r["kind"] == "decode":
                 need = step_bytes(weights, geo, kv, r["batch"], r["context"])
                 r["ceiling_frac"] = need / (read_gbps * 1e9) / (r["ms_per_step"] * 1e-3)
+            r.update(read_gbps=read_gbps, command=command, date=datetime.date.today().isoformat(),
+                     step_timing="request timestamps")
             records.append(r)
-    command = "python benchmarks/e2e/bench_decode.py " + " ".join(sys.argv[1:])
     path = write_results(Path(args.out_dir), gpu_slug(), command, read_gbps, records)
     print(path.with_suffix(".md").read_text())
 

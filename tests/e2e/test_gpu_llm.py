@@ -36,13 +36,17 @@ MODES = {
 KV = {"bf16": "auto", "int8": "int8_per_token_head"}
 CONFIGS = [(m, kv) for m in MODES for kv in KV]
 MEMORY_SHARE = 0.08
+# A fixed KV-cache size: engines starting side by side would otherwise count each other's
+# memory as their own during vLLM's memory profiling and find no room for the cache.
+KV_CACHE_BYTES = 1 << 30
 # 16 concurrent requests: the 4 prompts with 4 different prefixes each.
 BATCH_PREFIXES = ["", "Note: ", "Q: ", "Hello. "]
 
 
 def _llm_kwargs(mode: str, kv: str) -> dict:
     return {"enforce_eager": False, "enable_prefix_caching": False, "max_model_len": 512,
-            "gpu_memory_utilization": MEMORY_SHARE, "kv_cache_dtype": KV[kv], "max_num_seqs": 16,
+            "gpu_memory_utilization": MEMORY_SHARE, "kv_cache_memory_bytes": KV_CACHE_BYTES,
+            "kv_cache_dtype": KV[kv], "max_num_seqs": 16,
             **MODES[mode]}
 
 

@@ -51,19 +51,27 @@ def check_gguf_for_serving(path: str | os.PathLike) -> None:
 
 def materialize_tokenizer(path: str | os.PathLike) -> str:
     """Write the file's tokenizer and chat template as a Hugging Face tokenizer folder
-    (cached by file identity) and return the folder."""
+    (cached by file identity) and return the folder. The folder also holds the model's
+    text config (config.json): vLLM reads a config from the tokenizer path, and without one
+    logs two errors and sleeps through its retries at every start."""
     from vllm_prism.gguf.reader import GGUFReader
     from vllm_prism.gguf.tokenizer import build_tokenizer, read_tokenizer_data
 
     st = os.stat(path)
-    key = hashlib.sha256(f"{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}:v1".encode()
+    key = hashlib.sha256(f"{Path(path).resolve()}:{st.st_size}:{st.st_mtime_ns}:v2".encode()
                          ).hexdigest()[:24]
     out = Path(envs.VLLM_PRISM_CACHE_DIR) / "tokenizers" / key
     if (out / "tokenizer_config.json").is_file():
         return str(out)
+    from vllm_prism.gguf.qwen35 import HF_MODEL_TYPE, qwen35_text_config
+
     with GGUFReader(path) as reader:
         data = read_tokenizer_data(reader.metadata, reader.path)
         context = reader.metadata.get("qwen35.context_length")
+        vocab = reader.tensors["token_embd.weight"].shape[0] \
+            if "token_embd.weight" in reader.tensors else None
+        text_config = {**qwen35_text_config(reader.metadata, reader.path, vocab_size=vocab),
+                       "model_type": HF_MODEL_TYPE}
     tok = build_tokenizer(data)
     special = {k: data.tokens[v] for k, v in data.special_ids.items()}
     config: dict[str, Any] = {
@@ -80,6 +88,7 @@ def materialize_tokenizer(path: str | os.PathLike) -> str:
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "tokenizer.json").write_text(tok.to_str())
     (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=1))
+    (tmp / "config.json").write_text(json.dumps(text_config, indent=1))
     try:
         tmp.rename(out)
     except OSError:  # another process won the race; its folder is identical
@@ -88,15 +97,21 @@ def materialize_tokenizer(path: str | os.PathLike) -> str:
 
 
 def _select_attention_backend(args: Any) -> None:
-    """On CUDA, full attention runs through the PRISM backend unless the user chose one
-    (``--attention-backend`` or ``--attention-config``)."""
+    """On CUDA, full attention runs through the PRISM backend unless the user chose another
+    (``--attention-backend`` or ``--attention-config``). It is passed to vLLM as its CUSTOM
+    member, which every vLLM process can unpickle (prism_attn.PROCESS_SAFE_MEMBER)."""
     from vllm.platforms import current_platform
 
+    from vllm_prism.attention.backends.prism_attn import (PROCESS_SAFE_MEMBER,
+                                                          is_prism_choice)
+
+    if is_prism_choice(args.attention_backend):
+        args.attention_backend = PROCESS_SAFE_MEMBER
     if not current_platform.is_cuda():
         return
     config_backend = getattr(getattr(args, "attention_config", None), "backend", None)
     if args.attention_backend is None and config_backend is None:
-        args.attention_backend = "PRISM"
+        args.attention_backend = PROCESS_SAFE_MEMBER
 
 
 def _select_gdn_prefill_backend(args: Any) -> None:

@@ -157,10 +157,24 @@ class PrismAttentionBackend(TritonAttentionBackend):
         return PrismAttentionMetadataBuilder
 
 
+# The enum member vLLM's processes agree on: a dynamically added member ("PRISM") exists only
+# in processes that ran our plugin before unpickling the engine config, and vLLM's engine-core
+# process unpickles it first; CUSTOM is a member everywhere, its class set by the plugin.
+PROCESS_SAFE_MEMBER = "CUSTOM"
+
+
 def register_attention_backend() -> None:
-    """Register "PRISM" with vLLM's attention backend registry (once per process)."""
+    """Register our backend as vLLM's CUSTOM attention backend and under the name "PRISM"
+    (``--attention-backend PRISM``), once per process."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
-    if BACKEND_NAME in AttentionBackendEnum.__members__:
-        return
-    register_backend(BACKEND_NAME, f"{__name__}.PrismAttentionBackend")
+    path = f"{__name__}.PrismAttentionBackend"
+    register_backend(AttentionBackendEnum[PROCESS_SAFE_MEMBER], path)
+    if BACKEND_NAME not in AttentionBackendEnum.__members__:
+        register_backend(BACKEND_NAME, path)
+
+
+def is_prism_choice(backend: object) -> bool:
+    """Whether an --attention-backend value names our backend."""
+    name = getattr(backend, "name", backend)
+    return isinstance(name, str) and name.upper() == BACKEND_NAME
