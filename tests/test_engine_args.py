@@ -64,3 +64,53 @@ def test_tokenizer_folder_is_cached(tiny: Path, tmp_path: Path, monkeypatch) -> 
     stamp = (Path(first) / "tokenizer.json").stat().st_mtime_ns
     assert materialize_tokenizer(tiny) == first
     assert (Path(first) / "tokenizer.json").stat().st_mtime_ns == stamp
+
+
+def _on_cuda(monkeypatch, flashinfer: bool) -> None:
+    import importlib.util
+
+    from vllm.platforms import current_platform
+
+    monkeypatch.setattr(type(current_platform), "is_cuda", lambda self: True)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if flashinfer else None)
+                        if name == "flashinfer" else real(name, *a))
+
+
+@pytest.mark.parametrize("flashinfer", [False, True])
+def test_cuda_selects_backends(tiny: Path, tmp_path: Path, monkeypatch,
+                               flashinfer: bool) -> None:
+    """On CUDA: our attention backend as vLLM's CUSTOM member (every vLLM process can
+    unpickle it), and Triton Gated DeltaNet prefill only where FlashInfer is absent."""
+    monkeypatch.setenv("VLLM_PRISM_CACHE_DIR", str(tmp_path))
+    _on_cuda(monkeypatch, flashinfer)
+    args = _args(str(tiny), additional_config={}, gdn_prefill_backend=None)
+    prepare_gguf_engine_args(args)
+    assert args.attention_backend == "CUSTOM"
+    assert args.gdn_prefill_backend == (None if flashinfer else "triton")
+
+
+def test_cuda_keeps_user_choices(tiny: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("VLLM_PRISM_CACHE_DIR", str(tmp_path))
+    _on_cuda(monkeypatch, flashinfer=False)
+    args = _args(str(tiny), attention_backend="FLASH_ATTN",
+                 additional_config={"gdn_prefill_backend": "flashinfer"},
+                 gdn_prefill_backend=None)
+    prepare_gguf_engine_args(args)
+    assert args.attention_backend == "FLASH_ATTN" and args.gdn_prefill_backend is None
+    args = _args(str(tiny), attention_backend="PRISM", additional_config={},
+                 gdn_prefill_backend="cutedsl")
+    prepare_gguf_engine_args(args)
+    assert args.attention_backend == "CUSTOM" and args.gdn_prefill_backend == "cutedsl"
+
+
+def test_tokenizer_folder_has_a_config(tiny: Path, tmp_path: Path, monkeypatch) -> None:
+    """vLLM reads a model config from the tokenizer path; a folder without one costs two
+    logged errors and a retry sleep at every start."""
+    from vllm.transformers_utils.config import get_config
+
+    monkeypatch.setenv("VLLM_PRISM_CACHE_DIR", str(tmp_path))
+    config = get_config(materialize_tokenizer(tiny), trust_remote_code=False,
+                        config_format="hf")
+    assert config.model_type == "qwen3_5_text" and config.hidden_size == 256

@@ -44,3 +44,15 @@ def test_vllm_loads_the_plugin() -> None:
                          timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_our_log_lines_reach_vllms_handler() -> None:
+    """vLLM configures only its own logger; after the plugin loads, a vllm_prism logger's
+    INFO line is printed by vLLM's handler."""
+    code = ("from vllm.plugins import load_general_plugins; load_general_plugins(); "
+            "from vllm.logger import _configure_vllm_root_logger as c; c(); "  # as an engine does
+            "import logging; logging.getLogger('vllm_prism.x').info('prism-log-probe')")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "prism-log-probe" in res.stdout + res.stderr

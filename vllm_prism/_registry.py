@@ -24,16 +24,10 @@ def _check_vllm_version() -> None:
 
 
 def _attach_vllm_logging() -> None:
-    """Give the ``vllm_prism`` loggers vLLM's handlers and level: vLLM configures only its
-    own ``vllm`` logger (which does not propagate), so without this no line of ours shows."""
-    source = logging.getLogger("vllm")
-    ours = logging.getLogger("vllm_prism")
-    if ours.handlers or not source.handlers:
-        return
-    for handler in source.handlers:
-        ours.addHandler(handler)
-    ours.setLevel(source.level)
-    ours.propagate = False
+    """Put the ``vllm_prism`` loggers under vLLM's ``vllm`` logger: vLLM configures only that
+    one (handlers, level, no propagation), and does it after plugins load, so our records
+    reach its handlers by propagation and our level follows its level."""
+    logging.getLogger("vllm_prism").parent = logging.getLogger("vllm")
 
 
 def _register_serving() -> None:

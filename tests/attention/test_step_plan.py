@@ -1,0 +1,44 @@
+"""The PRISM backend's routing, made once per step (vllm_prism.attention.ops.mixed.StepPlan):
+uniform steps launch over the whole batch with no index tensor (what a full CUDA graph can
+replay), mixed steps write their index lists into the caller's persistent buffer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_prism.attention.ops.mixed import StepPlan
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("lens,decode,verify", [([1, 1, 1, 1], [0, 1, 2, 3], []),
+                                                ([6, 6, 6], [], [0, 1, 2])])
+def test_uniform_steps_have_no_index_tensors(lens, decode, verify) -> None:
+    plan = StepPlan.build(lens, CPU)
+    assert (plan.decode, plan.verify, plan.prefill) == (decode, verify, [])
+    assert plan.decode_ids is None and plan.verify_ids is None
+    assert plan.verify_len == (6 if verify else 0)
+
+
+def test_mixed_step_fills_the_persistent_buffer() -> None:
+    buf = torch.full((2, 8), -1, dtype=torch.int32)
+    plan = StepPlan.build([1, 40, 5, 1, 0, 3], CPU, ids_buffer=buf)
+    assert (plan.decode, plan.verify, plan.prefill) == ([0, 3], [2, 5], [1])
+    assert plan.verify_len == 5
+    assert plan.decode_ids.data_ptr() == buf[0].data_ptr()
+    assert plan.verify_ids.data_ptr() == buf[1].data_ptr()
+    assert plan.decode_ids.tolist() == [0, 3] and plan.verify_ids.tolist() == [2, 5]
+    # the next step reuses the same addresses
+    again = StepPlan.build([3, 1, 1], CPU, ids_buffer=buf)
+    assert again.decode_ids.data_ptr() == buf[0].data_ptr()
+    assert again.decode_ids.tolist() == [1, 2] and again.verify_ids.tolist() == [0]
+
+
+def test_backend_declares_uniform_batch_graphs() -> None:
+    pytest.importorskip("vllm.v1.attention.backends.triton_attn")
+    from vllm.v1.attention.backend import AttentionCGSupport
+
+    from vllm_prism.attention.backends.prism_attn import PrismAttentionMetadataBuilder
+
+    assert PrismAttentionMetadataBuilder._cudagraph_support is AttentionCGSupport.UNIFORM_BATCH
