@@ -15,10 +15,11 @@ H100 reuses it unmeasured.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
+
+from vllm_prism.kernels import common
 
 __all__ = ["SplitGeometry", "GpuGeometry", "TABLE", "DEFAULT", "gpu_geometry", "sm_count",
            "num_segments"]
@@ -79,25 +80,15 @@ TABLE: dict[str, GpuGeometry] = {
 }
 
 
-@functools.cache
-def _device_props(index: int) -> tuple[str, int]:
-    p = torch.cuda.get_device_properties(index)
-    return p.name, p.multi_processor_count
-
-
 def sm_count(device: torch.device) -> int:
     """Multiprocessors of a CUDA device; 4 elsewhere (the CPU interpreter)."""
-    if device.type != "cuda":
-        return 4
-    return _device_props(device.index if device.index is not None
-                         else torch.cuda.current_device())[1]
+    return common.sm_count(device) or 4
 
 
 def gpu_geometry(device: torch.device) -> GpuGeometry:
-    if device.type != "cuda":
+    name = common.device_name(device)
+    if name is None:
         return DEFAULT
-    name = _device_props(device.index if device.index is not None
-                         else torch.cuda.current_device())[0]
     for key, geom in TABLE.items():
         if key.lower() in name.lower():
             return geom

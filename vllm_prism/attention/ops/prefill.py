@@ -33,13 +33,11 @@ import torch
 from vllm_prism.attention.ops.layout import kv_format
 from vllm_prism.attention.ops.metadata import AttentionMetadata
 
-try:
+from vllm_prism.kernels.common import HAS_TRITON
+
+if HAS_TRITON:
     import triton
     import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover
-    HAS_TRITON = False
 
 __all__ = ["SCRATCH_BYTES", "MAX_SECTION_TOKENS", "SectionAttention", "sdpa_section_attention",
            "gather_kv_bf16", "prefill_attention", "section_tokens_for"]

@@ -39,7 +39,6 @@ It saves 6-8 % of the decode time at 32K-128K on the H200 (bench ``decode_int_qk
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 
@@ -48,13 +47,11 @@ from vllm_prism.attention.ops.geometry import (SplitGeometry, gpu_geometry, num_
 from vllm_prism.attention.ops.layout import KVFormat, kv_format
 from vllm_prism.attention.ops.metadata import AttentionMetadata
 
-try:
+from vllm_prism.kernels.common import HAS_TRITON, interpreting, next_power_of_2
+
+if HAS_TRITON:
     import triton
     import triton.language as tl
-
-    HAS_TRITON = True
-except ImportError:  # pragma: no cover
-    HAS_TRITON = False
 
 __all__ = ["decode_attention", "verify_attention", "split_kv_attention", "MAX_VERIFY_TOKENS",
            "INT_QK_ERROR"]
@@ -336,15 +333,6 @@ if HAS_TRITON:
                      res.to(out_ptr.dtype.element_ty))
 
 
-def _next_pow2(x: int) -> int:
-    return 1 if x <= 1 else 1 << (x - 1).bit_length()
-
-
-def interpreting() -> bool:
-    """Whether Triton runs in the CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
 def _tl_dtype(dtype: torch.dtype):
     # The interpreter multiplies bf16 operands as their raw 16-bit patterns: dot in fp32 there.
     if interpreting():
@@ -401,7 +389,7 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
     group = q.shape[1] // nkv
     rows = max_q * group
     # 17..64 rows take a 64-row tile (one warpgroup MMA; 32-row tiles spill on sm_90)
-    block_m = 16 if rows <= 16 else max(64, _next_pow2(rows))
+    block_m = 16 if rows <= 16 else max(64, next_power_of_2(rows))
     block_m = max(block_m, geom.block_m_min)
     tile, warps = geom.tile, geom.num_warps
     if block_m >= 128:  # 65..128 rows: narrower K/V tiles and 8 warps keep it in registers
@@ -437,7 +425,7 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
         CDT=cdt, HAS_REQ_IDS=has_ids, PREFETCH=geom.prefetch, num_warps=warps,
         num_stages=1 if geom.prefetch else geom.num_stages)
     if not direct:
-        nseg_p2 = max(2, _next_pow2(nseg_t))
+        nseg_p2 = max(2, next_power_of_2(nseg_t))
         dchunk = max(16, min(fmt.head_size, 8192 // nseg_p2))
         _merge_kernel[(n_sel * max_q, q.shape[1], fmt.head_size // dchunk)](
             part_o, part_lse, out3, req_ids, md.query_start_loc,

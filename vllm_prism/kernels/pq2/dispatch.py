@@ -22,9 +22,9 @@ from typing import ClassVar
 import torch
 
 from vllm_prism import envs
-from vllm_prism.gguf.hadamard import forward_transform
-from vllm_prism.kernels.pq2.common import HAS_TRITON, device_capability, interpreting
-from vllm_prism.kernels.pq2.hadamard import ActKind, PQ2Activation, transform_activation
+from vllm_prism.kernels.common import HAS_TRITON, device_capability, interpreting, sm_count
+from vllm_prism.kernels.pq2.hadamard import (ActKind, PQ2Activation, transform_activation,
+                                             transform_activation_torch)
 from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
 
 logger = logging.getLogger(__name__)
@@ -244,12 +244,11 @@ class TorchKernel(PQ2LinearKernel):
 
     @classmethod
     def make_activation(cls, x, w, *, rms_weight=None, eps=1e-6):
-        xf = x.float()
-        if rms_weight is not None:
-            xf = xf * torch.rsqrt(xf.pow(2).mean(dim=1, keepdim=True) + eps) * rms_weight.float()
-        if w.signs is not None:
-            xf = forward_transform(xf, w.signs, w.hadamard_block)
-        return PQ2Activation(ActKind.FLOAT, xf, x.shape[0], x.shape[1], x.dtype)
+        act = transform_activation_torch(x, w.signs, w.hadamard_block, ActKind.FLOAT,
+                                         out_dtype=torch.float32, rms_weight=rms_weight,
+                                         eps=eps)
+        act.dtype = x.dtype  # the output dtype the kernel returns
+        return act
 
     @classmethod
     def run(cls, act, w, bias, out_dtype):
@@ -271,11 +270,9 @@ KERNELS: list[type[PQ2LinearKernel]] = [
 _BY_NAME = {k.name: k for k in KERNELS}
 
 
-@functools.cache
 def _num_sms(device: torch.device) -> int:
-    if device.type != "cuda":
-        return 132
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    """Multiprocessors the tile configs plan for (an H200's 132 off the GPU)."""
+    return sm_count(device) or 132
 
 
 _logged: set[tuple] = set()

@@ -28,14 +28,15 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_prism.kernels.pq2.common import HAS_TRITON, triton_can_run
+from vllm_prism.kernels.common import HAS_TRITON, triton_can_run
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
 __all__ = ["ActKind", "PQ2Activation", "transform_activation", "hadamard_transform",
-           "transform_activation_torch"]
+           "transform_activation_torch", "block_hadamard_torch", "signed_hadamard_torch",
+           "inverse_signed_hadamard_torch"]
 
 GROUP = 128
 _MAX_SEG = 1024
@@ -218,16 +219,31 @@ def hadamard_transform(x: torch.Tensor, signs: torch.Tensor, block: int,
 # ------------------------------------------------------------------------------- torch
 
 
-def _fwht_torch(x: torch.Tensor, block: int) -> torch.Tensor:
-    m, k = x.shape
-    y = x.reshape(m, k // block, block).clone()
+def block_hadamard_torch(x: torch.Tensor, block: int) -> torch.Tensor:
+    """Normalized Sylvester Walsh-Hadamard on each ``block``-chunk of x's last dimension, in
+    x's dtype: the one torch implementation of the serving path (functional, so Dynamo
+    traces it; the butterflies in the order of the Triton producer and of the format
+    layer's reference, vllm_prism.gguf.hadamard)."""
+    shape = x.shape
+    y = x.reshape(-1, block)
     h = 1
     while h < block:
-        v = y.reshape(m, k // block, block // (2 * h), 2, h)
-        a, b = v[:, :, :, 0, :], v[:, :, :, 1, :]
-        y = torch.stack([a + b, a - b], dim=3).reshape(m, k // block, block)
+        v = y.reshape(-1, block // (2 * h), 2, h)
+        a, b = v[:, :, 0, :], v[:, :, 1, :]
+        y = torch.stack([a + b, a - b], dim=2).reshape(-1, block)
         h *= 2
-    return (y * (1.0 / math.sqrt(block))).reshape(m, k)
+    return (y * (1.0 / math.sqrt(block))).reshape(shape)
+
+
+def signed_hadamard_torch(x: torch.Tensor, signs: torch.Tensor, block: int) -> torch.Tensor:
+    """``Hblk(signs * x)`` in float32: the input transform of a folded linear layer."""
+    return block_hadamard_torch(x.float() * signs.float(), block)
+
+
+def inverse_signed_hadamard_torch(z: torch.Tensor, signs: torch.Tensor,
+                                  block: int) -> torch.Tensor:
+    """``signs * Hblk(z)`` in float32: the transform after an embedding lookup."""
+    return block_hadamard_torch(z.float(), block) * signs.float()
 
 
 def transform_activation_torch(x: torch.Tensor, signs: torch.Tensor | None, block: int | None,
@@ -247,7 +263,7 @@ def transform_activation_torch(x: torch.Tensor, signs: torch.Tensor | None, bloc
     if signs is not None:
         xf = xf * signs.to(xf.device, torch.float32)
     if b > 1:
-        xf = _fwht_torch(xf, b)
+        xf = block_hadamard_torch(xf, b)
     kind = ActKind(kind)
     if kind == ActKind.FLOAT:
         return PQ2Activation(kind, xf.to(dtype), m, k, dtype)

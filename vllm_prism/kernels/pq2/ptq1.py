@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_prism.kernels.pq2.common import HAS_TRITON, cdiv
+from vllm_prism.kernels.common import HAS_TRITON, cdiv
 from vllm_prism.kernels.pq2.hadamard import ActKind, PQ2Activation
 from vllm_prism.kernels.pq2.layout import PTQ1Weight
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_prism.kernels.pq2.common import HAS_TRITON, cdiv, interpreting
+from vllm_prism.kernels.common import HAS_TRITON, cdiv, interpreting
 from vllm_prism.kernels.pq2.hadamard import ActKind, PQ2Activation
 from vllm_prism.kernels.pq2.layout import PQ2Weight
 

@@ -31,8 +31,8 @@ from vllm_prism.gguf.codecs import block_layout
 from vllm_prism.gguf.codecs_torch import dequantize_to
 from vllm_prism.gguf.constants import GGMLType
 from vllm_prism.transformers_utils.gguf_config import QUANTIZATION
-from vllm_prism.model_executor.layers.hadamard import (forward_transform,
-                                                      inverse_embedding_transform)
+from vllm_prism.kernels.pq2.hadamard import (inverse_signed_hadamard_torch,
+                                             signed_hadamard_torch)
 
 logger = init_logger(__name__)
 
@@ -189,7 +189,7 @@ class PrismEmbeddingMethod(PrismLinearMethod):
         group = cfg.group if cfg.ggml_type == GGMLType.Q2_0 else None
         z = dequantize_to(rows, cfg.ggml_type, torch.float32, group=group)
         if layer.prism_signs is not None:
-            z = inverse_embedding_transform(z, layer.prism_signs, cfg.hadamard_block)
+            z = inverse_signed_hadamard_torch(z, layer.prism_signs, cfg.hadamard_block)
         return z.to(layer.prism_out_dtype).reshape(*input_.shape, -1)
 
 
@@ -234,7 +234,7 @@ def prism_linear_reference(x: torch.Tensor, packed: torch.Tensor, signs: torch.T
     """The exact torch computation y = W_st · Hblk(s ⊙ x) (+ bias), in float32."""
     xf = x.float()
     if signs is not None:
-        xf = forward_transform(xf, signs, config.hadamard_block)
+        xf = signed_hadamard_torch(xf, signs, config.hadamard_block)
     group = config.group if config.ggml_type == GGMLType.Q2_0 else None
     w = dequantize_to(packed, config.ggml_type, torch.float32, group=group)
     y = torch.nn.functional.linear(xf, w, None if bias is None else bias.float())

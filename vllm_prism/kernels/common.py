@@ -1,0 +1,73 @@
+"""Helpers shared by every kernel of vllm-prism (PQ2 linears, attention): Triton's
+availability and where it can run, the GPU's capability and multiprocessor count, and small
+integer helpers. One copy of each; free of vLLM."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+try:  # Triton is optional: CPU installs without it use the torch reference path.
+    import triton  # noqa: F401
+    import triton.language as tl  # noqa: F401
+
+    HAS_TRITON = True
+except ImportError:  # pragma: no cover - exercised only where triton is absent
+    HAS_TRITON = False
+
+__all__ = ["HAS_TRITON", "interpreting", "triton_can_run", "device_capability", "device_name",
+           "sm_count", "cdiv", "next_power_of_2"]
+
+
+def interpreting() -> bool:
+    """Whether Triton kernels run in the CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def triton_can_run(device: torch.device) -> bool:
+    """Triton kernels run on CUDA tensors, or on CPU tensors under the interpreter."""
+    if not HAS_TRITON:
+        return False
+    if device.type == "cuda":
+        return not interpreting()
+    return device.type == "cpu" and interpreting()
+
+
+@functools.cache
+def _properties(index: int) -> tuple[tuple[int, int], str, int]:
+    p = torch.cuda.get_device_properties(index)
+    return (p.major, p.minor), p.name, p.multi_processor_count
+
+
+def _cuda_properties(device: torch.device) -> tuple[tuple[int, int], str, int] | None:
+    if device.type != "cuda":
+        return None
+    return _properties(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def device_capability(device: torch.device) -> tuple[int, int] | None:
+    """(major, minor) of a CUDA device, None elsewhere."""
+    props = _cuda_properties(device)
+    return None if props is None else props[0]
+
+
+def device_name(device: torch.device) -> str | None:
+    """The name of a CUDA device ("NVIDIA H200"), None elsewhere."""
+    props = _cuda_properties(device)
+    return None if props is None else props[1]
+
+
+def sm_count(device: torch.device) -> int | None:
+    """Multiprocessors of a CUDA device, None elsewhere (callers pick their CPU stand-in)."""
+    props = _cuda_properties(device)
+    return None if props is None else props[2]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(x: int) -> int:
+    return 1 if x <= 1 else 1 << (x - 1).bit_length()
