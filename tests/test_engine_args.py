@@ -114,3 +114,13 @@ def test_tokenizer_folder_has_a_config(tiny: Path, tmp_path: Path, monkeypatch) 
     config = get_config(materialize_tokenizer(tiny), trust_remote_code=False,
                         config_format="hf")
     assert config.model_type == "qwen3_5_text" and config.hidden_size == 256
+
+
+def test_relative_model_path_is_resolved(tiny: Path, tmp_path: Path, monkeypatch) -> None:
+    """vLLM would look a relative path up on the model hub first (slow offline)."""
+    monkeypatch.setenv("VLLM_PRISM_CACHE_DIR", str(tmp_path))
+    monkeypatch.chdir(tiny.parent)
+    args = _args(tiny.name)
+    prepare_gguf_engine_args(args)
+    assert args.model == str(tiny.resolve()) and Path(args.model).is_absolute()
+    assert args.served_model_name == tiny.name  # what the user called it

@@ -78,7 +78,24 @@ def _dequantized(reader: GGUFReader, name: str) -> np.ndarray:
     return np.ascontiguousarray(values.reshape(info.shape), dtype=np.float32)
 
 
-def unfold_gguf(path: str | os.PathLike, *, legacy_gdn_v_grouped: bool = True,
+def llama_cpp_untile_columns(values: np.ndarray, n_k_heads: int, n_v_heads: int,
+                             head_dim: int) -> np.ndarray:
+    """Hugging Face column order of a matrix whose value-head input columns llama.cpp's
+    converter tiled. The converter's rule (``_LinearAttentionVReorderBase``): the value head
+    of key head ``k`` and repeat ``r`` (Hugging Face slot ``k * R + r``, grouped) is written
+    at slot ``r * K + k`` (tiled). Written out here loop by loop, independent of the loader's
+    permutation helpers."""
+    reps = n_v_heads // n_k_heads
+    out = np.empty_like(values)
+    for k in range(n_k_heads):
+        for r in range(reps):
+            src = (r * n_k_heads + k) * head_dim
+            dst = (k * reps + r) * head_dim
+            out[:, dst:dst + head_dim] = values[:, src:src + head_dim]
+    return out
+
+
+def unfold_gguf(path: str | os.PathLike, *, legacy_gdn_v_grouped: bool = False,
                 ) -> tuple[Qwen3_5TextConfig, dict[str, torch.Tensor]]:
     """The Hugging Face Qwen3.5 text config and the primal float32 state dict of a GGUF file.
 
@@ -92,9 +109,10 @@ def unfold_gguf(path: str | os.PathLike, *, legacy_gdn_v_grouped: bool = True,
     A folded ``ssm_out`` with tiled columns is ambiguous (was it folded before or after
     the tiling?) and is refused, as the loader refuses it.
 
-    Files without a ``prism.hadamard`` contract (legacy Q2_0) are used as stored;
-    ``legacy_gdn_v_grouped`` then says whether their ``ssm_out`` columns are in Hugging Face
-    (grouped) order, as ``make_tiny_gguf --format q2_0`` writes them.
+    Files without a ``prism.hadamard`` contract (legacy Q2_0) are used as stored, laid out as
+    llama.cpp's converter lays them out: their ``ssm_out`` columns are un-tiled here by
+    :func:`llama_cpp_untile_columns` (``legacy_gdn_v_grouped=True`` would read them as
+    grouped, the loader's old mistake, kept to show the tests can tell).
     """
     path = os.fspath(path)
     with GGUFReader(path) as reader:
@@ -119,7 +137,14 @@ def unfold_gguf(path: str | os.PathLike, *, legacy_gdn_v_grouped: bool = True,
             elif contract is not None and contract.is_inverse_folded(name):
                 values = primal_embedding(values, contract.signs_for(widths[name]),
                                           contract.block_size)
-            values = gguf_to_hf_tensor(name, values, dims, gdn_v_grouped=grouped, path=path)
+            if contract is None and name.endswith(".ssm_out.weight"):
+                if not grouped:
+                    values = llama_cpp_untile_columns(values, dims.n_k_heads, dims.n_v_heads,
+                                                      dims.head_v_dim)
+                values = gguf_to_hf_tensor(name, values, dims, gdn_v_grouped=True, path=path)
+            else:
+                values = gguf_to_hf_tensor(name, values, dims, gdn_v_grouped=grouped,
+                                           path=path)
             state[hf_name] = torch.from_numpy(np.array(values, dtype=np.float32))
     return config, state
 

@@ -38,6 +38,9 @@ def run_vllm(model: Path, request: dict, tmp: Path) -> dict:
     res = subprocess.run([sys.executable, str(RUNNER), str(model), str(req)],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-4000:]
+    # A clean start: no ERROR line (vLLM probing the tokenizer folder for a model config
+    # logged two and slept through a retry).
+    assert not [x for x in res.stderr.splitlines() if " ERROR " in x], res.stderr[-4000:]
     line = next(x for x in res.stdout.splitlines() if x.startswith("RESULT "))
     return json.loads(line[len("RESULT "):])
 

@@ -22,10 +22,13 @@ def tiny(tiny_gguf) -> Path:
     return tiny_gguf("pq2_0")
 
 
-def _rewrite(src: Path, dst: Path, *, arch: str | None = None, drop: str | None = None) -> Path:
+def _rewrite(src: Path, dst: Path, *, arch: str | None = None, drop: str | None = None,
+             drop_keys: str | None = None) -> Path:
     with GGUFReader(src) as r:
         w = GGUFWriter(dst)
         for key, value in r.metadata.items():
+            if drop_keys is not None and key.startswith(drop_keys):
+                continue
             if key == "general.architecture" and arch is not None:
                 value = arch
             w.add_metadata(key, value, r.metadata_types[key])
@@ -95,3 +98,31 @@ def test_float_tensor_stored_ternary(tiny: Path, tmp_path: Path) -> None:
         w.write()
     msg = _refused(str(dst))
     assert "output_norm.weight has type PQ2_0 but the model needs it in float" in msg
+
+
+@pytest.fixture(scope="module")
+def no_tokenizer(tiny: Path, tmp_path_factory) -> Path:
+    return _rewrite(tiny, tmp_path_factory.mktemp("notok") / "notok.gguf",
+                    drop_keys="tokenizer.")
+
+
+def test_file_without_tokenizer_is_refused_alone(no_tokenizer: Path) -> None:
+    msg = _refused(str(no_tokenizer))
+    assert str(no_tokenizer) in msg and "--tokenizer" in msg
+
+
+def test_file_without_tokenizer_serves_with_one_given(tiny: Path, no_tokenizer: Path,
+                                                      tmp_path: Path) -> None:
+    """--tokenizer DIR or skip_tokenizer_init: the file needs no tokenizer of its own, and
+    gives the same tokens as the file that has one (one engine per subprocess)."""
+    from vllm_prism.engine.arg_utils import materialize_tokenizer
+
+    from .test_llm import run_vllm
+
+    request = {"prompts": [[5, 17, 42, 99]], "max_tokens": 6, "score": [],
+               "detokenize": False}
+    want = run_vllm(tiny, request, tmp_path)["greedy"]
+    with_dir = {**request, "llm": {"tokenizer": materialize_tokenizer(tiny)}}
+    assert run_vllm(no_tokenizer, with_dir, tmp_path)["greedy"] == want
+    skipped = {**request, "llm": {"skip_tokenizer_init": True}}
+    assert run_vllm(no_tokenizer, skipped, tmp_path)["greedy"] == want

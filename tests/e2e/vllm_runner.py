@@ -4,7 +4,8 @@ Used by the end-to-end tests in a subprocess per model, so each engine starts cl
   python tests/e2e/vllm_runner.py MODEL.gguf REQUEST.json
 REQUEST: {"prompts": [[ids...]], "max_tokens": N, "score": [[ids...]], "llm": {...}}; prints
 {"greedy": [[ids...]], "score": [[logprob of token t given tokens < t, for t >= 1]]}.
-"llm" (optional) holds LLM() keyword arguments that replace the CPU defaults (the GPU tests
+"detokenize" (optional, default true) is SamplingParams.detokenize (false without a
+tokenizer). "llm" (optional) holds LLM() keyword arguments that replace the CPU defaults (the GPU tests
 choose the compilation mode and the KV-cache dtype there).
 """
 
@@ -33,10 +34,12 @@ def main() -> None:
     llm = LLM(model, **kwargs)
     greedy = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["prompts"]],
                           SamplingParams(max_tokens=request["max_tokens"], temperature=0,
-                                         ignore_eos=True), use_tqdm=False)
+                                         ignore_eos=True,
+                                         detokenize=request.get("detokenize", True)),
+                          use_tqdm=False)
     scored = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["score"]],
                           SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0),
-                          use_tqdm=False)
+                          use_tqdm=False) if request["score"] else []
     scores = []
     for ids, out in zip(request["score"], scored):
         plp = out.prompt_logprobs

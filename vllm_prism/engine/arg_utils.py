@@ -30,8 +30,9 @@ def is_gguf_model(model: Any) -> bool:
     return isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".gguf")
 
 
-def check_gguf_for_serving(path: str | os.PathLike) -> None:
-    """Raise ValueError naming the file and every problem that stops it being served."""
+def check_gguf_for_serving(path: str | os.PathLike, *, own_tokenizer: bool = True) -> None:
+    """Raise ValueError naming the file and every problem that stops it being served
+    (``own_tokenizer=False``: the tokenizer is given or skipped, the file needs none)."""
     from vllm_prism.gguf.errors import GGUFError
     from vllm_prism.gguf.inspect import find_serving_problems
     from vllm_prism.gguf.reader import GGUFReader
@@ -40,13 +41,27 @@ def check_gguf_for_serving(path: str | os.PathLike) -> None:
         raise ValueError(f"{path}: no such GGUF file; check the model path")
     try:
         with GGUFReader(path) as reader:
-            problems = find_serving_problems(reader)
+            problems = find_serving_problems(reader, own_tokenizer=own_tokenizer)
     except GGUFError as e:
         raise ValueError(f"vllm-prism cannot serve {e}") from None
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
         raise ValueError(f"vllm-prism cannot serve {path}:\n{lines}\n"
                          f"(`vllm-prism inspect {path}` shows the whole file)")
+
+
+def file_has_tokenizer(path: str | os.PathLike) -> bool:
+    """Whether the file carries a tokenizer vllm-prism can build."""
+    from vllm_prism.gguf.errors import GGUFError
+    from vllm_prism.gguf.reader import GGUFReader
+    from vllm_prism.gguf.tokenizer import read_tokenizer_data
+
+    with GGUFReader(path) as reader:
+        try:
+            read_tokenizer_data(reader.metadata, reader.path)
+        except GGUFError:
+            return False
+    return True
 
 
 def materialize_tokenizer(path: str | os.PathLike) -> str:
@@ -141,17 +156,24 @@ def prepare_gguf_engine_args(args: Any) -> None:
                              f"model, got {args.model!r}")
         return
     path = str(args.model)
-    check_gguf_for_serving(path)
+    user_tokenizer = args.tokenizer not in (None, "", path)
+    skip_tokenizer = bool(getattr(args, "skip_tokenizer_init", False))
+    check_gguf_for_serving(path, own_tokenizer=not (user_tokenizer or skip_tokenizer))
     if args.quantization not in (None, QUANTIZATION):
         raise ValueError(f"--quantization {args.quantization} cannot be used with the Bonsai "
                          f"GGUF file {path}; leave it unset or pass {QUANTIZATION}")
     args.quantization = QUANTIZATION
     args.config_format = CONFIG_FORMAT
     args.load_format = LOAD_FORMAT
-    if args.tokenizer in (None, "", path):
-        args.tokenizer = materialize_tokenizer(path)
+    if not user_tokenizer:
+        # skip_tokenizer_init with a file that has no tokenizer: nothing to materialise
+        args.tokenizer = None if skip_tokenizer and not file_has_tokenizer(path) \
+            else materialize_tokenizer(path)
     if args.served_model_name is None:
         args.served_model_name = path
+    # An absolute path: vLLM looks a relative one up on the model hub first (its generation
+    # config), which costs half a minute of retries offline.
+    args.model = str(Path(path).resolve())
     _select_attention_backend(args)
     _select_gdn_prefill_backend(args)
     logger.info("vllm-prism: serving %s (tokenizer %s)", path, args.tokenizer)

@@ -67,6 +67,9 @@ class InspectReport:
     types: dict[str, TypeRow] = field(default_factory=dict)
     contract: HadamardContract | None = None
     tokenizer: GGUFTokenizerData | None = None
+    # Why the file's own tokenizer cannot be used (None: it can); a problem only where no
+    # other tokenizer is given (``--tokenizer``, ``skip_tokenizer_init``).
+    tokenizer_problem: str | None = None
     problems: list[str] = field(default_factory=list)
 
 
@@ -106,6 +109,24 @@ def _tensor_problems(reader: GGUFReader, dims: Qwen35Dims) -> list[str]:
     return problems
 
 
+def _legacy_layout_problems(reader: GGUFReader, dims: Qwen35Dims) -> list[str]:
+    """A file without the contract has ssm_out's input columns in llama.cpp's tiled order;
+    the loader puts them back on the packed rows, one value head per whole block."""
+    problems = []
+    for name, info in reader.tensors.items():
+        if not name.endswith(".ssm_out.weight") or info.ggml_type in FLOAT_TYPES:
+            continue
+        block = info.layout.block_size
+        if dims.head_v_dim % block:
+            problems.append(f"tensor {name}: without a prism.hadamard contract its value-head "
+                            f"columns are in llama.cpp's tiled order, and heads of "
+                            f"{dims.head_v_dim} columns do not span whole {block}-element "
+                            f"{info.ggml_type.name} blocks, so they cannot be put back; "
+                            "convert the file again with a Prism contract")
+            break
+    return problems
+
+
 def _contract_problems(contract: HadamardContract | None, reader: GGUFReader) -> list[str]:
     if contract is None:
         return []
@@ -126,8 +147,10 @@ def _contract_problems(contract: HadamardContract | None, reader: GGUFReader) ->
     return problems
 
 
-def find_problems(reader: GGUFReader) -> tuple[InspectReport, list[str]]:
-    """Inspect an open file; the report and its list of problems (empty: servable)."""
+def find_problems(reader: GGUFReader, *, own_tokenizer: bool = True
+                  ) -> tuple[InspectReport, list[str]]:
+    """Inspect an open file; the report and its list of problems (empty: servable).
+    ``own_tokenizer=False``: a tokenizer comes from elsewhere, so the file needs none."""
     md = reader.metadata
     report = InspectReport(
         path=reader.path, file_size=reader.file_size, version=reader.version,
@@ -142,7 +165,9 @@ def find_problems(reader: GGUFReader) -> tuple[InspectReport, list[str]]:
     try:
         report.tokenizer = read_tokenizer_data(md, reader.path)
     except GGUFError as e:
-        problems.append(e.reason)
+        report.tokenizer_problem = e.reason
+        if own_tokenizer:
+            problems.append(e.reason)
     vocab = len(report.tokenizer.tokens) if report.tokenizer else None
     if "token_embd.weight" in reader.tensors:
         vocab = reader.tensors["token_embd.weight"].shape[0]
@@ -158,6 +183,8 @@ def find_problems(reader: GGUFReader) -> tuple[InspectReport, list[str]]:
         problems.append(e.reason)
     problems.extend(_tensor_problems(reader, report.dims))
     problems.extend(_contract_problems(report.contract, reader))
+    if report.contract is None:
+        problems.extend(_legacy_layout_problems(reader, report.dims))
     return report, problems
 
 
@@ -236,9 +263,10 @@ def format_kinds(kinds: set[tuple[GGMLType, int]]) -> str:
     return ", ".join(sorted(f"{t.name}/g{g}" for t, g in kinds)) or "none"
 
 
-def find_serving_problems(reader: GGUFReader) -> list[str]:
-    """Everything that stops vllm-prism from serving the open file (empty: servable)."""
-    report, problems = find_problems(reader)
+def find_serving_problems(reader: GGUFReader, *, own_tokenizer: bool = True) -> list[str]:
+    """Everything that stops vllm-prism from serving the open file (empty: servable);
+    ``own_tokenizer=False`` when the tokenizer comes from elsewhere."""
+    report, problems = find_problems(reader, own_tokenizer=own_tokenizer)
     if problems:
         return problems
     ternary = {n: i for n, i in reader.tensors.items() if may_be_ternary(n)}

@@ -5,7 +5,10 @@ model is a qwen35 (Qwen3.5 text) model: Gated DeltaNet layers and gated full-att
 layers in Bonsai's 3:1 pattern, sized for vLLM's CPU kernels (bf16, linear-attention head
 dim 64). Its ternary weights are drawn directly in the folded domain and written as PQ2_0 or
 PTQ1_0 with a Hadamard contract (block 128, three sign vectors like the real file's three
-widths), or as legacy group-128 Q2_0 without one. Small tensors are F32 or BF16, as in the
+widths), or as legacy group-128 Q2_0 without one, laid out as llama.cpp's converter lays out
+the first Ternary-Bonsai-27B release: every value-head axis in tiled order, the input
+columns of ``ssm_out`` included (its linear-attention heads are 128 wide there, so that a
+head spans whole blocks, as in the real model). Small tensors are F32 or BF16, as in the
 real file. It carries a byte-level BPE tokenizer trained on a built-in text and a chat
 template.
 
@@ -19,7 +22,7 @@ Greedy decoding then agrees between two correct implementations despite bf16 rou
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -29,7 +32,8 @@ from vllm_prism.gguf.constants import GGMLType
 from vllm_prism.gguf.hadamard import make_contract
 from vllm_prism.gguf.inspect import may_be_ternary
 from vllm_prism.gguf.qwen35 import (Qwen35Dims, expected_tensors, gguf_to_hf_name,
-                                    hf_to_gguf_tensor, qwen35_metadata)
+                                    hf_to_gguf_tensor, qwen35_metadata,
+                                    v_heads_grouped_to_tiled_perm)
 from vllm_prism.gguf.tokenizer import tokenizer_metadata, train_tiny_tokenizer
 from vllm_prism.gguf.writer import GGUFWriter
 
@@ -169,6 +173,20 @@ class _TinyBuilder:
         return t
 
 
+def _tiled_ssm_out(name: str, value: tuple[np.ndarray, np.ndarray],
+                   dims: Qwen35Dims) -> tuple[np.ndarray, np.ndarray]:
+    """``ssm_out`` (codes, group scales) with its input columns in llama.cpp's tiled order:
+    codes move by column, scales by the whole groups a 128-wide value head spans."""
+    q, d = value
+    if dims.head_v_dim % GROUP:
+        raise ValueError(f"legacy q2_0 needs value heads spanning whole {GROUP}-groups, "
+                         f"not {dims.head_v_dim} columns")
+    q_tiled = hf_to_gguf_tensor(name, q, dims, gdn_v_grouped=False)
+    groups = v_heads_grouped_to_tiled_perm(dims.n_k_heads, dims.n_v_heads,
+                                           dims.head_v_dim // GROUP)
+    return q_tiled, np.ascontiguousarray(d[:, groups])
+
+
 # Small tensors stored in BF16 (the rest F32), as in the real file.
 _BF16_LEAVES = {"ssm_alpha.weight", "ssm_beta.weight"}
 
@@ -195,6 +213,9 @@ def make_tiny_gguf(path: str | os.PathLike, *, fmt: str = "pq2_0", seed: int = 0
         raise ValueError(f"--layers must be at least 1, got {layers}")
     cfg = config or TinyConfig(n_layers=layers)
     ternary_type = FORMATS[fmt]
+    legacy = ternary_type == GGMLType.Q2_0
+    if legacy and config is None:
+        cfg = replace(cfg, linear_head_dim=128)
     tok = train_tiny_tokenizer(CORPUS.splitlines(), cfg.vocab_target, SPECIAL_TOKENS)
     dims = _dims(cfg, tok.get_vocab_size())
     builder = _TinyBuilder(cfg, dims, seed)
@@ -207,7 +228,9 @@ def make_tiny_gguf(path: str | os.PathLike, *, fmt: str = "pq2_0", seed: int = 0
     gguf: dict[str, Any] = {}
     for name in shapes:
         value = hf[gguf_to_hf_name(name)]
-        if isinstance(value, tuple):
+        if legacy and name.endswith(".ssm_out.weight"):
+            gguf[name] = _tiled_ssm_out(name, value, dims)
+        elif isinstance(value, tuple):
             gguf[name] = tuple(hf_to_gguf_tensor(name, a, dims) for a in value)
         else:
             gguf[name] = hf_to_gguf_tensor(name, value, dims)

@@ -49,7 +49,9 @@ def iterate_gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
         dims = qwen35_dims(reader.metadata, reader.path, vocab_size=vocab)
         widths = {n: i.ne[0] for n, i in reader.tensors.items()}
         contract = parse_hadamard_contract(reader.metadata, widths, reader.path)
-        grouped = True if contract is None else contract.gdn_v_grouped
+        # Without the contract (legacy Q2_0) the file is laid out as llama.cpp's converter
+        # lays it out: ssm_out's input columns tiled like every other value-head axis.
+        grouped = False if contract is None else contract.gdn_v_grouped
         bar = tqdm(reader.tensors.items(), desc="Loading GGUF tensors", unit="tensor",
                    total=len(reader.tensors), disable=len(reader.tensors) < 64)
         for name, info in bar:
