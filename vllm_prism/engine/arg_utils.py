@@ -34,18 +34,21 @@ def check_gguf_for_serving(path: str | os.PathLike, *, own_tokenizer: bool = Tru
     """Raise ValueError naming the file and every problem that stops it being served
     (``own_tokenizer=False``: the tokenizer is given or skipped, the file needs none)."""
     from vllm_prism.gguf.errors import GGUFError
-    from vllm_prism.gguf.inspect import find_serving_problems
+    from vllm_prism.gguf.inspect import capped, check_serving
     from vllm_prism.gguf.reader import GGUFReader
 
     if not Path(path).is_file():
         raise ValueError(f"{path}: no such GGUF file; check the model path")
     try:
         with GGUFReader(path) as reader:
-            problems = find_serving_problems(reader, own_tokenizer=own_tokenizer)
+            # The tokenizer is built (and checked) once, when its folder is written.
+            report, problems = check_serving(reader, own_tokenizer=own_tokenizer, build=False)
     except GGUFError as e:
         raise ValueError(f"vllm-prism cannot serve {e}") from None
+    for warning in report.warnings:
+        logger.warning("vllm-prism: %s: %s", path, warning)
     if problems:
-        lines = "\n".join(f"  - {p}" for p in problems)
+        lines = "\n".join(f"  - {p}" for p in capped(problems))
         raise ValueError(f"vllm-prism cannot serve {path}:\n{lines}\n"
                          f"(`vllm-prism inspect {path}` shows the whole file)")
 
@@ -87,7 +90,12 @@ def materialize_tokenizer(path: str | os.PathLike) -> str:
             if "token_embd.weight" in reader.tensors else None
         text_config = {**qwen35_text_config(reader.metadata, reader.path, vocab_size=vocab),
                        "model_type": HF_MODEL_TYPE}
-    tok = build_tokenizer(data)
+    try:
+        tok = build_tokenizer(data)
+    except Exception as e:  # noqa: BLE001 - the tokenizers library's own error types
+        raise ValueError(f"vllm-prism cannot serve {path}:\n  - the tokenizer cannot be built "
+                         f"from its metadata ({type(e).__name__}: {e})\n(pass --tokenizer "
+                         "with a Hugging Face tokenizer instead)") from None
     special = {k: data.tokens[v] for k, v in data.special_ids.items()}
     config: dict[str, Any] = {
         "tokenizer_class": "PreTrainedTokenizerFast",

@@ -33,7 +33,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
     if report.problems:
         sys.stderr.write(f"vllm-prism inspect: {report.path}: {len(report.problems)} "
                          "problem(s):\n")
-        for p in report.problems:
+        from vllm_prism.gguf.inspect import capped
+
+        for p in capped(report.problems):
             sys.stderr.write(f"  - {p}\n")
         return EXIT_BAD_FILE
     return 0

@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from vllm_prism.gguf.constants import FLOAT_TYPES, GGMLType, Q2_0_G64_LAYOUT
 from vllm_prism.gguf.errors import GGUFError
 from vllm_prism.gguf.hadamard import HadamardContract, parse_hadamard_contract
-from vllm_prism.gguf.qwen35 import ARCH, Qwen35Dims, expected_tensors, qwen35_dims
+from vllm_prism.gguf.qwen35 import (ARCH, Qwen35Dims, expected_tensors, qwen35_dims,
+                                    qwen35_text_config)
 from vllm_prism.gguf.reader import GGUFReader
-from vllm_prism.gguf.tokenizer import GGUFTokenizerData, read_tokenizer_data
+from vllm_prism.gguf.tokenizer import (GGUFTokenizerData, build_tokenizer,
+                                       chat_template_problem, read_tokenizer_data)
 
 # Tensor types vllm-prism can serve a ternary projection from.
 SERVABLE_TERNARY = frozenset({GGMLType.PQ2_0, GGMLType.PTQ1_0, GGMLType.Q2_0})
@@ -71,6 +73,8 @@ class InspectReport:
     # other tokenizer is given (``--tokenizer``, ``skip_tokenizer_init``).
     tokenizer_problem: str | None = None
     problems: list[str] = field(default_factory=list)
+    # Served anyway, with less: a chat template that does not compile (completions only).
+    warnings: list[str] = field(default_factory=list)
 
 
 def _type_histogram(reader: GGUFReader) -> dict[str, TypeRow]:
@@ -147,9 +151,22 @@ def _contract_problems(contract: HadamardContract | None, reader: GGUFReader) ->
     return problems
 
 
-def find_problems(reader: GGUFReader, *, own_tokenizer: bool = True
-                  ) -> tuple[InspectReport, list[str]]:
+def _tokenizer_build_problem(data: GGUFTokenizerData) -> str | None:
+    """Why the tokenizers library cannot build the file's tokenizer (None: it can)."""
+    try:
+        build_tokenizer(data)
+    except Exception as e:  # noqa: BLE001 - any failure of the library is the file's problem
+        return f"the tokenizer cannot be built from its metadata ({type(e).__name__}: {e})"
+    return None
+
+
+def find_problems(reader: GGUFReader, *, own_tokenizer: bool = True,
+                  build: bool = True) -> tuple[InspectReport, list[str]]:
     """Inspect an open file; the report and its list of problems (empty: servable).
+
+    Runs every check serving runs before the engine starts: the metadata, the text config,
+    the tensors, the Hadamard contract, the tokenizer (built with ``build``; serving builds
+    it once when it writes the tokenizer folder) and the chat template (a warning).
     ``own_tokenizer=False``: a tokenizer comes from elsewhere, so the file needs none."""
     md = reader.metadata
     report = InspectReport(
@@ -164,18 +181,27 @@ def find_problems(reader: GGUFReader, *, own_tokenizer: bool = True
         return report, problems
     try:
         report.tokenizer = read_tokenizer_data(md, reader.path)
+        report.tokenizer_problem = _tokenizer_build_problem(report.tokenizer) if build \
+            else None
     except GGUFError as e:
         report.tokenizer_problem = e.reason
-        if own_tokenizer:
-            problems.append(e.reason)
+    if report.tokenizer_problem is not None and own_tokenizer:
+        problems.append(report.tokenizer_problem)
+    if report.tokenizer is not None and own_tokenizer:
+        template = chat_template_problem(report.tokenizer.chat_template)
+        if template:
+            report.warnings.append(f"{template}; completions are served, chat requests are "
+                                   "refused")
     vocab = len(report.tokenizer.tokens) if report.tokenizer else None
     if "token_embd.weight" in reader.tensors:
         vocab = reader.tensors["token_embd.weight"].shape[0]
     try:
         report.dims = qwen35_dims(md, reader.path, vocab_size=vocab)
+        qwen35_text_config(md, reader.path, vocab_size=vocab)  # what serving builds
     except GGUFError as e:
         problems.append(e.reason)
-        return report, problems
+        if report.dims is None:
+            return report, problems
     widths = {n: i.ne[0] for n, i in reader.tensors.items()}
     try:
         report.contract = parse_hadamard_contract(md, widths, reader.path)
@@ -218,12 +244,23 @@ def format_report(report: InspectReport) -> str:
         lines.append(f"tokenizer: byte-level BPE ({t.pre}), {len(t.tokens)} tokens, "
                      f"{len(t.merges)} merges; {specials or 'no special ids'}; chat template: "
                      f"{'yes' if t.chat_template else 'no'}")
+    lines += [f"warning: {w}" for w in report.warnings]
     if report.problems:
         lines.append(f"problems ({len(report.problems)}):")
-        lines += [f"  - {p}" for p in report.problems]
+        lines += [f"  - {p}" for p in capped(report.problems)]
     else:
         lines.append("problems: none")
     return "\n".join(lines)
+
+
+MAX_LISTED_PROBLEMS = 20
+
+
+def capped(problems: list[str], limit: int = MAX_LISTED_PROBLEMS) -> list[str]:
+    """The first ``limit`` problems, then one line counting the rest."""
+    if len(problems) <= limit:
+        return list(problems)
+    return [*problems[:limit], f"and {len(problems) - limit} more"]
 
 
 def _format_dims(d: Qwen35Dims) -> list[str]:
@@ -263,12 +300,19 @@ def format_kinds(kinds: set[tuple[GGMLType, int]]) -> str:
     return ", ".join(sorted(f"{t.name}/g{g}" for t, g in kinds)) or "none"
 
 
-def find_serving_problems(reader: GGUFReader, *, own_tokenizer: bool = True) -> list[str]:
+def find_serving_problems(reader: GGUFReader, *, own_tokenizer: bool = True,
+                          build: bool = True) -> list[str]:
     """Everything that stops vllm-prism from serving the open file (empty: servable);
     ``own_tokenizer=False`` when the tokenizer comes from elsewhere."""
-    report, problems = find_problems(reader, own_tokenizer=own_tokenizer)
+    return check_serving(reader, own_tokenizer=own_tokenizer, build=build)[1]
+
+
+def check_serving(reader: GGUFReader, *, own_tokenizer: bool = True,
+                  build: bool = True) -> tuple[InspectReport, list[str]]:
+    """:func:`find_problems` plus what only serving needs; the report and the problems."""
+    report, problems = find_problems(reader, own_tokenizer=own_tokenizer, build=build)
     if problems:
-        return problems
+        return report, problems
     ternary = {n: i for n, i in reader.tensors.items() if may_be_ternary(n)}
     floats = sorted(n for n, i in ternary.items() if i.ggml_type in FLOAT_TYPES)
     if floats:
@@ -288,4 +332,4 @@ def find_serving_problems(reader: GGUFReader, *, own_tokenizer: bool = True) -> 
                             "folded when the file has a contract")
         if "token_embd.weight" not in contract.inverse_weight_names:
             problems.append("the Hadamard contract does not inverse-fold token_embd.weight")
-    return problems
+    return report, problems

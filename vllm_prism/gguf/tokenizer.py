@@ -57,35 +57,97 @@ class GGUFTokenizerData:
     add_bos: bool = False
 
 
+def _array(metadata: Mapping[str, Any], key: str, element: type, what: str,
+           path: str | None) -> list | None:
+    """A metadata array whose every element is ``element`` (GGUFError naming the key)."""
+    if key not in metadata:
+        return None
+    value = metadata[key]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise GGUFError(f"metadata key {key!r} must be an array of {what}, got "
+                        f"{type(value).__name__} {value!r:.60}", path)
+    items = value.tolist() if hasattr(value, "tolist") else list(value)
+    for i, item in enumerate(items):
+        ok = isinstance(item, element) and not (element is int and isinstance(item, bool))
+        if not ok:
+            raise GGUFError(f"metadata key {key!r} must be an array of {what}; element {i} "
+                            f"is {type(item).__name__} {item!r:.60}", path)
+    return items
+
+
+def _token_id(metadata: Mapping[str, Any], key: str, n_tokens: int,
+              path: str | None) -> int | None:
+    if key not in metadata:
+        return None
+    value = metadata[key]
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise GGUFError(f"metadata key {key!r} must be an integer token id, got "
+                        f"{type(value).__name__} {value!r:.60}", path)
+    if not 0 <= value < n_tokens:
+        raise GGUFError(f"{key} = {value} is outside the vocabulary of {n_tokens}", path)
+    return value
+
+
 def read_tokenizer_data(metadata: Mapping[str, Any], path: str | None = None) -> GGUFTokenizerData:
-    """Collect and validate the tokenizer metadata of a GGUF file."""
+    """Collect and validate the tokenizer metadata of a GGUF file: every type and every
+    reference is checked here, so a bad tokenizer is a GGUFError naming the key."""
     model = metadata.get("tokenizer.ggml.model")
-    if model is None:
-        raise GGUFError("no tokenizer in the file (tokenizer.ggml.model is missing); "
-                        "pass --tokenizer with a Hugging Face tokenizer", path)
+    if model is None or model == "none":
+        raise GGUFError("no tokenizer in the file (tokenizer.ggml.model is "
+                        f"{'missing' if model is None else 'none'}); pass --tokenizer with a "
+                        "Hugging Face tokenizer", path)
     if model != "gpt2":
         raise GGUFError(f"tokenizer.ggml.model is {model!r}; vllm-prism reads byte-level BPE "
                         "('gpt2') tokenizers only; pass --tokenizer instead", path)
-    tokens = list(metadata.get("tokenizer.ggml.tokens") or [])
+    tokens = _array(metadata, "tokenizer.ggml.tokens", str, "strings", path) or []
     if not tokens:
         raise GGUFError("tokenizer.ggml.tokens is missing or empty", path)
-    merges = list(metadata.get("tokenizer.ggml.merges") or [])
-    types = list(metadata.get("tokenizer.ggml.token_type") or [TOKEN_TYPE_NORMAL] * len(tokens))
+    merges = _array(metadata, "tokenizer.ggml.merges", str, "strings", path) or []
+    for i, merge in enumerate(merges):
+        parts = merge.split(" ")
+        if len(parts) != 2 or not all(parts):
+            raise GGUFError(f"metadata key 'tokenizer.ggml.merges' must hold pairs \"a b\"; "
+                            f"element {i} is {merge!r:.60}", path)
+    types = _array(metadata, "tokenizer.ggml.token_type", int, "integers", path)
+    if types is None:
+        types = [TOKEN_TYPE_NORMAL] * len(tokens)
     if len(types) != len(tokens):
         raise GGUFError(f"tokenizer.ggml.token_type has {len(types)} entries for "
                         f"{len(tokens)} tokens", path)
     special = {}
     for name, key in SPECIAL_ID_KEYS.items():
-        if key in metadata:
-            tid = int(metadata[key])
-            if not 0 <= tid < len(tokens):
-                raise GGUFError(f"{key} = {tid} is outside the vocabulary of {len(tokens)}", path)
+        tid = _token_id(metadata, key, len(tokens), path)
+        if tid is not None:
             special[name] = tid
-    pre = str(metadata.get("tokenizer.ggml.pre", "qwen2"))
+    pre = metadata.get("tokenizer.ggml.pre", "qwen2")
+    template = metadata.get("tokenizer.chat_template")
+    for key, value in (("tokenizer.ggml.pre", pre), ("tokenizer.chat_template", template)):
+        if value is not None and not isinstance(value, str):
+            raise GGUFError(f"metadata key {key!r} must be a string, got "
+                            f"{type(value).__name__}", path)
+    add_bos = metadata.get("tokenizer.ggml.add_bos_token", False)
+    if not isinstance(add_bos, (bool, int)) or hasattr(add_bos, "__len__"):
+        raise GGUFError("metadata key 'tokenizer.ggml.add_bos_token' must be a bool", path)
     return GGUFTokenizerData(
         tokens=tokens, merges=merges, token_types=[int(t) for t in types], pre=pre,
-        special_ids=special, chat_template=metadata.get("tokenizer.chat_template"),
-        add_bos=bool(metadata.get("tokenizer.ggml.add_bos_token", False)))
+        special_ids=special, chat_template=template, add_bos=bool(add_bos))
+
+
+def chat_template_problem(template: str | None) -> str | None:
+    """Why a chat template does not compile (None: it compiles, or there is none), compiled
+    as transformers compiles it (a sandboxed Jinja environment)."""
+    if template is None:
+        return None
+    from jinja2 import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    try:
+        ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(template)
+    except TemplateError as e:
+        return f"the chat template does not compile ({type(e).__name__}: {e})"
+    return None
 
 
 def build_tokenizer(data: GGUFTokenizerData) -> Tokenizer:
