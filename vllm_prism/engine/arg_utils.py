@@ -37,7 +37,7 @@ def check_gguf_for_serving(path: str | os.PathLike, *, own_tokenizer: bool = Tru
     from vllm_prism.gguf.inspect import capped, check_serving
     from vllm_prism.gguf.reader import GGUFReader
 
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise ValueError(f"{path}: no such GGUF file; check the model path")
     try:
         with GGUFReader(path) as reader:

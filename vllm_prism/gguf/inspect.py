@@ -87,6 +87,19 @@ def _type_histogram(reader: GGUFReader) -> dict[str, TypeRow]:
     return dict(sorted(rows.items(), key=lambda kv: -kv[1].nbytes))
 
 
+def _count_problems(reader: GGUFReader, dims: Qwen35Dims) -> list[str]:
+    """Counts the header states, against the tensor table, before anything is built from
+    them (a per-layer list of 3 million layers would take gigabytes)."""
+    # every qwen35 layer has at least its two norms, three MLP and four mixer tensors
+    per_layer = 9
+    have = len(reader.tensors)
+    if dims.n_layers * per_layer > have:
+        return [f"metadata key 'qwen35.block_count' says {dims.n_layers + dims.n_mtp_layers} "
+                f"layers, but the file has only {have} tensors (a {dims.n_layers}-layer qwen35 "
+                f"model has at least {dims.n_layers * per_layer})"]
+    return []
+
+
 def _tensor_problems(reader: GGUFReader, dims: Qwen35Dims) -> list[str]:
     problems = []
     expected = expected_tensors(dims)
@@ -197,11 +210,17 @@ def find_problems(reader: GGUFReader, *, own_tokenizer: bool = True,
         vocab = reader.tensors["token_embd.weight"].shape[0]
     try:
         report.dims = qwen35_dims(md, reader.path, vocab_size=vocab)
+    except GGUFError as e:
+        problems.append(e.reason)
+        return report, problems
+    counts = _count_problems(reader, report.dims)
+    if counts:  # nothing is built from counts the file cannot hold
+        problems.extend(counts)
+        return report, problems
+    try:
         qwen35_text_config(md, reader.path, vocab_size=vocab)  # what serving builds
     except GGUFError as e:
         problems.append(e.reason)
-        if report.dims is None:
-            return report, problems
     widths = {n: i.ne[0] for n, i in reader.tensors.items()}
     try:
         report.contract = parse_hadamard_contract(md, widths, reader.path)

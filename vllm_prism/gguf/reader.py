@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import mmap
 import os
+import stat
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -351,6 +352,15 @@ class GGUFReader:
         if os.path.isdir(path):
             raise GGUFError("is a directory, not a GGUF file; pass the path of the "
                             ".gguf file itself", path)
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            raise GGUFError("no such file; check the model path", path) from None
+        except OSError as e:
+            raise GGUFError(f"cannot read the file: {e.strerror or e}", path) from None
+        if not stat.S_ISREG(mode):  # a FIFO or device would block or never end
+            raise GGUFError("is not a regular file (a pipe, socket or device); pass the path "
+                            "of a .gguf file", path)
         try:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
