@@ -96,6 +96,7 @@ def llama_cpp_untile_columns(values: np.ndarray, n_k_heads: int, n_v_heads: int,
 
 
 def unfold_gguf(path: str | os.PathLike, *, legacy_gdn_v_grouped: bool = False,
+                skip_unfold: bool = False,
                 ) -> tuple[Qwen3_5TextConfig, dict[str, torch.Tensor]]:
     """The Hugging Face Qwen3.5 text config and the primal float32 state dict of a GGUF file.
 
@@ -112,7 +113,8 @@ def unfold_gguf(path: str | os.PathLike, *, legacy_gdn_v_grouped: bool = False,
     Files without a ``prism.hadamard`` contract (legacy Q2_0) are used as stored, laid out as
     llama.cpp's converter lays them out: their ``ssm_out`` columns are un-tiled here by
     :func:`llama_cpp_untile_columns` (``legacy_gdn_v_grouped=True`` would read them as
-    grouped, the loader's old mistake, kept to show the tests can tell).
+    grouped, the loader's old mistake, kept to show the tests can tell). ``skip_unfold``
+    uses folded weights as if they were primal (a forgotten rotation), for the same purpose.
     """
     path = os.fspath(path)
     with GGUFReader(path) as reader:
@@ -129,7 +131,9 @@ def unfold_gguf(path: str | os.PathLike, *, legacy_gdn_v_grouped: bool = False,
             if hf_name is None:
                 raise ValueError(f"{path}: tensor {name!r} has no Hugging Face counterpart")
             values = _dequantized(reader, name).astype(np.float64)
-            if contract is not None and contract.is_folded(name):
+            if skip_unfold:
+                pass
+            elif contract is not None and contract.is_folded(name):
                 if name.endswith(".ssm_out.weight") and not grouped:
                     raise ValueError(f"{path}: {name} is folded but gdn_v_grouped is false")
                 values = primal_weight(values, contract.signs_for(widths[name]),

@@ -45,7 +45,8 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from vllm_prism.gguf.tiny import make_shaped_gguf, make_tiny_gguf
 
     if args.shape == "tiny":
-        summary = make_tiny_gguf(args.out, fmt=args.format, seed=args.seed, layers=args.layers)
+        summary = make_tiny_gguf(args.out, fmt=args.format, seed=args.seed, layers=args.layers,
+                                 margins=args.margins)
     else:
         summary = make_shaped_gguf(args.out, args.shape, fmt=args.format, seed=args.seed)
     sys.stdout.write(f"wrote {summary['path']}: {summary['format']}, {summary['n_layers']} "
@@ -80,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--layers", type=int, default=4,
                    help="decoder layers; every 4th is full attention (default 4)")
+    p.add_argument("--margins", choices=["decisive", "small"], default="decisive",
+                   help="decisive (default): greedy tokens robust to bf16; small: the layers "
+                        "decide the argmax, so a wrong transform changes the tokens")
     p.add_argument("--shape", choices=["tiny", "bonsai-2-27b"], default="tiny",
                    help="tiny (default) or a real model's dimensions with random ternary "
                         "weights, for benchmarks (bonsai-2-27b: 7.2 GB, about a minute)")

@@ -204,14 +204,24 @@ def _write_tensor(writer: GGUFWriter, name: str, value: Any, ternary_type: GGMLT
     writer.add_tensor(name, np.ascontiguousarray(value, dtype=np.float32), ftype)
 
 
+# Layer gains: "decisive" (the embedding's successor path dominates) makes greedy tokens agree
+# between two correct implementations despite bf16; "small" lets the layers decide the
+# argmax, so a wrong transform anywhere changes the tokens (tests/e2e/test_margins.py:
+# a forgotten rotation changes 22 of 24 tokens; the smallest top-2 margin is 0.008).
+MARGINS = {"decisive": TinyConfig.layer_gain, "small": 1.0}
+
+
 def make_tiny_gguf(path: str | os.PathLike, *, fmt: str = "pq2_0", seed: int = 0,
-                   layers: int = 4, config: TinyConfig | None = None) -> dict[str, Any]:
+                   layers: int = 4, config: TinyConfig | None = None,
+                   margins: str = "decisive") -> dict[str, Any]:
     """Write the tiny model to ``path``; returns a summary (vocab size, tensor count, ...)."""
+    if margins not in MARGINS:
+        raise ValueError(f"--margins must be one of {', '.join(MARGINS)}, got {margins!r}")
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if layers < 1:
         raise ValueError(f"--layers must be at least 1, got {layers}")
-    cfg = config or TinyConfig(n_layers=layers)
+    cfg = config or TinyConfig(n_layers=layers, layer_gain=MARGINS[margins])
     ternary_type = FORMATS[fmt]
     legacy = ternary_type == GGMLType.Q2_0
     if legacy and config is None:
