@@ -68,23 +68,17 @@ def _pq2_linear_fake(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
 
 @functools.cache
 def _library() -> torch.library.Library:
-    return torch.library.Library(OP_NAMESPACE, "FRAGMENT")  # noqa: TOR901 (kept alive here)
+    return torch.library.Library(OP_NAMESPACE, "FRAGMENT")  # kept alive by the cache
 
 
 @functools.cache
 def register_ops() -> None:
     """Register the forward ops once per process (vLLM's ``direct_register_custom_op``, on
-    the current platform's dispatch key)."""
+    the current platform's dispatch key). The prism quantization method calls it when it
+    prepares its weights, outside any traced code; the forward calls
+    ``torch.ops.vllm_prism.pq2_linear`` directly."""
     from vllm.utils.torch_utils import direct_register_custom_op
 
     direct_register_custom_op("pq2_linear", _pq2_linear_impl, mutates_args=[],
                               fake_impl=_pq2_linear_fake, target_lib=_library())
 
-
-def pq2_linear_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
-                  signs: torch.Tensor | None, bias: torch.Tensor | None,
-                  hadamard_block: int | None) -> torch.Tensor:
-    """``y = W_st @ Hblk(signs * x) + bias`` through ``torch.ops.vllm_prism.pq2_linear``
-    (:func:`register_ops` must have run: the prism quantization method does it when it
-    creates its weights, outside any traced code)."""
-    return torch.ops.vllm_prism.pq2_linear(x, codes, scales, signs, bias, hadamard_block or 0)

@@ -41,3 +41,29 @@ def test_registered_and_selectable() -> None:
     cls = backend.get_class()
     assert cls.get_name() == "PRISM"
     assert cls.supports_kv_cache_dtype("int8_per_token_head")
+
+
+def test_custom_member_survives_a_fresh_process() -> None:
+    """vLLM's engine-core process unpickles the engine config before it loads plugins: the
+    backend travels as the CUSTOM member (a plain member everywhere), and resolves to our
+    class once the plugin has registered it."""
+    import pickle
+    import subprocess
+    import sys
+
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    from vllm_prism.attention.backends.prism_attn import (PrismAttentionBackend,
+                                                          register_attention_backend)
+
+    register_attention_backend()
+    member = AttentionBackendEnum.CUSTOM
+    assert member.get_class() is PrismAttentionBackend
+    blob = pickle.dumps(member).hex()
+    code = ("import pickle, sys; m = pickle.loads(bytes.fromhex(sys.argv[1])); "
+            "from vllm.plugins import load_general_plugins; load_general_plugins(); "
+            "print(m.name, m.get_class().get_name())")
+    res = subprocess.run([sys.executable, "-c", code, blob], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split()[-2:] == ["CUSTOM", "PRISM"]
