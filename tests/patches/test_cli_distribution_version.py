@@ -56,3 +56,13 @@ def test_patch_declares_its_versions_and_pr_text() -> None:
     assert P.applies_to("0.32.0") and not P.applies_to("0.31.0")
     root = Path(__file__).resolve().parents[2]
     assert (root / P.upstream_doc).is_file()
+
+
+@pytest.mark.skipif(_has_vllm_distribution(), reason="the CUDA 'vllm' wheel has no such bug")
+def test_snapshot_runtime_lookup_is_covered() -> None:
+    """vllm/snapshot/runtime.py records the same lookup in a snapshot's identity."""
+    code = ("import vllm, vllm.snapshot.runtime as r; {patch}"
+            "print(r.importlib.metadata.version('vllm') == vllm.__version__)")
+    assert _run(code.format(patch=PATCH)).stdout.strip().endswith("True")
+    stock = _run(code.format(patch=""))
+    assert stock.returncode != 0 and "PackageNotFoundError" in stock.stderr

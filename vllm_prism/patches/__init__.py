@@ -1,8 +1,10 @@
 """vLLM fixes applied at load time, one module per fix.
 
 Each module defines ``PATCH``, a :class:`VllmPatch` saying what it patches, why, the vLLM
-versions it applies to and how to apply it; its pull-request text lives in docs/upstream/.
-:func:`apply_patches` applies every patch whose version range matches the running vLLM.
+versions it applies to, how to apply it, the upstream issue or pull request and its status,
+when it can go, and its test; its pull-request text lives in docs/upstream/.
+:func:`apply_patches` applies every patch whose version range matches the running vLLM and
+warns about each one that does not (a fix left out is a behaviour change a user must know of).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ logger = logging.getLogger(__name__)
 PATCH_MODULES = (
     "vllm_prism.patches.cli_distribution_version",
     "vllm_prism.patches.int8_scale_view_fill",
+    "vllm_prism.patches.kv_cache_group_size",
 )
 
 
@@ -30,6 +33,9 @@ class VllmPatch:
     vllm_versions: tuple[str, ...]   # fnmatch patterns of the vLLM versions it applies to
     apply: Callable[[], bool]        # returns True when it changed something
     upstream_doc: str                # docs/upstream/<file>.md
+    upstream: str                    # the upstream issue or PR and its status
+    remove_when: str                 # the condition for dropping the patch
+    test: str                        # the test that fails without it
 
     def applies_to(self, version: str) -> bool:
         return any(fnmatch.fnmatch(version, p) for p in self.vllm_versions)
@@ -43,7 +49,12 @@ def apply_patches() -> list[str]:
     applied = []
     for module in PATCH_MODULES:
         patch: VllmPatch = importlib.import_module(module).PATCH
-        if patch.applies_to(version) and patch.apply():
+        if not patch.applies_to(version):
+            logger.warning("vllm-prism: patch %s (%s) is written for vLLM %s, not %s: not "
+                           "applied; see %s", patch.name, patch.target,
+                           " / ".join(patch.vllm_versions), version, patch.upstream_doc)
+            continue
+        if patch.apply():
             applied.append(patch.name)
             logger.debug("vllm-prism: applied patch %s to %s", patch.name, patch.target)
     return applied

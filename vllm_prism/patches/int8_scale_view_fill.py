@@ -11,7 +11,8 @@ groups: blocks the attention layer does not own hold the recurrent state of Gate
 layers, which already wrote it earlier in the same forward pass. The fill writes 1.0 into
 every (block, slot, head) scale position of the whole buffer, i.e. into that state.
 
-The fix: no fill. The fill is not needed: the per-token-head cache writer stores a scale
+The fix: no fill. The views are vLLM's own: its view builder runs on a meta-device twin of
+the cache to give their geometry, and the views are then made over the real storage. The fill is not needed: the per-token-head cache writer stores a scale
 with every K/V row it writes, and the attention kernel loads scales only under the mask of
 positions inside the sequence (``other=1.0`` elsewhere), so every scale that is read has
 been written. The views are cached per storage (data pointer, offset, shape and strides)
@@ -24,44 +25,41 @@ docs/upstream/int8-scale-view-fill.md.
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
 
 from vllm_prism.patches import VllmPatch
 
-SCALE_BYTES = 4  # one float32 scale after each K and each V row
-
-
 def _storage_key(kv_cache: torch.Tensor) -> tuple:
     return (kv_cache.untyped_storage().data_ptr(), kv_cache.storage_offset(),
             tuple(kv_cache.shape), tuple(kv_cache.stride()), kv_cache.dtype)
 
 
+def _scale_view_geometry(kv_cache: torch.Tensor) -> tuple[tuple, tuple, int, int]:
+    """(size, stride, K offset, V offset) of the float32 scale views, in float32 units, as
+    vLLM's own ``_ensure_scale_caches`` computes them: it runs on a meta-device twin of the
+    cache (same shape, strides and storage offset), where its ``fill_`` writes nothing, so
+    the geometry cannot drift from vLLM's."""
+    elements = kv_cache.untyped_storage().nbytes() // kv_cache.element_size()
+    twin = torch.empty(elements, dtype=kv_cache.dtype, device="meta").as_strided(
+        kv_cache.shape, kv_cache.stride(), kv_cache.storage_offset())
+    holder = types.SimpleNamespace(_k_scale_cache=None, _v_scale_cache=None)
+    stock_method()(holder, twin)
+    k, v = holder._k_scale_cache, holder._v_scale_cache
+    return tuple(k.shape), tuple(k.stride()), k.storage_offset(), v.storage_offset()
+
+
 def build_scale_views(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Float32 views (num_blocks, block_size, num_kv_heads) of the K and V scale slots of a
-    per-token-head cache (num_blocks, num_kv_heads, block_size, 2 * (hs + pad)). Writes
-    nothing."""
-    num_blocks, nkv, block_size, content = kv_cache.shape
-    elem = kv_cache.element_size()
-    padded_hs = content // 2
-    hs = padded_hs - SCALE_BYTES // elem
-
-    def f32_units(elements: int) -> int:
-        nbytes = elements * elem
-        if nbytes % 4:
-            raise ValueError(f"KV-cache stride of {nbytes} bytes is not float32-aligned")
-        return nbytes // 4
-
+    per-token-head cache (num_blocks, num_kv_heads, block_size, 2 * (hs + pad)), where
+    vLLM puts them. Writes nothing."""
+    size, stride, k_off, v_off = _scale_view_geometry(kv_cache)
     base = torch.tensor([], dtype=torch.float32, device=kv_cache.device).set_(
         kv_cache.untyped_storage())
-    strides = kv_cache.stride()
-    size = (num_blocks, block_size, nkv)
-    stride = (f32_units(strides[0]), f32_units(strides[2]), f32_units(strides[1]))
-    offset = f32_units(kv_cache.storage_offset())
-    k_scale = torch.as_strided(base, size, stride, offset + f32_units(hs))
-    v_scale = torch.as_strided(base, size, stride, offset + f32_units(padded_hs + hs))
-    return k_scale, v_scale
+    return (torch.as_strided(base, size, stride, k_off),
+            torch.as_strided(base, size, stride, v_off))
 
 
 def ensure_scale_caches(self: Any, kv_cache: torch.Tensor) -> None:
@@ -101,4 +99,8 @@ PATCH = VllmPatch(
     vllm_versions=("0.32.*",),
     apply=apply,
     upstream_doc="docs/upstream/int8-scale-view-fill.md",
+    upstream="not yet filed (PR text in docs/upstream/int8-scale-view-fill.md)",
+    remove_when="TritonAttentionImpl._ensure_scale_caches no longer fills the scale views "
+                "of a shared hybrid KV-cache buffer",
+    test="tests/patches/test_int8_scale_view_fill.py",
 )
