@@ -10,6 +10,8 @@ stage=${1:?stage}
 source /tmp/vllm-gpu/env.sh
 export PATH=/tmp/vllm-gpu/site/bin:$PATH PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+# A server left by an earlier call that was cut off holds GPU memory: stop it first.
+pkill -f "vllm serve" 2>/dev/null && sleep 3
 has_ep='from importlib.metadata import entry_points as e; import sys
 sys.exit(not [x for x in e(group="vllm.general_plugins") if x.name == "prism"])'
 if ! python3 -c "$has_ep"; then

@@ -156,6 +156,41 @@ def _select_gdn_prefill_backend(args: Any) -> None:
                      "vLLM's Triton kernels (--gdn-prefill-backend triton)")
 
 
+# Projections vLLM splits along their input (row-parallel) under tensor parallelism.
+ROW_PARALLEL_SUFFIXES = (".attn_output.weight", ".ssm_out.weight", ".ffn_down.weight")
+
+
+def largest_tensor_parallel_size(path: str | os.PathLike, limit: int = 64) -> int:
+    """The largest tensor-parallel size at which every row-parallel projection of the file
+    splits into whole Hadamard blocks (and whole quantization blocks) per rank."""
+    from vllm_prism.gguf.hadamard import parse_hadamard_contract
+    from vllm_prism.gguf.reader import GGUFReader
+
+    with GGUFReader(path) as reader:
+        widths = {n: i.ne[0] for n, i in reader.tensors.items()}
+        contract = parse_hadamard_contract(reader.metadata, widths, reader.path)
+        blocks = {n: i.layout.block_size for n, i in reader.tensors.items()
+                  if n.endswith(ROW_PARALLEL_SUFFIXES)}
+    hadamard = contract.block_size if contract is not None else 1
+    need = {widths[n]: max(b, hadamard) for n, b in blocks.items()}
+    return max((t for t in range(1, limit + 1)
+                if all(k % (t * b) == 0 for k, b in need.items())), default=1)
+
+
+def _check_tensor_parallel(args: Any, path: str) -> None:
+    """Refuse, before the engine starts, a tensor-parallel size that would cut a Hadamard
+    block (or a quantization block) of a row-parallel projection across two ranks."""
+    tp = int(getattr(args, "tensor_parallel_size", 1) or 1)
+    if tp == 1:
+        return
+    best = largest_tensor_parallel_size(path)
+    if best % tp:
+        raise ValueError(f"vllm-prism cannot serve {path} with --tensor-parallel-size {tp}: "
+                         "its row-parallel projections (attn_output, ssm_out, ffn_down) would "
+                         "split a Hadamard block across ranks; the largest tensor-parallel size "
+                         f"that keeps every block on one rank is {best} (use a divisor of it)")
+
+
 def prepare_gguf_engine_args(args: Any) -> None:
     """Point ``args`` (an EngineArgs) at our config source, loader and quantization."""
     if not is_gguf_model(args.model):
@@ -167,6 +202,7 @@ def prepare_gguf_engine_args(args: Any) -> None:
     user_tokenizer = args.tokenizer not in (None, "", path)
     skip_tokenizer = bool(getattr(args, "skip_tokenizer_init", False))
     check_gguf_for_serving(path, own_tokenizer=not (user_tokenizer or skip_tokenizer))
+    _check_tensor_parallel(args, path)
     if args.quantization not in (None, QUANTIZATION):
         raise ValueError(f"--quantization {args.quantization} cannot be used with the Bonsai "
                          f"GGUF file {path}; leave it unset or pass {QUANTIZATION}")
