@@ -65,12 +65,19 @@ def register_config_source() -> None:
     from vllm.transformers_utils.config import register_config_parser
     from vllm.transformers_utils.config_parser_base import ConfigParserBase
 
+    from vllm.transformers_utils.config import HFConfigParser
+
     @register_config_parser(CONFIG_FORMAT)
     class PrismGGUFConfigParser(ConfigParserBase):
-        """Builds the model config from a Bonsai GGUF file's metadata."""
+        """Builds the model config from a Bonsai GGUF file's metadata; any other model (a
+        speculative drafter in Hugging Face format, which inherits the target's config
+        format) is read by vLLM's Hugging Face parser."""
 
         def parse(self, model: str | Path, trust_remote_code: bool,
                   revision: str | None = None, code_revision: str | None = None,
                   **kwargs: Any) -> tuple[dict, Any]:
+            if not str(model).lower().endswith(".gguf"):
+                return HFConfigParser().parse(model, trust_remote_code, revision,
+                                              code_revision, **kwargs)
             config_dict = gguf_config_dict(model)
             return config_dict, Qwen3_5TextConfig(**config_dict)

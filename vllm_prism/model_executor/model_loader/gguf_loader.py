@@ -9,6 +9,7 @@ ternary tensors stay packed for the prism quantization method.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -67,17 +68,35 @@ def iterate_gguf_weights(path: str) -> Iterator[tuple[str, torch.Tensor]]:
             yield hf_name, torch.from_numpy(np.ascontiguousarray(converted))
 
 
+def is_gguf_config(model_config: ModelConfig) -> bool:
+    """Whether a model config is a Bonsai GGUF's (made by our config source)."""
+    quant = getattr(model_config.hf_config, "quantization_config", None)
+    return isinstance(quant, dict) and "gguf_path" in quant
+
+
 def register_gguf_loader() -> None:
     """Register the "prism_gguf" load format with vLLM."""
 
     @register_model_loader(LOAD_FORMAT)
     class PrismGGUFModelLoader(BaseModelLoader):
-        """Loads a Bonsai GGUF file into PrismBonsaiForCausalLM."""
+        """Loads a Bonsai GGUF file into PrismBonsaiForCausalLM; any other model (a
+        speculative drafter in Hugging Face format, which inherits the target's load format)
+        goes to vLLM's default loader."""
+
+        def _other(self) -> BaseModelLoader:
+            from vllm.model_executor.model_loader.default_loader import DefaultModelLoader
+
+            return DefaultModelLoader(replace(self.load_config, load_format="auto"))
 
         def download_model(self, model_config: ModelConfig) -> None:
-            return None  # a local file; nothing to download
+            if not is_gguf_config(model_config):
+                self._other().download_model(model_config)
+            # a GGUF is a local file: nothing to download
 
         def load_weights(self, model: nn.Module, model_config: ModelConfig) -> None:
+            if not is_gguf_config(model_config):
+                self._other().load_weights(model, model_config)
+                return
             path = model_config.hf_config.quantization_config["gguf_path"]
             loaded = model.load_weights(iterate_gguf_weights(path))
             expected = {n for n, _ in model.named_parameters()}

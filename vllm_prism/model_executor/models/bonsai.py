@@ -28,7 +28,8 @@ from vllm.model_executor.layers.mamba.mamba_utils import (MambaStateCopyFuncCalc
                                                           MambaStateShapeCalculator)
 from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
                                                                  VocabParallelEmbedding)
-from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid, SupportsPP
+from vllm.model_executor.models.interfaces import (HasInnerState, IsHybrid, SupportsEagle3,
+                                                   SupportsPP)
 from vllm.model_executor.models.qwen2_moe import Qwen2MoeMLP
 from vllm.model_executor.models.qwen3_next import (Qwen3NextAttention, Qwen3NextDecoderLayer,
                                                    Qwen3NextModel)
@@ -116,9 +117,11 @@ class BonsaiModel(Qwen3NextModel):
         return AutoWeightsLoader(self).load_weights(weights, mapper=self.hf_to_vllm_mapper)
 
 
-class PrismBonsaiForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsPP):
+class PrismBonsaiForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsPP, SupportsEagle3):
     """Bonsai causal LM: BonsaiModel plus the (folded, ternary) LM head; the architecture
-    name the GGUF config source writes (transformers_utils.gguf_config.ARCHITECTURE)."""
+    name the GGUF config source writes (transformers_utils.gguf_config.ARCHITECTURE).
+    SupportsEagle3: the hidden states after chosen layers feed EAGLE-3 / DFlash drafters
+    (Qwen3NextModel collects them)."""
 
     packed_modules_mapping = {
         "qkv_proj": ["q_proj", "k_proj", "v_proj"],
