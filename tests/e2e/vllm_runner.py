@@ -6,7 +6,8 @@ REQUEST: {"prompts": [[ids...]], "max_tokens": N, "score": [[ids...]], "llm": {.
 {"greedy": [[ids...]], "score": [[logprob of token t given tokens < t, for t >= 1]]}.
 "detokenize" (optional, default true) is SamplingParams.detokenize (false without a
 tokenizer). "llm" (optional) holds LLM() keyword arguments that replace the CPU defaults (the GPU tests
-choose the compilation mode and the KV-cache dtype there).
+choose the compilation mode and the KV-cache dtype there); with "disable_log_stats": false
+there, the result also holds vLLM's speculative-decoding counters ("spec_decode").
 """
 
 from __future__ import annotations
@@ -44,8 +45,12 @@ def main() -> None:
     for ids, out in zip(request["score"], scored):
         plp = out.prompt_logprobs
         scores.append([plp[t][ids[t]].logprob for t in range(1, len(ids))])
-    print("RESULT " + json.dumps({"greedy": [list(o.outputs[0].token_ids) for o in greedy],
-                                  "score": scores}))
+    result = {"greedy": [list(o.outputs[0].token_ids) for o in greedy], "score": scores}
+    if request.get("llm", {}).get("disable_log_stats") is False:
+        result["spec_decode"] = {m.name.removeprefix("vllm:spec_decode_"):
+                                 getattr(m, "value", None) or getattr(m, "values", None)
+                                 for m in llm.get_metrics() if "spec_decode" in m.name}
+    print("RESULT " + json.dumps(result))
 
 
 if __name__ == "__main__":

