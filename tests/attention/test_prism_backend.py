@@ -67,3 +67,24 @@ def test_custom_member_survives_a_fresh_process() -> None:
                          timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.split()[-2:] == ["CUSTOM", "PRISM"]
+
+
+def test_non_causal_steps_go_to_the_triton_backend(monkeypatch) -> None:
+    """A DFlash drafter's draft block is non-causal; our split kernels are causal, so such a
+    step runs vLLM's Triton attention, which honours ``causal=False``."""
+    import types
+
+    import torch
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
+
+    from vllm_prism.attention.backends.prism_attn import PrismAttentionImpl
+
+    calls = []
+    monkeypatch.setattr(TritonAttentionImpl, "forward",
+                        lambda self, *a, **k: calls.append("triton") or a[-1])
+    impl = object.__new__(PrismAttentionImpl)
+    impl.prism_supported = lambda: (True, "")
+    out = torch.zeros(2, 4, 64)
+    md = types.SimpleNamespace(causal=False)
+    impl.forward(None, out, out, out, None, md, out)
+    assert calls == ["triton"]

@@ -128,6 +128,10 @@ class PrismAttentionImpl(TritonAttentionImpl):
                                    output_scale, output_block_scale)
         if attn_metadata is None:  # profiling run
             return output.fill_(0)
+        if getattr(attn_metadata, "causal", True) is not True:
+            # Non-causal steps (a DFlash drafter's draft block): our kernels are causal.
+            return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
+                                   output_scale, output_block_scale)
         if self._is_per_token_head_quant:
             self._ensure_scale_caches(kv_cache)
         n = attn_metadata.num_actual_tokens
