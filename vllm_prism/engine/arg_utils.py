@@ -19,20 +19,19 @@ from typing import Any
 from vllm.logger import init_logger
 
 from vllm_prism import envs
-from vllm_prism.transformers_utils.gguf_config import CONFIG_FORMAT, LOAD_FORMAT, QUANTIZATION
+from vllm_prism.transformers_utils.gguf_config import (CONFIG_FORMAT, LOAD_FORMAT,
+                                                       QUANTIZATION, is_gguf_model)
 
 logger = init_logger(__name__)
 
+__all__ = ["is_gguf_model", "check_gguf_for_serving", "materialize_tokenizer",
+           "prepare_gguf_engine_args", "install_engine_args_hook"]
 
 
-def is_gguf_model(model: Any) -> bool:
-    """Whether a --model value names a GGUF file."""
-    return isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".gguf")
-
-
-def check_gguf_for_serving(path: str | os.PathLike, *, own_tokenizer: bool = True) -> None:
+def check_gguf_for_serving(path: str | os.PathLike, *, own_tokenizer: bool = True) -> Any:
     """Raise ValueError naming the file and every problem that stops it being served
-    (``own_tokenizer=False``: the tokenizer is given or skipped, the file needs none)."""
+    (``own_tokenizer=False``: the tokenizer is given or skipped, the file needs none);
+    return the file's InspectReport otherwise."""
     from vllm_prism.gguf.errors import GGUFError
     from vllm_prism.gguf.inspect import capped, check_serving
     from vllm_prism.gguf.reader import GGUFReader
@@ -51,20 +50,7 @@ def check_gguf_for_serving(path: str | os.PathLike, *, own_tokenizer: bool = Tru
         lines = "\n".join(f"  - {p}" for p in capped(problems))
         raise ValueError(f"vllm-prism cannot serve {path}:\n{lines}\n"
                          f"(`vllm-prism inspect {path}` shows the whole file)")
-
-
-def file_has_tokenizer(path: str | os.PathLike) -> bool:
-    """Whether the file carries a tokenizer vllm-prism can build."""
-    from vllm_prism.gguf.errors import GGUFError
-    from vllm_prism.gguf.reader import GGUFReader
-    from vllm_prism.gguf.tokenizer import read_tokenizer_data
-
-    with GGUFReader(path) as reader:
-        try:
-            read_tokenizer_data(reader.metadata, reader.path)
-        except GGUFError:
-            return False
-    return True
+    return report
 
 
 def materialize_tokenizer(path: str | os.PathLike) -> str:
@@ -81,15 +67,13 @@ def materialize_tokenizer(path: str | os.PathLike) -> str:
     out = Path(envs.VLLM_PRISM_CACHE_DIR) / "tokenizers" / key
     if (out / "tokenizer_config.json").is_file():
         return str(out)
-    from vllm_prism.gguf.qwen35 import HF_MODEL_TYPE, qwen35_text_config
+    from vllm_prism.gguf.qwen35 import HF_MODEL_TYPE
+    from vllm_prism.transformers_utils.gguf_config import text_config_of
 
     with GGUFReader(path) as reader:
         data = read_tokenizer_data(reader.metadata, reader.path)
         context = reader.metadata.get("qwen35.context_length")
-        vocab = reader.tensors["token_embd.weight"].shape[0] \
-            if "token_embd.weight" in reader.tensors else None
-        text_config = {**qwen35_text_config(reader.metadata, reader.path, vocab_size=vocab),
-                       "model_type": HF_MODEL_TYPE}
+        text_config = {**text_config_of(reader), "model_type": HF_MODEL_TYPE}
     try:
         tok = build_tokenizer(data)
     except Exception as e:  # noqa: BLE001 - the tokenizers library's own error types
@@ -201,7 +185,7 @@ def prepare_gguf_engine_args(args: Any) -> None:
     path = str(args.model)
     user_tokenizer = args.tokenizer not in (None, "", path)
     skip_tokenizer = bool(getattr(args, "skip_tokenizer_init", False))
-    check_gguf_for_serving(path, own_tokenizer=not (user_tokenizer or skip_tokenizer))
+    report = check_gguf_for_serving(path, own_tokenizer=not (user_tokenizer or skip_tokenizer))
     _check_tensor_parallel(args, path)
     if args.quantization not in (None, QUANTIZATION):
         raise ValueError(f"--quantization {args.quantization} cannot be used with the Bonsai "
@@ -211,7 +195,7 @@ def prepare_gguf_engine_args(args: Any) -> None:
     args.load_format = LOAD_FORMAT
     if not user_tokenizer:
         # skip_tokenizer_init with a file that has no tokenizer: nothing to materialise
-        args.tokenizer = None if skip_tokenizer and not file_has_tokenizer(path) \
+        args.tokenizer = None if skip_tokenizer and report.tokenizer is None \
             else materialize_tokenizer(path)
     if args.served_model_name is None:
         args.served_model_name = path

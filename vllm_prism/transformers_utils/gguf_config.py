@@ -7,6 +7,7 @@ Hadamard block and the file to read the sign vectors from).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,18 @@ LOAD_FORMAT = "prism_gguf"  # the GGUF loader's load format (model_loader/gguf_l
 ARCHITECTURE = "PrismBonsaiForCausalLM"
 
 
+def is_gguf_model(model: Any) -> bool:
+    """Whether a --model value names a GGUF file."""
+    return isinstance(model, (str, os.PathLike)) and str(model).lower().endswith(".gguf")
+
+
+def text_config_of(reader: GGUFReader) -> dict[str, Any]:
+    """The Hugging Face Qwen3.5 text config of an open file (vocabulary: the embedding's rows)."""
+    vocab = reader.tensors["token_embd.weight"].shape[0] \
+        if "token_embd.weight" in reader.tensors else None
+    return qwen35_text_config(reader.metadata, reader.path, vocab_size=vocab)
+
+
 def ternary_type_of(reader: GGUFReader) -> tuple[GGMLType, int]:
     """The one ternary block type (and group) of the file's projections."""
     kinds = ternary_kinds(reader)
@@ -36,9 +49,7 @@ def gguf_config_dict(path: str | Path) -> dict[str, Any]:
     """The Hugging Face config (as a dict) of a Bonsai GGUF file."""
     with GGUFReader(path) as reader:
         md = reader.metadata
-        vocab = reader.tensors["token_embd.weight"].shape[0] \
-            if "token_embd.weight" in reader.tensors else None
-        config = qwen35_text_config(md, reader.path, vocab_size=vocab)
+        config = text_config_of(reader)
         ggml_type, group = ternary_type_of(reader)
         widths = {n: i.ne[0] for n, i in reader.tensors.items()}
         contract = parse_hadamard_contract(md, widths, reader.path)
@@ -76,7 +87,7 @@ def register_config_source() -> None:
         def parse(self, model: str | Path, trust_remote_code: bool,
                   revision: str | None = None, code_revision: str | None = None,
                   **kwargs: Any) -> tuple[dict, Any]:
-            if not str(model).lower().endswith(".gguf"):
+            if not is_gguf_model(model):
                 return HFConfigParser().parse(model, trust_remote_code, revision,
                                               code_revision, **kwargs)
             config_dict = gguf_config_dict(model)
