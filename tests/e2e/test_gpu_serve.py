@@ -6,12 +6,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import time
 
 import pytest
 
 from . import oracle
-from .test_server import _free_port
+from .test_server import _free_port, wait_for_server
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 openai = pytest.importorskip("openai")
@@ -27,18 +26,8 @@ def test_vllm_serve_answers_chat(tiny_gguf, tmp_path) -> None:
     proc = subprocess.Popen([vllm_cmd, "serve", str(model), "--port", str(port)], stdout=log,
                             stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ})
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY",
-                           timeout=120)
     try:
-        deadline = time.monotonic() + 900
-        while True:
-            try:
-                client.models.list()
-                break
-            except openai.APIConnectionError:
-                assert proc.poll() is None and time.monotonic() < deadline, \
-                    (tmp_path / "serve.log").read_text()[-4000:]
-                time.sleep(2)
+        client = wait_for_server(proc, port, tmp_path / "serve.log", 900)
         messages = [{"role": "user", "content": "What is the capital of France?"}]
         reply = client.chat.completions.create(model=str(model), messages=messages,
                                                max_tokens=8, temperature=0)

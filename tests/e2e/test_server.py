@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +26,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_server(proc: subprocess.Popen, port: int, log: Path, seconds: float):
+    """An OpenAI client once the server on ``port`` answers; fails with its log's tail if
+    the process dies or ``seconds`` pass first."""
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY",
+                           timeout=120)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            client.models.list()
+            return client
+        except openai.APIConnectionError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("server did not start:\n" + log.read_text()[-4000:])
+            time.sleep(1)
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, tiny_gguf):
     root = tmp_path_factory.mktemp("server")
@@ -39,18 +56,7 @@ def server(tmp_path_factory: pytest.TempPathFactory, tiny_gguf):
          "--port", str(port), "--enforce-eager", "--no-enable-prefix-caching",
          "--max-model-len", "512"],
         stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY",
-                           timeout=120)
-    deadline = time.monotonic() + 420
-    while True:
-        try:
-            client.models.list()
-            break
-        except openai.APIConnectionError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                log.flush()
-                pytest.fail("server did not start:\n" + (root / "server.log").read_text()[-4000:])
-            time.sleep(1)
+    client = wait_for_server(proc, port, root / "server.log", 420)
     yield client, str(model)
     os.killpg(proc.pid, signal.SIGTERM)
     try:
