@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine of the `device` tool, after ../shared/tools/vllm-on-gpu staged vLLM there:
 # install this tree and run one stage of the GPU checks, writing logs and results under $OUT.
-#   bash scripts/gpu-session.sh tests        GPU tests: tiny model in vLLM (all modes), kernels
+#   bash scripts/gpu-session.sh tests ARGS   GPU tests (pytest ARGS; log: $OUT/${TESTLOG:-tests}.log)
 #   bash scripts/gpu-session.sh bench KV     e2e benchmark of the 27B-shaped file, one KV dtype
 #   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
+#   bash scripts/gpu-session.sh ptq1mem      weight memory of a 27B-shaped PTQ1_0 file on the GPU
 # The 27B-shaped file is written once per machine to /tmp/b27.gguf (in the background).
 set -uo pipefail
 stage=${1:?stage}
@@ -29,7 +30,8 @@ wait_b27() { while [ ! -f $B27 ]; do sleep 2; done; }
 case $stage in
   tests)
     shift
-    timeout 560 python3 -m pytest -x -q -p no:cacheprovider "$@" 2>&1 | tee "$OUT/tests.log"
+    timeout 560 python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 \
+      | tee "$OUT/${TESTLOG:-tests}.log"
     ;;
   bench)
     kv=${2:?kv}; shift 2
@@ -43,5 +45,13 @@ case $stage in
     wait_b27
     timeout 560 python3 benchmarks/quality/compare_kv_dtypes.py $B27 "$@" 2>&1 \
       | tee "$OUT/quality.log"
+    ;;
+  ptq1mem)
+    P27=/tmp/b27-ptq1.gguf
+    [ -f $P27 ] || python3 -m vllm_prism.entrypoints.cli make-tiny --shape bonsai-2-27b \
+      --format ptq1_0 $P27 >"$OUT/ptq1-make.log" 2>&1
+    ls -l $P27 | tee "$OUT/ptq1mem.log"
+    timeout 400 python3 -c "from vllm import LLM; LLM('$P27', max_model_len=4096, enforce_eager=True)" \
+      2>&1 | grep -i "model loading took\|weights\|error" | tee -a "$OUT/ptq1mem.log"
     ;;
 esac

@@ -9,6 +9,11 @@ and the kernel is chosen by the number of rows M inside the op (as vLLM's
 Its inputs are the layer's prepared planes (``PQ2Weight``: int32 codes, fp16 scales) and the
 optional Hadamard signs, all registered on the layer.
 
+Two siblings fuse what feeds a linear in the model into the producer launch of its kernel:
+``pq2_glu_linear`` (the SiLU-and-multiply of the MLP, for ``down_proj``) and
+``pq2_add_rmsnorm_linear`` (residual add + RMSNorm, for ``gate_up_proj``; it also returns
+the new residual), so neither the activation function nor the norm is a kernel of its own.
+
 The compiled extension is optional: a CPU install, or a CUDA install built without a
 toolkit, has no ``vllm_prism._C``; callers get the exact torch reference there.
 """
@@ -50,20 +55,57 @@ def pq2_dequantize(raw: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> to
 # ------------------------------------------------------------------ registered forward ops
 
 
+def _weight(codes: torch.Tensor, scales: torch.Tensor, signs: torch.Tensor | None,
+            hadamard_block: int):
+    from vllm_prism.kernels.pq2.layout import PQ2Weight
+
+    return PQ2Weight.of_planes(codes, scales, signs, hadamard_block or None)
+
+
 def _pq2_linear_impl(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                      signs: torch.Tensor | None, bias: torch.Tensor | None,
                      hadamard_block: int) -> torch.Tensor:
     from vllm_prism.kernels.pq2.dispatch import pq2_linear
-    from vllm_prism.kernels.pq2.layout import PQ2Weight
 
-    w = PQ2Weight.of_planes(codes, scales, signs, hadamard_block or None)
-    return pq2_linear(x, w, bias)
+    return pq2_linear(x, _weight(codes, scales, signs, hadamard_block), bias)
 
 
 def _pq2_linear_fake(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                      signs: torch.Tensor | None, bias: torch.Tensor | None,
                      hadamard_block: int) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], codes.shape[0]))
+
+
+def _pq2_glu_linear_impl(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
+                         signs: torch.Tensor | None, bias: torch.Tensor | None,
+                         hadamard_block: int) -> torch.Tensor:
+    from vllm_prism.kernels.pq2.dispatch import pq2_linear_fused
+    from vllm_prism.kernels.pq2.hadamard import Prologue
+
+    w = _weight(codes, scales, signs, hadamard_block)
+    return pq2_linear_fused(x, w, bias, Prologue(glu=True))[0]
+
+
+def _pq2_add_rmsnorm_linear_impl(x: torch.Tensor, residual: torch.Tensor,
+                                 rms_weight: torch.Tensor, rms_offset: float, eps: float,
+                                 codes: torch.Tensor, scales: torch.Tensor,
+                                 signs: torch.Tensor | None, bias: torch.Tensor | None,
+                                 hadamard_block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    from vllm_prism.kernels.pq2.dispatch import pq2_linear_fused
+    from vllm_prism.kernels.pq2.hadamard import Prologue
+
+    w = _weight(codes, scales, signs, hadamard_block)
+    pro = Prologue(residual=residual, rms_weight=rms_weight, rms_offset=rms_offset, eps=eps)
+    y, res = pq2_linear_fused(x, w, bias, pro)
+    return y, res
+
+
+def _pq2_add_rmsnorm_linear_fake(x: torch.Tensor, residual: torch.Tensor,
+                                 rms_weight: torch.Tensor, rms_offset: float, eps: float,
+                                 codes: torch.Tensor, scales: torch.Tensor,
+                                 signs: torch.Tensor | None, bias: torch.Tensor | None,
+                                 hadamard_block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return x.new_empty((*x.shape[:-1], codes.shape[0])), torch.empty_like(residual)
 
 
 @functools.cache
@@ -75,10 +117,16 @@ def _library() -> torch.library.Library:
 def register_ops() -> None:
     """Register the forward ops once per process (vLLM's ``direct_register_custom_op``, on
     the current platform's dispatch key). The prism quantization method calls it when it
-    prepares its weights, outside any traced code; the forward calls
-    ``torch.ops.vllm_prism.pq2_linear`` directly."""
+    prepares its weights, outside any traced code; the forward calls the ops through
+    ``torch.ops.vllm_prism`` directly."""
     from vllm.utils.torch_utils import direct_register_custom_op
 
+    lib = _library()
     direct_register_custom_op("pq2_linear", _pq2_linear_impl, mutates_args=[],
-                              fake_impl=_pq2_linear_fake, target_lib=_library())
+                              fake_impl=_pq2_linear_fake, target_lib=lib)
+    direct_register_custom_op("pq2_glu_linear", _pq2_glu_linear_impl, mutates_args=[],
+                              fake_impl=_pq2_linear_fake, target_lib=lib)
+    direct_register_custom_op("pq2_add_rmsnorm_linear", _pq2_add_rmsnorm_linear_impl,
+                              mutates_args=[], fake_impl=_pq2_add_rmsnorm_linear_fake,
+                              target_lib=lib)
 

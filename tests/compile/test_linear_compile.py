@@ -95,3 +95,71 @@ def test_ptq1_keeps_one_prepared_form(tiny_gguf) -> None:
     held = sum(t.numel() * t.element_size() for t in tensors)
     # codes (K/4 bytes a row) + fp16 scales padded to 8 + fp32 signs
     assert held == N * K // 4 + N * 8 * 2 + K * 4
+
+
+def test_fused_norm_and_activation_compile_and_match_vllms_ops(tiny_gguf) -> None:
+    """The MLP's fused path (residual add + RMSNorm in gate_up's producer, SiLU-and-multiply in
+    down's) traces into one graph of two opaque ops and equals vLLM's own GemmaRMSNorm and
+    SiluAndMul followed by the plain linear op, at M = 512, 1 and 7."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.activation import SiluAndMul
+    from vllm.model_executor.layers.layernorm import GemmaRMSNorm
+
+    method, up = _layer_kn(tiny_gguf, K, 2 * K)  # gate_up: intermediate size K
+    down_method, down = _layer_kn(tiny_gguf, K, K)
+    with set_current_vllm_config(VllmConfig()):
+        norm, silu_mul = GemmaRMSNorm(K, eps=1e-6), SiluAndMul()
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(K, generator=torch.Generator().manual_seed(5)) * 0.3)
+    assert method.fuses_prologue(up) and down_method.fuses_prologue(down)
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    def fused(x: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate_up, res = method.apply_add_rmsnorm(up, x, res, norm.weight, 1.0, 1e-6)
+        return down_method.apply_glu(down, gate_up), res
+
+    def unfused(x: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h, res = norm.forward_native(x, res)
+        gate_up = method.apply(up, h)
+        return down_method.apply(down, silu_mul.forward_native(gate_up)), res
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fused, fullgraph=True, backend=backend, dynamic=False,
+                             options={"guard_filter_fn": lambda guards: [False] * len(guards)})
+    gen = torch.Generator().manual_seed(1)
+    for m in (512, 1, 7):
+        x, res = (torch.randn(m, K, generator=gen) for _ in range(2))
+        if m == 512:
+            torch._dynamo.mark_dynamic(x, 0)
+            torch._dynamo.mark_dynamic(res, 0)
+        y, r = compiled(x, res)
+        y_ref, r_ref = unfused(x, res)
+        torch.testing.assert_close(r, r_ref, rtol=0, atol=0)
+        err = (y.double() - y_ref.double()).norm() / y_ref.double().norm()
+        assert y.shape == (m, K) and err < 1e-5, (m, float(err))
+    assert len(graphs) == 1, f"{len(graphs)} graphs traced: M was specialised"
+    ops = {str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"}
+    assert any("pq2_add_rmsnorm_linear" in o for o in ops), ops
+    assert any("pq2_glu_linear" in o for o in ops), ops
+
+
+def _layer_kn(tiny_gguf, k: int, n: int):
+    """A PQ2_0 prism linear layer [n, k] with random ternary weights, prepared for the op."""
+    from vllm_prism.model_executor.layers.quantization.prism import (PrismConfig,
+                                                                     PrismLinearMethod)
+
+    cfg = PrismConfig(int(GGMLType.PQ2_0), 128, 128, str(tiny_gguf("pq2_0")))
+    method = PrismLinearMethod(cfg)
+    layer = torch.nn.Module()
+    method.create_weights(layer, k, [n], k, n, torch.float32)
+    rng = np.random.default_rng(k + n)
+    q = rng.integers(-1, 2, size=(n, k), dtype=np.int8)
+    d = rng.uniform(0.01, 0.03, size=(n, k // 128)).astype(np.float16)
+    layer.weight.data.copy_(torch.from_numpy(codecs.pack_blocks(q, d, GGMLType.PQ2_0)))
+    layer.bias = None
+    method.process_weights_after_loading(layer)
+    return method, layer

@@ -42,7 +42,11 @@ def run_vllm(model: Path, request: dict, tmp: Path) -> dict:
     # logged two and slept through a retry).
     assert not [x for x in res.stderr.splitlines() if " ERROR " in x], res.stderr[-4000:]
     line = next(x for x in res.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    out = json.loads(line[len("RESULT "):])
+    # What the engine said about its kernel and attention-path choices.
+    out["prism_log"] = [x for x in res.stderr.splitlines()
+                        if "PQ2 linear" in x or "PRISM attention" in x]
+    return out
 
 
 @pytest.fixture(scope="module")

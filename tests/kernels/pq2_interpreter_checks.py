@@ -26,7 +26,8 @@ from pq2_reference import (dense, integer_reference, quantize_q8, random_signs, 
 
 from vllm_prism.gguf.hadamard import forward_transform  # noqa: E402
 from vllm_prism.kernels.pq2 import dispatch  # noqa: E402
-from vllm_prism.kernels.pq2.hadamard import ActKind, transform_activation  # noqa: E402
+from vllm_prism.kernels.pq2.hadamard import (ActKind, Prologue, transform_activation,  # noqa: E402
+                                             transform_activation_torch)
 from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight  # noqa: E402
 from vllm_prism.kernels.pq2.triton_gemv import gemv_a8, gemv_a16  # noqa: E402
 from vllm_prism.kernels.pq2.triton_mma import TCConfig, pq2_tc_linear  # noqa: E402
@@ -181,9 +182,47 @@ def _rms():
     g = torch.rand(k, generator=gen) + 0.5
     s = random_signs(k, gen)
     xn = x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + 1e-6) * g
-    got = transform_activation(x, s, 256, ActKind.FLOAT, rms_weight=g).data
+    got = transform_activation(x, s, 256, ActKind.FLOAT,
+                               prologue=Prologue(rms_weight=g)).data
     err = rel_err(got, forward_transform(xn.double(), s, 256))
     expect(err < 1e-6, f"{err:.1e}")
+
+
+@check("prologue-fused")
+def _prologue():
+    """SiLU-and-multiply, residual add and the (1 + w) RMSNorm in the producer launch, against
+    the same steps in separate torch ops (fp32, then bf16 with the residual written back)."""
+    k = 384
+    gen = torch.Generator().manual_seed(4)
+    s = random_signs(k, gen)
+    gu = torch.randn(3, 2 * k, generator=gen)
+    x, r = torch.randn(3, k, generator=gen), torch.randn(3, k, generator=gen)
+    g = torch.rand(k, generator=gen) - 0.5
+    act = transform_activation(gu, s, 128, ActKind.FLOAT, prologue=Prologue(glu=True))
+    want = torch.nn.functional.silu(gu[:, :k].double()) * gu[:, k:].double()
+    err = rel_err(act.data, forward_transform(want, s, 128))
+    expect(err < 1e-6, f"glu {err:.1e}")
+    pro = Prologue(residual=r, rms_weight=g, rms_offset=1.0, eps=1e-6)
+    act = transform_activation(x, s, 128, ActKind.FLOAT, prologue=pro)
+    xs = x.double() + r.double()
+    xn = xs * torch.rsqrt(xs.pow(2).mean(dim=1, keepdim=True) + 1e-6) * (1.0 + g.double())
+    err = rel_err(act.data, forward_transform(xn, s, 128))
+    expect(err < 1e-6, f"add-rmsnorm {err:.1e}")
+    expect(torch.allclose(act.residual.double(), xs, rtol=1e-6, atol=1e-6), "residual out")
+    xb, rb = x.bfloat16(), r.bfloat16()
+    pro_b = Prologue(residual=rb, rms_weight=g.bfloat16(), rms_offset=1.0)
+    for kind in (ActKind.Q8, ActKind.F32_PERM):
+        got = transform_activation(xb, s, 128, kind, prologue=pro_b)
+        ref = transform_activation_torch(xb, s, 128, kind, prologue=pro_b)
+        rsum = xb.float() + rb.float()  # bf16 store: one step (the interpreter truncates)
+        expect(got.residual.dtype == torch.bfloat16 and
+               ((got.residual.float() - rsum).abs() <= rsum.abs() * 2 ** -7).all(),
+               f"{kind.name} residual out")
+        if kind == ActKind.Q8:
+            expect((got.data.int() - ref.data.int()).abs().max() <= 1, "Q8 codes")
+            expect(torch.allclose(got.group_scale, ref.group_scale, rtol=1e-5), "Q8 scales")
+        else:
+            expect(rel_err(got.data, ref.data) < 1e-6, "F32_PERM")
 
 
 if __name__ == "__main__":

@@ -59,9 +59,23 @@ class PrismAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
         md = super().build(common_prefix_len, common_attn_metadata, fast_build)
         md.prism = prism_metadata(md, common_attn_metadata.num_reqs,
                                   common_attn_metadata.query_start_loc_cpu)
-        md.prism_plan = StepPlan.build(md.prism.query_lens(), md.query_start_loc.device,
-                                       ids_buffer=self.prism_ids)
+        md.prism_plan = plan = StepPlan.build(md.prism.query_lens(),
+                                              md.query_start_loc.device,
+                                              ids_buffer=self.prism_ids)
+        _log_route(plan)
         return md
+
+
+def _log_route(plan: StepPlan) -> None:
+    """Say once per kind of step which attention path serves it (host side, in the builder)."""
+    if plan.verify:
+        logger.info_once("PRISM attention: verification steps (up to %d query tokens a "
+                         "request) run the split verification path (prefix by split-KV, causal "
+                         "tail, merged by log-sum-exp)", plan.verify_len)
+    if plan.decode:
+        logger.info_once("PRISM attention: decode steps run the split-KV decode kernel")
+    if plan.prefill:
+        logger.info_once("PRISM attention: prefill runs in bounded sections")
 
 
 def prism_metadata(md: Any, num_reqs: int, query_start_loc_cpu: torch.Tensor) -> PrismMetadata:

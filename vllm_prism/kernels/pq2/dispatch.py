@@ -8,12 +8,14 @@ accepts the call runs it, and every kernel passed over is logged once with its r
 back to the automatic order, with a warning, where that kernel cannot run the call.
 
 Every kernel gets its activation from the Triton producer in :mod:`.hadamard`, which applies
-the signs and the block Hadamard in the same pass that writes the layout the kernel reads
-(and can fuse the RMSNorm in front: ``rms_weight``), so the rotation adds no pass of its own.
+the signs and the block Hadamard in the same pass that writes the layout the kernel reads, so
+the rotation adds no pass of its own. :func:`pq2_linear_fused` also runs a :class:`Prologue`
+there: the SiLU-and-multiply, residual add and RMSNorm that feed the linear in the model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from dataclasses import dataclass
@@ -23,14 +25,14 @@ import torch
 
 from vllm_prism import envs
 from vllm_prism.kernels.common import HAS_TRITON, device_capability, interpreting, sm_count
-from vllm_prism.kernels.pq2.hadamard import (ActKind, PQ2Activation, transform_activation,
-                                             transform_activation_torch)
+from vllm_prism.kernels.pq2.hadamard import (NO_PROLOGUE, ActKind, PQ2Activation, Prologue,
+                                             transform_activation, transform_activation_torch)
 from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["PQ2LinearConfig", "PQ2LinearKernel", "KERNELS", "select_kernel", "pq2_linear",
-           "pq2_linear_from_activation"]
+           "pq2_linear_fused", "pq2_linear_from_activation"]
 
 Weight = PQ2Weight | PTQ1Weight
 _FLOAT_ACT = (torch.bfloat16, torch.float16)
@@ -91,13 +93,13 @@ class PQ2LinearKernel:
         raise NotImplementedError
 
     @classmethod
-    def make_activation(cls, x: torch.Tensor, w: Weight, *,
-                        rms_weight: torch.Tensor | None = None,
-                        eps: float = 1e-6) -> PQ2Activation:
-        """The activation this kernel reads: one producer launch (signs, Hadamard, layout)."""
+    def make_activation(cls, x: torch.Tensor, w: Weight,
+                        prologue: Prologue = NO_PROLOGUE) -> PQ2Activation:
+        """The activation this kernel reads: one producer launch (prologue, signs, Hadamard,
+        layout)."""
         return transform_activation(x, w.signs, w.hadamard_block, cls.act_kind,
                                     out_dtype=torch.float32 if cls.act_fp32 else None,
-                                    rms_weight=rms_weight, eps=eps)
+                                    prologue=prologue)
 
 
 def _pq2_only(c: PQ2LinearConfig) -> tuple[bool, str]:
@@ -243,10 +245,9 @@ class TorchKernel(PQ2LinearKernel):
         return True, ""
 
     @classmethod
-    def make_activation(cls, x, w, *, rms_weight=None, eps=1e-6):
+    def make_activation(cls, x, w, prologue=NO_PROLOGUE):
         act = transform_activation_torch(x, w.signs, w.hadamard_block, ActKind.FLOAT,
-                                         out_dtype=torch.float32, rms_weight=rms_weight,
-                                         eps=eps)
+                                         out_dtype=torch.float32, prologue=prologue)
         act.dtype = x.dtype  # the output dtype the kernel returns
         return act
 
@@ -332,21 +333,33 @@ def select_kernel(m: int, w: Weight, dtype: torch.dtype) -> type[PQ2LinearKernel
     return _select(PQ2LinearConfig.of(m, w, dtype), envs.VLLM_PRISM_PQ2_KERNEL)
 
 
-def pq2_linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None, *,
-               rms_weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
-    """``y = W_st @ Hblk(s * RMSNorm?(x)) + bias`` for x [..., K]; returns [..., N] in x's dtype.
+def pq2_linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``y = W_st @ Hblk(s * x) + bias`` for x [..., K]; returns [..., N] in x's dtype.
 
-    The transform (when ``w`` carries signs) and the optional RMSNorm run in the producer
-    launch of the chosen kernel.
+    The transform (when ``w`` carries signs) runs in the producer launch of the chosen kernel.
     """
-    if x.shape[-1] != w.k:
-        raise ValueError(f"x has K = {x.shape[-1]}, the {w.fmt} weight [{w.n}, {w.k}] needs {w.k}")
+    return pq2_linear_fused(x, w, bias)[0]
+
+
+def pq2_linear_fused(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None,
+                     prologue: Prologue = NO_PROLOGUE
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``W_st @ Hblk(s * prologue(x)) + bias`` and, when the prologue adds a residual, the
+    sum ``x' + residual`` (the next residual). x is [..., K], or [..., 2K] for a glu prologue;
+    the prologue runs in the producer launch of the chosen kernel."""
+    width = 2 * w.k if prologue.glu else w.k
+    if x.shape[-1] != width:
+        raise ValueError(f"x has K = {x.shape[-1]}, the {w.fmt} weight [{w.n}, {w.k}] needs "
+                         f"{width}{' (gate and up halves)' if prologue.glu else ''}")
     lead = x.shape[:-1]
-    x2 = x.reshape(-1, w.k)
+    x2 = x.reshape(-1, width)
+    if prologue.residual is not None:
+        prologue = dataclasses.replace(prologue, residual=prologue.residual.reshape(-1, w.k))
     kernel = select_kernel(x2.shape[0], w, x.dtype)
-    act = kernel.make_activation(x2, w, rms_weight=rms_weight, eps=eps)
-    y = kernel.run(act, w, bias, x.dtype)
-    return y.reshape(*lead, w.n)
+    act = kernel.make_activation(x2, w, prologue)
+    y = kernel.run(act, w, bias, x.dtype).reshape(*lead, w.n)
+    res = None if act.residual is None else act.residual.reshape(*lead, w.k)
+    return y, res
 
 
 def pq2_linear_from_activation(act: PQ2Activation, w: Weight,

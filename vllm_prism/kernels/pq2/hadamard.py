@@ -1,9 +1,12 @@
-"""The activation producer of the PQ2 kernels: (RMSNorm) -> signs -> block Hadamard -> layout.
+"""The activation producer of the PQ2 kernels: prologue -> signs -> block Hadamard -> layout.
 
 A folded Bonsai linear layer computes ``y = W_st @ Hblk(s * x)``. One Triton kernel reads the
 activation once and writes it in the form the chosen weight kernel consumes, so the rotation
-costs no extra pass: it optionally applies an RMSNorm first (``rms_weight``), making it the
-norm kernel of the layer, then multiplies by the sign vector, runs the normalized
+costs no extra pass. A :class:`Prologue` fuses what feeds the linear in the model into the
+same launch: the SiLU-and-multiply of a gated MLP (``glu``: x is ``[M, 2K]``), the residual
+add (the fp32 sum is normalized and written back in the residual's dtype, as vLLM's fused
+add-norm does) and an RMSNorm (``rms_weight``, with ``rms_offset`` 1.0 for the zero-centred ``(1 + w)``
+norm of Qwen3.5), all in fp32. Then it multiplies by the sign vector, runs the normalized
 Walsh-Hadamard butterfly on each ``block``-chunk in fp32 (same operation order as
 :func:`vllm_prism.gguf.hadamard.forward_transform`) and stores one of
 
@@ -34,7 +37,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-__all__ = ["ActKind", "PQ2Activation", "transform_activation", "hadamard_transform",
+__all__ = ["ActKind", "PQ2Activation", "Prologue", "transform_activation", "hadamard_transform",
            "transform_activation_torch", "block_hadamard_torch", "signed_hadamard_torch",
            "inverse_signed_hadamard_torch"]
 
@@ -48,6 +51,22 @@ class ActKind(enum.IntEnum):
     FLOAT = 0
     F32_PERM = 1
     Q8 = 2
+
+
+@dataclass(frozen=True)
+class Prologue:
+    """What the producer computes before the signs: ``glu`` (x is ``[M, 2K]``, the input is
+    ``silu(x[:, :K]) * x[:, K:]``), then ``+ residual`` (the sum is returned), then the
+    RMSNorm ``x * rsqrt(mean(x^2) + eps) * (rms_offset + rms_weight)``."""
+
+    glu: bool = False
+    residual: torch.Tensor | None = None
+    rms_weight: torch.Tensor | None = None
+    rms_offset: float = 0.0
+    eps: float = 1e-6
+
+
+NO_PROLOGUE = Prologue()
 
 
 @dataclass
@@ -65,6 +84,7 @@ class PQ2Activation:
     dtype: torch.dtype
     group_scale: torch.Tensor | None = None
     group_sum: torch.Tensor | None = None
+    residual: torch.Tensor | None = None  # x + residual, when the prologue adds one
 
 
 # ------------------------------------------------------------------------------ Triton
@@ -84,25 +104,43 @@ if HAS_TRITON:
         return x
 
     @triton.jit
-    def _act_kernel(x_ptr, signs_ptr, rmsw_ptr, out_ptr, gscale_ptr, gsum_ptr,
-                    K, stride_xm, stride_om, stride_gm, eps,
+    def _prologue_load(x_row, r_row, o, mask, K,
+                       GLU: tl.constexpr, HAS_RES: tl.constexpr):
+        """fp32 values at offsets o of one row: silu(gate) * up, plus the residual."""
+        if GLU:
+            g = tl.load(x_row + o, mask=mask, other=0.0).to(tl.float32)
+            u = tl.load(x_row + K + o, mask=mask, other=0.0).to(tl.float32)
+            v = g / (1.0 + tl.exp(-g)) * u
+        else:
+            v = tl.load(x_row + o, mask=mask, other=0.0).to(tl.float32)
+        if HAS_RES:
+            r = tl.load(r_row + o, mask=mask, other=0.0).to(tl.float32)
+            v = v + r
+        return v
+
+    @triton.jit
+    def _act_kernel(x_ptr, res_ptr, resout_ptr, signs_ptr, rmsw_ptr, out_ptr, gscale_ptr,
+                    gsum_ptr, K, stride_xm, stride_rm, stride_om, stride_gm, eps, rms_offset,
                     SEG: tl.constexpr, LOG_B: tl.constexpr, INV_SQRT_B: tl.constexpr,
                     HAS_SIGNS: tl.constexpr, HAS_RMS: tl.constexpr, RMS_BLOCK: tl.constexpr,
-                    MODE: tl.constexpr):
+                    GLU: tl.constexpr, HAS_RES: tl.constexpr, MODE: tl.constexpr):
         m = tl.program_id(0).to(tl.int64)
         seg = tl.program_id(1)
         NG: tl.constexpr = SEG // 128
         offs = seg * SEG + tl.arange(0, SEG)
         x_row = x_ptr + m * stride_xm
-        x = tl.load(x_row + offs).to(tl.float32)
+        r_row = res_ptr + m * stride_rm
+        x = _prologue_load(x_row, r_row, offs, offs < K, K, GLU, HAS_RES)
+        if HAS_RES:
+            tl.store(resout_ptr + m * K + offs, x.to(resout_ptr.dtype.element_ty))
         if HAS_RMS:
             sq = tl.zeros([RMS_BLOCK], dtype=tl.float32)
             for k0 in range(0, K, RMS_BLOCK):
                 o = k0 + tl.arange(0, RMS_BLOCK)
-                v = tl.load(x_row + o, mask=o < K, other=0.0).to(tl.float32)
+                v = _prologue_load(x_row, r_row, o, o < K, K, GLU, HAS_RES)
                 sq += v * v
             rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
-            x = x * rstd * tl.load(rmsw_ptr + offs).to(tl.float32)
+            x = x * rstd * (tl.load(rmsw_ptr + offs).to(tl.float32) + rms_offset)
         if HAS_SIGNS:
             x = x * tl.load(signs_ptr + offs)
         if LOG_B > 0:
@@ -139,10 +177,18 @@ def _segment(k: int, block: int) -> int:
     return seg
 
 
-def _check_inputs(x: torch.Tensor, signs: torch.Tensor | None, block: int | None) -> int:
+def _check_inputs(x: torch.Tensor, signs: torch.Tensor | None, block: int | None,
+                  pro: Prologue = NO_PROLOGUE) -> int:
     if x.dim() != 2:
         raise ValueError(f"activation must be 2-D [M, K], got shape {tuple(x.shape)}")
-    k = x.shape[1]
+    k = x.shape[1] // 2 if pro.glu else x.shape[1]
+    if pro.glu and x.shape[1] % 2:
+        raise ValueError(f"a gated (glu) input has an even width, got {x.shape[1]}")
+    if pro.residual is not None and tuple(pro.residual.shape) != (x.shape[0], k):
+        raise ValueError(f"residual has shape {tuple(pro.residual.shape)}, expected "
+                         f"{(x.shape[0], k)}")
+    if pro.rms_weight is not None and pro.rms_weight.numel() != k:
+        raise ValueError(f"rms_weight has {pro.rms_weight.numel()} values, expected K = {k}")
     if k % GROUP:
         raise ValueError(f"K = {k} is not a multiple of {GROUP}")
     b = 1 if block is None else int(block)
@@ -173,21 +219,26 @@ def _alloc(kind: ActKind, m: int, k: int, dtype: torch.dtype,
 
 def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int | None,
                          kind: ActKind = ActKind.FLOAT, *, out_dtype: torch.dtype | None = None,
-                         rms_weight: torch.Tensor | None = None,
-                         eps: float = 1e-6) -> PQ2Activation:
-    """``Hblk(signs * RMSNorm?(x))`` of x [M, K] in the layout ``kind``, one Triton launch.
+                         prologue: Prologue = NO_PROLOGUE) -> PQ2Activation:
+    """``Hblk(signs * prologue(x))`` of x [M, K] (``[M, 2K]`` for a glu prologue) in the
+    layout ``kind``, one Triton launch.
 
-    ``out_dtype`` (FLOAT only) defaults to x's dtype; ``rms_weight`` [K] fuses an RMSNorm
-    (fp32 math) in front. Falls back to :func:`transform_activation_torch` where Triton
-    cannot run.
+    ``out_dtype`` (FLOAT only) defaults to x's dtype. Falls back to
+    :func:`transform_activation_torch` where Triton cannot run.
     """
-    b = _check_inputs(x, signs, block)
+    b = _check_inputs(x, signs, block, prologue)
     if not triton_can_run(x.device):
         return transform_activation_torch(x, signs, block, kind, out_dtype=out_dtype,
-                                          rms_weight=rms_weight, eps=eps)
-    m, k = x.shape
+                                          prologue=prologue)
+    m = x.shape[0]
+    k = x.shape[1] // 2 if prologue.glu else x.shape[1]
     dtype = out_dtype or x.dtype
     act = _alloc(ActKind(kind), m, k, dtype, x.device)
+    res = prologue.residual
+    if res is not None:
+        act.residual = torch.empty(m, k, dtype=res.dtype, device=x.device)
+        if res.stride(1) != 1:
+            res = res.contiguous()
     if m == 0:
         return act
     if x.stride(1) != 1:
@@ -197,13 +248,16 @@ def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int
     dummy = act.data
     gsum = act.group_sum if act.group_sum is not None else dummy
     gscale = act.group_scale if act.group_scale is not None else dummy
+    rmsw = prologue.rms_weight
     _act_kernel[(m, k // seg)](
-        x, signs if signs is not None else x, rms_weight if rms_weight is not None else x,
-        act.data, gscale, gsum, k, x.stride(0), act.data.numel() // m, k // GROUP, float(eps),
+        x, res if res is not None else x, act.residual if res is not None else x,
+        signs if signs is not None else x, rmsw if rmsw is not None else x,
+        act.data, gscale, gsum, k, x.stride(0), res.stride(0) if res is not None else 0,
+        act.data.numel() // m, k // GROUP, float(prologue.eps), float(prologue.rms_offset),
         SEG=seg, LOG_B=log_b, INV_SQRT_B=1.0 / math.sqrt(b),
-        HAS_SIGNS=signs is not None, HAS_RMS=rms_weight is not None,
-        RMS_BLOCK=min(1024, triton.next_power_of_2(k)), MODE=int(kind),
-        num_warps=4 if seg >= 512 else 2)
+        HAS_SIGNS=signs is not None, HAS_RMS=rmsw is not None,
+        RMS_BLOCK=min(1024, triton.next_power_of_2(k)), GLU=prologue.glu,
+        HAS_RES=res is not None, MODE=int(kind), num_warps=4 if seg >= 512 else 2)
     return act
 
 
@@ -246,38 +300,52 @@ def inverse_signed_hadamard_torch(z: torch.Tensor, signs: torch.Tensor,
     return block_hadamard_torch(z.float(), block) * signs.float()
 
 
+def apply_prologue_torch(x: torch.Tensor, pro: Prologue
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The prologue in fp32 torch: (values [M, K], x + residual in the residual's dtype)."""
+    xf = x.float()
+    if pro.glu:
+        k = x.shape[-1] // 2
+        xf = torch.nn.functional.silu(xf[..., :k]) * xf[..., k:]
+    res_out = None
+    if pro.residual is not None:
+        xf = xf + pro.residual.float()
+        res_out = xf.to(pro.residual.dtype)
+    if pro.rms_weight is not None:
+        rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + pro.eps)
+        xf = xf * rstd * (pro.rms_weight.float() + pro.rms_offset)
+    return xf, res_out
+
+
 def transform_activation_torch(x: torch.Tensor, signs: torch.Tensor | None, block: int | None,
                                kind: ActKind = ActKind.FLOAT, *,
                                out_dtype: torch.dtype | None = None,
-                               rms_weight: torch.Tensor | None = None,
-                               eps: float = 1e-6) -> PQ2Activation:
+                               prologue: Prologue = NO_PROLOGUE) -> PQ2Activation:
     """Same result and layouts as :func:`transform_activation`, in plain torch."""
-    b = _check_inputs(x, signs, block)
-    m, k = x.shape
+    b = _check_inputs(x, signs, block, prologue)
+    xf, res_out = apply_prologue_torch(x, prologue)
+    m, k = xf.shape
     g = k // GROUP
     dtype = out_dtype or x.dtype
-    xf = x.float()
-    if rms_weight is not None:
-        rstd = torch.rsqrt(xf.pow(2).mean(dim=1, keepdim=True) + eps)
-        xf = xf * rstd * rms_weight.float()
     if signs is not None:
         xf = xf * signs.to(xf.device, torch.float32)
     if b > 1:
         xf = block_hadamard_torch(xf, b)
     kind = ActKind(kind)
     if kind == ActKind.FLOAT:
-        return PQ2Activation(kind, xf.to(dtype), m, k, dtype)
+        return PQ2Activation(kind, xf.to(dtype), m, k, dtype, residual=res_out)
     if kind == ActKind.F32_PERM:  # [M, w, q, b] -> [M, b, q, w], scaled by 4**-(4(b%2)+q)
         xw = xf.reshape(m, k // 16, 4, 4).permute(0, 3, 2, 1)
         q = torch.arange(4, device=x.device).view(1, 4, 1)
         b = torch.arange(4, device=x.device).view(4, 1, 1)
         perm = (xw * torch.exp2(-2.0 * (4 * (b % 2) + q))).reshape(m, 16, k // 16)
         gsum = xf.reshape(m, g, GROUP).sum(dim=2)
-        return PQ2Activation(kind, perm.contiguous(), m, k, dtype, None, gsum)
+        return PQ2Activation(kind, perm.contiguous(), m, k, dtype, None, gsum, res_out)
     xg = xf.reshape(m, g, GROUP)
     amax = xg.abs().amax(dim=2)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
     v = xg * inv.unsqueeze(-1)
     q = (torch.floor(v.abs() + 0.5).clamp(max=127) * torch.sign(v)).to(torch.int32)
     qsum = q.sum(dim=2, dtype=torch.int32)
-    return PQ2Activation(kind, q.reshape(m, k).to(torch.int8), m, k, dtype, amax / 127.0, qsum)
+    return PQ2Activation(kind, q.reshape(m, k).to(torch.int8), m, k, dtype, amax / 127.0, qsum,
+                         res_out)

@@ -5,8 +5,10 @@ The text model is vLLM's Qwen3.5: Gated DeltaNet layers and gated full-attention
 vision model and imports torchvision through it, which a CPU install cannot import; this
 module composes the same layers from qwen3_next and the Gated DeltaNet layer directly, and
 adds what Bonsai needs: the quantization config reaches the embedding too (it is ternary
-and inverse-folded in Bonsai files). Tensor and pipeline parallelism work where vLLM's
-layers support them.
+and inverse-folded in Bonsai files), and where the MLP's projections run the prism linear op
+the post-attention residual add + RMSNorm and the SiLU-and-multiply run inside the producer
+launches of ``gate_up_proj`` and ``down_proj`` (:class:`BonsaiMLP`), not as kernels of their
+own. Tensor and pipeline parallelism work where vLLM's layers support them.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
-from vllm.distributed import get_pp_group
+from vllm.distributed import get_pp_group, tensor_model_parallel_all_reduce
 from vllm.logger import init_logger
 from vllm.model_executor.layers.layernorm import GemmaRMSNorm
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
@@ -42,6 +44,29 @@ from vllm.sequence import IntermediateTensors
 logger = init_logger(__name__)
 
 
+class BonsaiMLP(Qwen2MoeMLP):
+    """The dense SiLU MLP; :meth:`forward_add_norm` also takes the post-attention norm."""
+
+    def fuses_prologue(self) -> bool:
+        """Whether both projections run the prism op (known once the weights are prepared),
+        so that the norm and the activation can run in their producers."""
+        layers = (self.gate_up_proj, self.down_proj)
+        return all(getattr(layer.quant_method, "fuses_prologue", lambda _: False)(layer)
+                   and layer.bias is None for layer in layers)
+
+    def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: GemmaRMSNorm
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp(norm(x + residual)), x + residual)`` in two launches (plus the reduce under
+        tensor parallelism): the add and norm in gate_up_proj's producer, the SiLU-and-multiply
+        in down_proj's."""
+        gate_up, residual = self.gate_up_proj.quant_method.apply_add_rmsnorm(
+            self.gate_up_proj, x, residual, norm.weight, 1.0, norm.variance_epsilon)
+        out = self.down_proj.quant_method.apply_glu(self.down_proj, gate_up)
+        if self.down_proj.reduce_results and self.down_proj.tp_size > 1:
+            out = tensor_model_parallel_all_reduce(out)
+        return out, residual
+
+
 class BonsaiDecoderLayer(Qwen3NextDecoderLayer):
     """One Qwen3.5 text layer: GDN or gated attention, then the dense MLP."""
 
@@ -64,13 +89,30 @@ class BonsaiDecoderLayer(Qwen3NextDecoderLayer):
                 prefix=f"{prefix}.self_attn")
         else:
             raise ValueError(f"layer {self.layer_idx}: unknown layer type {layer_type!r}")
-        self.mlp = Qwen2MoeMLP(hidden_size=config.hidden_size,
+        self.mlp = BonsaiMLP(hidden_size=config.hidden_size,
                                intermediate_size=config.intermediate_size,
                                hidden_act=config.hidden_act, quant_config=quant_config,
                                prefix=f"{prefix}.mlp")
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size,
                                                      eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | None,
+                positions: torch.Tensor, **kwargs: object
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.mlp.fuses_prologue():
+            return super().forward(hidden_states, residual, positions, **kwargs)
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        if self.layer_type == "linear_attention":
+            hidden_states = self.linear_attn(hidden_states=hidden_states)
+        else:
+            hidden_states = self.self_attn(hidden_states=hidden_states, positions=positions)
+        return self.mlp.forward_add_norm(hidden_states, residual,
+                                         self.post_attention_layernorm)
 
 
 @support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1,

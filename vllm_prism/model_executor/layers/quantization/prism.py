@@ -173,6 +173,30 @@ class PrismLinearMethod(LinearMethodBase):
                                                    self.config.hadamard_block or 0)
         return prism_linear_reference(x, layer.weight, layer.prism_signs, self.config, bias)
 
+    @staticmethod
+    def fuses_prologue(layer: torch.nn.Module) -> bool:
+        """Whether the layer runs the linear op, whose producer can take the SiLU-and-multiply
+        or the residual add + RMSNorm in front (:meth:`apply_glu`, :meth:`apply_add_rmsnorm`).
+        Decided once, when the weights are prepared."""
+        return bool(getattr(layer, "prism_uses_op", False))
+
+    def apply_glu(self, layer: torch.nn.Module, gate_up: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``apply(layer, silu(gate) * up)`` for gate_up = [..., 2K], in one producer launch."""
+        return torch.ops.vllm_prism.pq2_glu_linear(gate_up, layer.prism_codes,
+                                                   layer.prism_scales, layer.prism_signs, bias,
+                                                   self.config.hadamard_block or 0)
+
+    def apply_add_rmsnorm(self, layer: torch.nn.Module, x: torch.Tensor,
+                          residual: torch.Tensor, rms_weight: torch.Tensor, rms_offset: float,
+                          eps: float, bias: torch.Tensor | None = None
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(apply(layer, RMSNorm(x + residual)), x + residual)``, the norm and the residual
+        add in the producer launch (``rms_offset`` 1.0: the zero-centred ``(1 + w)`` norm)."""
+        return torch.ops.vllm_prism.pq2_add_rmsnorm_linear(
+            x, residual, rms_weight, rms_offset, eps, layer.prism_codes, layer.prism_scales,
+            layer.prism_signs, bias, self.config.hadamard_block or 0)
+
 
 class PrismEmbeddingMethod(PrismLinearMethod):
     """Embedding lookup (then the inverse transform) and the folded LM head."""
