@@ -6,6 +6,10 @@
 #   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
 #   bash scripts/gpu-session.sh ptq1mem      weight memory of a 27B-shaped PTQ1_0 file on the GPU
 # The 27B-shaped file is written once per machine to /tmp/b27.gguf (in the background).
+# GPU tests: pass `-m gpu` (the CPU interpreter tests do not run under the GPU image's Triton
+# interpreter); PRISM_BUILD=cuda builds vllm_prism._C on the first install (tests/kernels/
+# test_c_ops.py needs it; the serving path does not). Do not `pkill -f` a pattern in the same
+# `run` command line: it matches that command itself.
 set -uo pipefail
 stage=${1:?stage}
 source /tmp/vllm-gpu/env.sh
@@ -16,7 +20,7 @@ pkill -f "vllm serve" 2>/dev/null && sleep 3
 has_ep='from importlib.metadata import entry_points as e; import sys
 sys.exit(not [x for x in e(group="vllm.general_plugins") if x.name == "prism"])'
 if ! python3 -c "$has_ep"; then
-  VLLM_PRISM_TARGET_DEVICE=cpu python3 -m pip install -q --no-deps --no-build-isolation -e . \
+  VLLM_PRISM_TARGET_DEVICE=${PRISM_BUILD:-cpu} python3 -m pip install -q --no-deps --no-build-isolation -e . \
     >"$OUT/install.log" 2>&1
   python3 -c "$has_ep" || echo "vllm-prism's entry point is not installed" >&2
 fi

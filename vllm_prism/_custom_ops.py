@@ -121,12 +121,15 @@ def register_ops() -> None:
     ``torch.ops.vllm_prism`` directly."""
     from vllm.utils.torch_utils import direct_register_custom_op
 
+    from vllm.platforms import current_platform
+
     lib = _library()
-    direct_register_custom_op("pq2_linear", _pq2_linear_impl, mutates_args=[],
-                              fake_impl=_pq2_linear_fake, target_lib=lib)
-    direct_register_custom_op("pq2_glu_linear", _pq2_glu_linear_impl, mutates_args=[],
-                              fake_impl=_pq2_linear_fake, target_lib=lib)
-    direct_register_custom_op("pq2_add_rmsnorm_linear", _pq2_add_rmsnorm_linear_impl,
-                              mutates_args=[], fake_impl=_pq2_add_rmsnorm_linear_fake,
-                              target_lib=lib)
+    ops = {"pq2_linear": (_pq2_linear_impl, _pq2_linear_fake),
+           "pq2_glu_linear": (_pq2_glu_linear_impl, _pq2_linear_fake),
+           "pq2_add_rmsnorm_linear": (_pq2_add_rmsnorm_linear_impl,
+                                      _pq2_add_rmsnorm_linear_fake)}
+    for name, (impl, fake) in ops.items():
+        direct_register_custom_op(name, impl, mutates_args=[], fake_impl=fake, target_lib=lib)
+        if current_platform.dispatch_key != "CPU":  # CPU tensors on a GPU host: torch path
+            lib.impl(name, impl, dispatch_key="CPU")
 
