@@ -59,7 +59,8 @@ def _cmd_make_tiny(args: argparse.Namespace) -> int:
 def _cmd_make_tiny_drafter(args: argparse.Namespace) -> int:
     from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
 
-    summary = make_tiny_drafter(args.out_dir, args.target, mask_token_id=args.mask_token_id)
+    summary = make_tiny_drafter(args.out_dir, args.target, mask_token_id=args.mask_token_id,
+                                layers=args.layers, sliding_window=args.sliding_window)
     sys.stdout.write(f"wrote {summary['path']}: DFlash drafter for hidden {summary['hidden']}, "
                      f"vocab {summary['vocab']}, target layers {summary['target_layer_ids']}\n")
     return 0
@@ -106,6 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, help="the tiny target .gguf (make-tiny)")
     p.add_argument("--mask-token-id", type=int, default=1,
                    help="the token id DFlash uses for the draft positions (default 1)")
+    p.add_argument("--layers", type=int, default=1,
+                   help="drafter layers (the extra ones pass the hidden state through)")
+    p.add_argument("--sliding-window", type=int, default=None,
+                   help="make every drafter layer sliding-window attention of this width")
     p.set_defaults(func=_cmd_make_tiny_drafter)
 
     p = sub.add_parser("serve", help="run vLLM's OpenAI-compatible server on a GGUF file",

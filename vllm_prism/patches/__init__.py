@@ -46,10 +46,17 @@ def apply_patches() -> list[str]:
     """Apply the patches that match the installed vLLM; the names of those applied."""
     import vllm
 
+    from vllm_prism import envs
+
     version = getattr(vllm, "__version__", "")
+    disabled = envs.VLLM_PRISM_DISABLED_PATCHES
     applied = []
     for module in PATCH_MODULES:
         patch: VllmPatch = importlib.import_module(module).PATCH
+        if patch.name in disabled:
+            logger.warning("vllm-prism: patch %s not applied (VLLM_PRISM_DISABLED_PATCHES)",
+                           patch.name)
+            continue
         if not patch.applies_to(version):
             logger.warning("vllm-prism: patch %s (%s) is written for vLLM %s, not %s: not "
                            "applied; see %s", patch.name, patch.target,

@@ -55,17 +55,26 @@ def _primal_embedding_row(path: str, token: int) -> tuple[np.ndarray, int, int, 
 
 
 def make_tiny_drafter(out_dir: str | os.PathLike, target: str | os.PathLike, *,
-                      mask_token_id: int = 1, seed: int = 0) -> dict[str, Any]:
-    """Write the drafter for ``target`` into ``out_dir``; returns a summary."""
+                      mask_token_id: int = 1, seed: int = 0, layers: int = 1,
+                      sliding_window: int | None = None) -> dict[str, Any]:
+    """Write the drafter for ``target`` into ``out_dir``; returns a summary.
+
+    Layer 0 does the drafting; ``layers - 1`` more layers with zero projections pass the
+    hidden state through unchanged (the layer count and attention type of a real drafter,
+    e.g. DFlash2's 5 sliding-window layers, for KV-cache planning; acceptance is the same).
+    ``sliding_window`` makes every layer sliding-window attention (``dflash_config.use_swa``).
+    """
+    if layers < 1:
+        raise ValueError(f"a drafter has at least one layer, got {layers}")
     import torch
     from safetensors.torch import save_file
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    mask, vocab, hidden, layers = _primal_embedding_row(str(target), mask_token_id)
+    mask, vocab, hidden, target_ids = _primal_embedding_row(str(target), mask_token_id)
     if hidden < VALUE_DIMS + 1:
         raise ValueError(f"{target}: hidden size {hidden} is too small for the tiny drafter")
-    target_layers = [layers[len(layers) // 4], layers[len(layers) // 2]]
+    target_layers = [target_ids[len(target_ids) // 4], target_ids[len(target_ids) // 2]]
     u = mask / np.linalg.norm(mask)
     rng = np.random.default_rng(seed)
     basis, _ = np.linalg.qr(np.concatenate([u[:, None], rng.standard_normal((hidden, hidden))],
@@ -79,12 +88,14 @@ def make_tiny_drafter(out_dir: str | os.PathLike, target: str | os.PathLike, *,
     inter = 2 * hidden
     config = {
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": hidden,
-        "intermediate_size": inter, "num_hidden_layers": 1, "num_attention_heads": HEADS,
+        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "vocab_size": vocab,
         "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "rope_theta": 1e6,
         "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         "dflash_config": {"target_layer_ids": target_layers, "mask_token_id": mask_token_id},
     }
+    if sliding_window is not None:
+        config["dflash_config"].update(use_swa=True, swa_window_size=sliding_window)
     (out / "config.json").write_text(json.dumps(config, indent=1))
 
     def bf16(a: np.ndarray) -> torch.Tensor:
@@ -112,6 +123,11 @@ def make_tiny_drafter(out_dir: str | os.PathLike, target: str | os.PathLike, *,
         p + "input_layernorm.weight": ones(hidden),
         p + "post_attention_layernorm.weight": ones(hidden),
     }
+    for i in range(1, layers):  # pass-through layers: zero attention and MLP outputs
+        for name, t in list(weights.items()):
+            if name.startswith(p):
+                weights[f"layers.{i}." + name[len(p):]] = (
+                    t.clone() if name.endswith("norm.weight") else torch.zeros_like(t))
     save_file(weights, str(out / "model.safetensors"))
     return {"path": os.fspath(out), "hidden": hidden, "vocab": vocab,
             "target_layer_ids": target_layers, "mask_token_id": mask_token_id}
