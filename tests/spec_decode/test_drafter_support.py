@@ -44,3 +44,27 @@ def test_hf_drafter_goes_to_the_default_loader(monkeypatch) -> None:
     with pytest.raises(Exception):  # the GGUF path: it reads the (absent) file itself
         loader.load_weights(object(), target)
     assert calls == ["auto"]
+
+
+def test_tiny_drafter_extra_layers_pass_through(tiny_gguf, tmp_path) -> None:
+    """--layers 5 --sliding-window W: five layers, every one sliding-window attention of
+    width W (dflash_config), and layers 1..4 add nothing to the residual stream."""
+    import json
+
+    pytest.importorskip("safetensors")
+    from safetensors.torch import load_file
+
+    from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
+
+    out = make_tiny_drafter(tmp_path / "d", tiny_gguf("pq2_0", seed=7), layers=5,
+                            sliding_window=128)["path"]
+    cfg = json.loads((tmp_path / "d" / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 5
+    assert cfg["dflash_config"]["use_swa"] and cfg["dflash_config"]["swa_window_size"] == 128
+    w = load_file(f"{out}/model.safetensors")
+    assert w["layers.0.self_attn.o_proj.weight"].abs().sum() > 0
+    for i in range(1, 5):
+        for name in ("self_attn.o_proj.weight", "mlp.down_proj.weight"):
+            assert not w[f"layers.{i}.{name}"].any(), (i, name)
+        assert w[f"layers.{i}.input_layernorm.weight"].shape == w[
+            "layers.0.input_layernorm.weight"].shape
