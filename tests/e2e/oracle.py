@@ -209,6 +209,19 @@ def teacher_forced_logprobs(model: Qwen3_5ForCausalLM, ids: list[int]) -> torch.
     return torch.log_softmax(logits(model, ids), dim=-1)
 
 
+def reference_run(model: Qwen3_5ForCausalLM, prompts: list[list[int]],
+                  max_new_tokens: int) -> dict:
+    """Greedy continuations of ``prompts`` and the teacher-forced log-probability of every
+    token after the first of each prompt + continuation: what the e2e tests compare with."""
+    greedy_ids = [greedy(model, p, max_new_tokens)[-max_new_tokens:] for p in prompts]
+    full = [p + g for p, g in zip(prompts, greedy_ids)]
+    scores = []
+    for ids in full:
+        lp = teacher_forced_logprobs(model, ids)
+        scores.append([lp[t - 1, ids[t]].item() for t in range(1, len(ids))])
+    return {"prompts": prompts, "greedy": greedy_ids, "full": full, "score": scores}
+
+
 def top2_margins(model: Qwen3_5ForCausalLM, ids: list[int]) -> torch.Tensor:
     """float32 [len(ids)]: top-1 minus top-2 logit at every position."""
     top = torch.topk(logits(model, ids), k=2, dim=-1).values

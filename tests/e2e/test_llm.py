@@ -61,14 +61,8 @@ def reference(models: dict[str, Path]) -> dict:
     prompts = [tok.encode(p) for p in PROMPTS]
     out = {}
     for fmt in ("pq2_0", "q2_0"):
-        model = oracle.load_reference_model(models[fmt])
-        greedy = [oracle.greedy(model, p, NEW_TOKENS)[-NEW_TOKENS:] for p in prompts]
-        full = [p + g for p, g in zip(prompts, greedy)]
-        scores = []
-        for ids in full:
-            lp = oracle.teacher_forced_logprobs(model, ids)
-            scores.append([lp[t - 1, ids[t]].item() for t in range(1, len(ids))])
-        out[fmt] = {"prompts": prompts, "greedy": greedy, "full": full, "score": scores}
+        out[fmt] = oracle.reference_run(oracle.load_reference_model(models[fmt]), prompts,
+                                        NEW_TOKENS)
     return out
 
 

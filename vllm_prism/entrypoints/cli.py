@@ -46,9 +46,9 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 def _cmd_make_tiny(args: argparse.Namespace) -> int:
     from vllm_prism.gguf.tiny import make_shaped_gguf, make_tiny_gguf
 
-    if args.shape == "tiny":
+    if args.shape in ("tiny", "tiny-tp"):
         summary = make_tiny_gguf(args.out, fmt=args.format, seed=args.seed, layers=args.layers,
-                                 margins=args.margins)
+                                 margins=args.margins, tp_friendly=args.shape == "tiny-tp")
     else:
         summary = make_shaped_gguf(args.out, args.shape, fmt=args.format, seed=args.seed)
     sys.stdout.write(f"wrote {summary['path']}: {summary['format']}, {summary['n_layers']} "
@@ -96,9 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--margins", choices=["decisive", "small"], default="decisive",
                    help="decisive (default): greedy tokens robust to bf16; small: the layers "
                         "decide the argmax, so a wrong transform changes the tokens")
-    p.add_argument("--shape", choices=["tiny", "bonsai-2-27b"], default="tiny",
-                   help="tiny (default) or a real model's dimensions with random ternary "
-                        "weights, for benchmarks (bonsai-2-27b: 7.2 GB, about a minute)")
+    p.add_argument("--shape", choices=["tiny", "tiny-tp", "bonsai-2-27b"], default="tiny",
+                   help="tiny (default); tiny-tp: 8 attention and value heads, so tensor "
+                        "parallelism up to 4 keeps Hadamard blocks whole; or a real model's "
+                        "dimensions with random ternary weights, for benchmarks "
+                        "(bonsai-2-27b: 7.2 GB, about a minute)")
     p.set_defaults(func=_cmd_make_tiny)
 
     p = sub.add_parser("make-tiny-drafter",

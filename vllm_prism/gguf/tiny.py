@@ -211,17 +211,25 @@ def _write_tensor(writer: GGUFWriter, name: str, value: Any, ternary_type: GGMLT
 MARGINS = {"decisive": TinyConfig.layer_gain, "small": 1.0}
 
 
+# The tiny model with 8 attention heads and 8 linear-attention value heads: its row-parallel
+# inputs (attn_output, ssm_out, ffn_down) are 512 wide, so tensor-parallel sizes 2 and 4 keep
+# every 128-wide Hadamard block on one rank (the default tiny model allows 1 only).
+TINY_TP_HEADS = {"n_heads": 8, "n_v_heads": 8}
+
+
 def make_tiny_gguf(path: str | os.PathLike, *, fmt: str = "pq2_0", seed: int = 0,
                    layers: int = 4, config: TinyConfig | None = None,
-                   margins: str = "decisive") -> dict[str, Any]:
-    """Write the tiny model to ``path``; returns a summary (vocab size, tensor count, ...)."""
+                   margins: str = "decisive", tp_friendly: bool = False) -> dict[str, Any]:
+    """Write the tiny model to ``path``; returns a summary (vocab size, tensor count, ...).
+    ``tp_friendly``: the :data:`TINY_TP_HEADS` variant, for tensor-parallel tests."""
     if margins not in MARGINS:
         raise ValueError(f"--margins must be one of {', '.join(MARGINS)}, got {margins!r}")
     if fmt not in FORMATS:
         raise ValueError(f"--format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     if layers < 1:
         raise ValueError(f"--layers must be at least 1, got {layers}")
-    cfg = config or TinyConfig(n_layers=layers, layer_gain=MARGINS[margins])
+    cfg = config or TinyConfig(n_layers=layers, layer_gain=MARGINS[margins],
+                               **(TINY_TP_HEADS if tp_friendly else {}))
     ternary_type = FORMATS[fmt]
     legacy = ternary_type == GGMLType.Q2_0
     if legacy and config is None:
