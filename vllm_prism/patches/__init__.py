@@ -21,6 +21,7 @@ PATCH_MODULES = (
     "vllm_prism.patches.cli_distribution_version",
     "vllm_prism.patches.int8_scale_view_fill",
     "vllm_prism.patches.kv_cache_group_size",
+    "vllm_prism.patches.pp_kv_cache_layout",
     "vllm_prism.patches.spec_decode_shared_embedding",
 )
 
