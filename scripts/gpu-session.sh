@@ -5,6 +5,11 @@
 #   bash scripts/gpu-session.sh bench KV     e2e benchmark of the 27B-shaped file, one KV dtype
 #   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
 #   bash scripts/gpu-session.sh ptq1mem      weight memory of a 27B-shaped PTQ1_0 file on the GPU
+# Examples (the bench stage passes its extra arguments to bench_decode.py):
+#   bash scripts/gpu-session.sh bench auto --batches 1 --long-context 0 --prefill \
+#        --no-profile --spec-k 3 5 7                   verify / plain step ratio (DFlash)
+#   bash scripts/gpu-session.sh bench auto --tp 1 2 --batches 1 8 64 --long-context 0 \
+#        --prefill --no-profile                        TP=2 against TP=1 (nvidia-h200-x2)
 # The 27B-shaped file is written once per machine to /tmp/b27.gguf (in the background).
 # GPU tests: pass `-m gpu` (the CPU interpreter tests do not run under the GPU image's Triton
 # interpreter); PRISM_BUILD=cuda builds vllm_prism._C on the first install (tests/kernels/
@@ -14,6 +19,10 @@ set -uo pipefail
 stage=${1:?stage}
 source /tmp/vllm-gpu/env.sh
 export PATH=/tmp/vllm-gpu/site/bin:$PATH PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
+# Several GPUs: NVLink multicast stays off (the device notes, KINDS.md), and vLLM's
+# symmetric-memory all-reduce (multimem operations) with it.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+  VLLM_ALLREDUCE_USE_SYMM_MEM=0
 mkdir -p "$OUT"
 # A server left by an earlier call that was cut off holds GPU memory: stop it first.
 pkill -f "vllm serve" 2>/dev/null && sleep 3

@@ -2,7 +2,8 @@
 
     python benchmarks/e2e/bench_decode.py MODEL.gguf [--kv auto int8_per_token_head]
         [--mode default|eager] [--batches 1 8 32 64] [--context 1024] [--long-context 32768]
-        [--prefill 512 4096] [--out-dir benchmarks/results]
+        [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]]
+        [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
 (torch.compile and CUDA graphs; ``--mode eager`` adds ``enforce_eager``) and prefix caching
@@ -15,6 +16,15 @@ off, so every prompt is really prefilled. Prompts are random token ids, distinct
   tok/s is ``B / step``. (Timing ``t(1 + T) - t(1)`` of two generate() calls, the first
   method, let the variance of a 32K-64K-token prefill swamp the decode time at large B.)
 * prefill: one request of P tokens generating one token: ``P / t``.
+* verify (``--spec-k 3 5 7``): one engine per k with a DFlash drafter (``--drafter DIR``, or
+  ``vllm-prism make-tiny-drafter`` for the model, written once), batch 1 at the first
+  context: each step verifies ``q_tokens = k + 1`` tokens. The step time is the request's
+  decode time over the verify steps vLLM counted in it (its ``spec_decode_num_drafts``), so
+  acceptance does not enter it; it includes the drafter's own forward (one layer for the
+  tiny drafter). ``ratio_to_plain`` divides it by the plain batch-1 step of the same run and
+  KV dtype (target: at most 1.15 at 6 tokens).
+* ``--tp 1 2`` serves with each ``tensor_parallel_size`` in turn (one engine each, same run);
+  records carry ``tp``.
 * profile (batch 1, first context): a torch-profiler trace of T decode steps, kernel time by
   family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise, sampler, other), and the
   GPU-busy share of the step: the union of kernel intervals over the step time measured
@@ -162,6 +172,30 @@ def _profile(llm, prompts, steps: int, step_s: float) -> dict:
             "kernels_per_step": len(kernels) * decode_share / steps}
 
 
+def _num_drafts(llm) -> int:
+    return int(next((m.value for m in llm.get_metrics()
+                     if m.name == "vllm:spec_decode_num_drafts"), 0))
+
+
+def _verify_record(llm, args: argparse.Namespace, base: dict, vocab: int) -> dict:
+    """Batch-1 step time while every step verifies k + 1 tokens (see the module docstring)."""
+    k = args.spec_k[0]
+    prompts = _prompts(1, args.context, vocab, seed=1)
+    _generate(llm, prompts, 1 + args.steps)  # warm-up
+    per_step, per_token = [], []
+    for _ in range(3):
+        drafts = _num_drafts(llm)
+        _, outs = _generate(llm, prompts, 1 + args.steps)
+        m = outs[0].metrics
+        verify_steps = _num_drafts(llm) - drafts
+        per_step.append((m.last_token_ts - m.first_token_ts) / max(verify_steps, 1))
+        per_token.append((m.last_token_ts - m.first_token_ts) / args.steps)
+    step = statistics.median(per_step)
+    return {**base, "kind": "verify", "batch": 1, "context": args.context, "q_tokens": k + 1,
+            "ms_per_step": step * 1e3, "tok_s": 1 / statistics.median(per_token),
+            "tokens_per_step": step / statistics.median(per_token)}
+
+
 def run_engine(args: argparse.Namespace) -> list[dict]:
     """All measurements of one KV dtype (called in the child process)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -169,14 +203,21 @@ def run_engine(args: argparse.Namespace) -> list[dict]:
 
     kv = args.kv[0]
     max_len = max([args.context, args.long_context or 0, *args.prefill]) + 256
+    extra = {}
+    if args.spec_k:
+        extra["speculative_config"] = {"method": "dflash", "model": args.drafter,
+                                       "num_speculative_tokens": args.spec_k[0]}
     llm = LLM(args.model, kv_cache_dtype=kv, enforce_eager=args.mode == "eager",
               enable_prefix_caching=False, max_model_len=max_len,
               max_num_seqs=max(args.batches), gpu_memory_utilization=args.gpu_memory,
-              max_num_batched_tokens=max(8192, *args.prefill), seed=0,
-              disable_log_stats=False)  # per-request timestamps for the decode step time
+              max_num_batched_tokens=max([8192, *args.prefill]), seed=0,
+              tensor_parallel_size=args.tp[0],
+              disable_log_stats=False, **extra)  # per-request timestamps for the step time
     vocab = llm.llm_engine.model_config.get_vocab_size()
+    base = {"kv": kv, "mode": args.mode, "tp": args.tp[0]}
+    if args.spec_k:
+        return [_verify_record(llm, args, base, vocab)]
     records = []
-    base = {"kv": kv, "mode": args.mode}
     for b in args.batches:
         prompts = _prompts(b, args.context, vocab, seed=b)
         steps = args.steps if b <= 8 else max(16, args.steps // 2)
@@ -208,12 +249,31 @@ def run_engine(args: argparse.Namespace) -> list[dict]:
 # ------------------------------------------------------------------------------- driver
 
 
+def _tiny_drafter(model: str) -> str:
+    import tempfile
+
+    from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
+
+    return make_tiny_drafter(Path(tempfile.mkdtemp(prefix="drafter-")), model)["path"]
+
+
+def _add_verify_ratios(records: list[dict]) -> None:
+    """``ratio_to_plain`` of each verify record: over the plain batch-1 decode step of the same
+    run, KV dtype, mode, tp and context."""
+    plain = {(r["kv"], r["mode"], r.get("tp", 1), r["context"]): r["ms_per_step"]
+             for r in records if r["kind"] == "decode" and r["batch"] == 1}
+    for r in records:
+        base = plain.get((r["kv"], r["mode"], r.get("tp", 1), r["context"]))
+        if r["kind"] == "verify" and base:
+            r["ratio_to_plain"] = r["ms_per_step"] / base
+
+
 def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
                   records: list[dict]) -> Path:
     path = out_dir / f"e2e_{gpu}.json"
     old = json.loads(path.read_text())["records"] if path.is_file() else []
     key = lambda r: (r["kind"], r["mode"], r["kv"], r["batch"], r["context"],  # noqa: E731
-                     r.get("tp", 1))
+                     r.get("tp", 1), r.get("q_tokens", 1))
     new_keys = {key(r) for r in records}
     merged = [r for r in old if key(r) not in new_keys] + records
     doc = {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command,
@@ -228,19 +288,22 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
              "each run; `ceiling_frac` uses its own run's figure):", ""]
     lines += [f"- {d}: `{c}` ({g:.0f} GB/s; decode step from {t or 'request timestamps'})"
               for c, (d, g, t) in runs.items()]
-    lines += ["", "| kind | mode | kv | batch | context | tok/s | ms/step | ceiling_frac | "
-              "gpu_busy_frac |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| kind | mode | kv | tp | batch | q_tokens | context | tok/s | ms/step | "
+              "ceiling_frac | gpu_busy_frac | verify / plain step |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
-    for r in sorted(merged, key=lambda r: (r["kind"], r["mode"], r["kv"], r["context"],
-                                           r["batch"])):
+    for r in sorted(merged, key=lambda r: (r["kind"], r["mode"], r["kv"], r.get("tp", 1),
+                                           r["context"], r["batch"], r.get("q_tokens", 1))):
         mark = ""
         if r.get("unreliable"):
             notes.append(r["unreliable"])
             mark = " *"
-        lines.append(f"| {r['kind']} | {r['mode']} | {r['kv']} | {r['batch']} | "
+        lines.append(f"| {r['kind']} | {r['mode']} | {r['kv']} | {r.get('tp', 1)} | "
+                     f"{r['batch']} | {r.get('q_tokens', 1)} | "
                      f"{r['context']} | {r['tok_s']:.1f}{mark} | {r['ms_per_step']:.2f} | "
                      f"{r.get('ceiling_frac', float('nan')):.3f} | "
-                     f"{r.get('gpu_busy_frac', float('nan')):.3f} |")
+                     f"{r.get('gpu_busy_frac', float('nan')):.3f} | "
+                     f"{r.get('ratio_to_plain', float('nan')):.3f} |")
     if notes:
         lines += ["", f"\\* Not a measurement to rely on: {notes[0]}."]
     prof = [r for r in merged if "kernel_us_per_step" in r]
@@ -268,6 +331,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--gpu-memory", type=float, default=0.85)
     p.add_argument("--no-profile", dest="profile", action="store_false")
+    p.add_argument("--tp", type=int, nargs="+", default=[1],
+                   help="tensor_parallel_size; several: one engine each, in the same run")
+    p.add_argument("--spec-k", type=int, nargs="*", default=[],
+                   help="verify-step records with a DFlash drafter, one engine per k")
+    p.add_argument("--drafter", help="the DFlash drafter folder for --spec-k (default: "
+                   "vllm-prism make-tiny-drafter for the model, in a temporary folder)")
     p.add_argument("--out-dir", default=str(HERE.parent / "results"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -283,12 +352,18 @@ def main() -> None:
     weights, geo = model_bytes(args.model)
     command = "python benchmarks/e2e/bench_decode.py " + " ".join(sys.argv[1:])
     records = []
-    for kv in args.kv:
-        cmd = [sys.executable, __file__, "--child", *sys.argv[1:], "--kv", kv]
+    runs = [(kv, ["--tp", str(tp)]) for tp in args.tp for kv in args.kv]
+    if args.spec_k:
+        drafter = args.drafter or _tiny_drafter(args.model)
+        runs += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
+                               drafter, "--batches", "1"]) for k in args.spec_k]
+    for kv, more in runs:
+        cmd = [sys.executable, __file__, "--child", *sys.argv[1:], "--kv", kv, *more]
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RECORDS ")]
         if proc.returncode or not lines:
-            print(f"engine for kv={kv} failed (exit {proc.returncode})", file=sys.stderr)
+            print(f"engine for kv={kv} {' '.join(more)} failed (exit {proc.returncode})",
+                  file=sys.stderr)
             continue
         for r in json.loads(lines[-1][len("RECORDS "):]):
             if r["kind"] == "decode":
@@ -297,6 +372,7 @@ def main() -> None:
             r.update(read_gbps=read_gbps, command=command, date=datetime.date.today().isoformat(),
                      step_timing="request timestamps")
             records.append(r)
+    _add_verify_ratios(records)
     path = write_results(Path(args.out_dir), gpu_slug(), command, read_gbps, records)
     print(path.with_suffix(".md").read_text())
 
