@@ -9,10 +9,12 @@ and the kernel is chosen by the number of rows M inside the op (as vLLM's
 Its inputs are the layer's prepared planes (``PQ2Weight``: int32 codes, fp16 scales) and the
 optional Hadamard signs, all registered on the layer.
 
-Two siblings fuse what feeds a linear in the model into the producer launch of its kernel:
-``pq2_glu_linear`` (the SiLU-and-multiply of the MLP, for ``down_proj``) and
+Siblings fuse what feeds a linear in the model into the producer launch of its kernel:
+``pq2_glu_linear`` (the SiLU-and-multiply of the MLP, for ``down_proj``),
 ``pq2_add_rmsnorm_linear`` (residual add + RMSNorm, for ``gate_up_proj``; it also returns
-the new residual), so neither the activation function nor the norm is a kernel of its own.
+the new residual) and ``pq2_gated_linear`` (the output gate, after an optional per-group
+RMSNorm: the attention's ``o_proj`` and the Gated DeltaNet's gated norm before
+``out_proj``), so neither the activation, the gate nor the norm is a kernel of its own.
 
 The compiled extension is optional: a CPU install, or a CUDA install built without a
 toolkit, has no ``vllm_prism._C``; callers get the exact torch reference there.
@@ -100,6 +102,26 @@ def _pq2_add_rmsnorm_linear_impl(x: torch.Tensor, residual: torch.Tensor,
     return y, res
 
 
+def _pq2_gated_linear_impl(x: torch.Tensor, gate: torch.Tensor, rms_weight: torch.Tensor | None,
+                           rms_group: int, eps: float, gate_sigmoid: bool, codes: torch.Tensor,
+                           scales: torch.Tensor, signs: torch.Tensor | None,
+                           bias: torch.Tensor | None, hadamard_block: int) -> torch.Tensor:
+    from vllm_prism.kernels.pq2.dispatch import pq2_linear_fused
+    from vllm_prism.kernels.pq2.hadamard import Prologue
+
+    w = _weight(codes, scales, signs, hadamard_block)
+    pro = Prologue(rms_weight=rms_weight, rms_group=rms_group, eps=eps, gate=gate,
+                   gate_sigmoid=gate_sigmoid)
+    return pq2_linear_fused(x, w, bias, pro)[0]
+
+
+def _pq2_gated_linear_fake(x: torch.Tensor, gate: torch.Tensor, rms_weight: torch.Tensor | None,
+                           rms_group: int, eps: float, gate_sigmoid: bool, codes: torch.Tensor,
+                           scales: torch.Tensor, signs: torch.Tensor | None,
+                           bias: torch.Tensor | None, hadamard_block: int) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], codes.shape[0]))
+
+
 def _pq2_add_rmsnorm_linear_fake(x: torch.Tensor, residual: torch.Tensor,
                                  rms_weight: torch.Tensor, rms_offset: float, eps: float,
                                  codes: torch.Tensor, scales: torch.Tensor,
@@ -127,7 +149,8 @@ def register_ops() -> None:
     ops = {"pq2_linear": (_pq2_linear_impl, _pq2_linear_fake),
            "pq2_glu_linear": (_pq2_glu_linear_impl, _pq2_linear_fake),
            "pq2_add_rmsnorm_linear": (_pq2_add_rmsnorm_linear_impl,
-                                      _pq2_add_rmsnorm_linear_fake)}
+                                      _pq2_add_rmsnorm_linear_fake),
+           "pq2_gated_linear": (_pq2_gated_linear_impl, _pq2_gated_linear_fake)}
     for name, (impl, fake) in ops.items():
         direct_register_custom_op(name, impl, mutates_args=[], fake_impl=fake, target_lib=lib)
         if current_platform.dispatch_key != "CPU":  # CPU tensors on a GPU host: torch path

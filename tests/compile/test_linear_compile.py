@@ -43,6 +43,28 @@ def _layer(tiny_gguf, fmt: str):
     return method, layer, dense, signs
 
 
+def _compile_like_vllm(fn):
+    """``fn`` compiled as vLLM compiles a model (one Dynamo trace, fullgraph, every guard
+    dropped); returns it and the list the traced graphs land in."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend=backend, dynamic=False,
+                             options={"guard_filter_fn": lambda guards: [False] * len(guards)})
+    return compiled, graphs
+
+
+def _mark_tokens_dynamic(m: int, *tensors: torch.Tensor) -> None:
+    """The first (tracing) call, M = 512, marks the token dimension dynamic."""
+    if m == 512:
+        for t in tensors:
+            torch._dynamo.mark_dynamic(t, 0)
+
+
 def _reference(x: torch.Tensor, dense: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
     """y = W · Hblk(s ⊙ x) with an explicit Sylvester matrix (float64)."""
     h = torch.ones(1, 1, dtype=torch.float64)
@@ -56,23 +78,14 @@ def _reference(x: torch.Tensor, dense: torch.Tensor, signs: torch.Tensor) -> tor
 @pytest.mark.parametrize("fmt", ["pq2_0", "ptq1_0"])
 def test_linear_compiles_once_for_every_batch_size(tiny_gguf, fmt: str) -> None:
     method, layer, dense, signs = _layer(tiny_gguf, fmt)
-    graphs: list[torch.fx.GraphModule] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
     def forward(x: torch.Tensor) -> torch.Tensor:
         return method.apply(layer, x) * 2.0
 
-    torch._dynamo.reset()
-    compiled = torch.compile(forward, fullgraph=True, backend=backend, dynamic=False,
-                             options={"guard_filter_fn": lambda guards: [False] * len(guards)})
+    compiled, graphs = _compile_like_vllm(forward)
     gen = torch.Generator().manual_seed(0)
     for m in (512, 1, 7):
         x = torch.randn(m, K, generator=gen).to(torch.bfloat16)
-        if m == 512:
-            torch._dynamo.mark_dynamic(x, 0)
+        _mark_tokens_dynamic(m, x)
         got = compiled(x)
         want = forward(x)
         assert got.shape == (m, N)
@@ -112,12 +125,6 @@ def test_fused_norm_and_activation_compile_and_match_vllms_ops(tiny_gguf) -> Non
     with torch.no_grad():
         norm.weight.copy_(torch.randn(K, generator=torch.Generator().manual_seed(5)) * 0.3)
     assert method.fuses_prologue(up) and down_method.fuses_prologue(down)
-    graphs: list[torch.fx.GraphModule] = []
-
-    def backend(gm: torch.fx.GraphModule, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
     def fused(x: torch.Tensor, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         gate_up, res = method.apply_add_rmsnorm(up, x, res, norm.weight, 1.0, 1e-6)
         return down_method.apply_glu(down, gate_up), res
@@ -127,15 +134,11 @@ def test_fused_norm_and_activation_compile_and_match_vllms_ops(tiny_gguf) -> Non
         gate_up = method.apply(up, h)
         return down_method.apply(down, silu_mul.forward_native(gate_up)), res
 
-    torch._dynamo.reset()
-    compiled = torch.compile(fused, fullgraph=True, backend=backend, dynamic=False,
-                             options={"guard_filter_fn": lambda guards: [False] * len(guards)})
+    compiled, graphs = _compile_like_vllm(fused)
     gen = torch.Generator().manual_seed(1)
     for m in (512, 1, 7):
         x, res = (torch.randn(m, K, generator=gen) for _ in range(2))
-        if m == 512:
-            torch._dynamo.mark_dynamic(x, 0)
-            torch._dynamo.mark_dynamic(res, 0)
+        _mark_tokens_dynamic(m, x, res)
         y, r = compiled(x, res)
         y_ref, r_ref = unfused(x, res)
         torch.testing.assert_close(r, r_ref, rtol=0, atol=0)
@@ -163,3 +166,39 @@ def _layer_kn(tiny_gguf, k: int, n: int):
     layer.bias = None
     method.process_weights_after_loading(layer)
     return method, layer
+
+
+def test_gated_output_projections_compile_and_match_vllms_ops(tiny_gguf) -> None:
+    """o_proj's sigmoid gate and the Gated DeltaNet's gated per-head RMSNorm (vLLM's
+    RMSNormGated, heads of 64, silu gate) in the producer: one graph, vLLM's result."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.layernorm import RMSNormGated
+
+    method, layer = _layer_kn(tiny_gguf, K, K)
+    with set_current_vllm_config(VllmConfig()):
+        norm = RMSNormGated(64, eps=1e-6, group_size=None, norm_before_gate=True,
+                            device="cpu")
+    with torch.no_grad():
+        norm.weight.copy_(torch.rand(64, generator=torch.Generator().manual_seed(6)) + 0.5)
+    def fused(x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = method.apply_gated(layer, x, z, gate_sigmoid=True)
+        b = method.apply_gated(layer, x, z, gate_sigmoid=False, rms_weight=norm.weight,
+                               rms_group=64, eps=1e-6)
+        return a, b
+
+    def unfused(x: torch.Tensor, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        a = method.apply(layer, x * torch.sigmoid(z))
+        h = norm.forward_native(x.view(x.shape[0], -1, 64), z.view(x.shape[0], -1, 64))
+        return a, method.apply(layer, h.reshape(x.shape))
+
+    compiled, graphs = _compile_like_vllm(fused)
+    gen = torch.Generator().manual_seed(2)
+    for m in (512, 1, 7):
+        x, z = (torch.randn(m, K, generator=gen) for _ in range(2))
+        _mark_tokens_dynamic(m, x, z)
+        for got, want in zip(compiled(x, z), unfused(x, z)):
+            err = (got.double() - want.double()).norm() / want.double().norm()
+            assert got.shape == (m, K) and err < 1e-5, (m, float(err))
+    assert len(graphs) == 1, f"{len(graphs)} graphs traced: M was specialised"
+    ops = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert sum("pq2_gated_linear" in o for o in ops) == 2, ops

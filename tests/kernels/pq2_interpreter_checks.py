@@ -223,6 +223,24 @@ def _prologue():
             expect(torch.allclose(got.group_scale, ref.group_scale, rtol=1e-5), "Q8 scales")
         else:
             expect(rel_err(got.data, ref.data) < 1e-6, "F32_PERM")
+    # the Gated DeltaNet's gated per-head norm (heads of 64) and the attention's sigmoid gate
+    z = torch.randn(3, k, generator=gen)
+    w64 = torch.rand(64, generator=gen) + 0.5
+    act = transform_activation(x, s, 128, ActKind.FLOAT,
+                               prologue=Prologue(rms_weight=w64, rms_group=64, gate=z))
+    xh = x.double().reshape(3, -1, 64)
+    xh = xh * torch.rsqrt(xh.pow(2).mean(dim=-1, keepdim=True) + 1e-6) * w64.double()
+    want = xh.reshape(3, k) * torch.nn.functional.silu(z.double())
+    err = rel_err(act.data, forward_transform(want, s, 128))
+    expect(err < 1e-6, f"gated per-head norm {err:.1e}")
+    act = transform_activation(x, s, 128, ActKind.Q8, prologue=Prologue(gate=z,
+                                                                          gate_sigmoid=True))
+    ref = transform_activation_torch(x, s, 128, ActKind.Q8,
+                                     prologue=Prologue(gate=z, gate_sigmoid=True))
+    want = forward_transform(x.double() * torch.sigmoid(z.double()), s, 128)
+    expect(rel_err(transform_activation_torch(x, s, 128, ActKind.FLOAT, prologue=Prologue(
+        gate=z, gate_sigmoid=True)).data, want) < 1e-6, "sigmoid gate (torch)")
+    expect((act.data.int() - ref.data.int()).abs().max() <= 1, "sigmoid gate Q8 codes")
 
 
 if __name__ == "__main__":

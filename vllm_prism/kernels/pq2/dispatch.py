@@ -355,6 +355,8 @@ def pq2_linear_fused(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = Non
     x2 = x.reshape(-1, width)
     if prologue.residual is not None:
         prologue = dataclasses.replace(prologue, residual=prologue.residual.reshape(-1, w.k))
+    if prologue.gate is not None:
+        prologue = dataclasses.replace(prologue, gate=prologue.gate.reshape(-1, w.k))
     kernel = select_kernel(x2.shape[0], w, x.dtype)
     act = kernel.make_activation(x2, w, prologue)
     y = kernel.run(act, w, bias, x.dtype).reshape(*lead, w.n)

@@ -5,8 +5,11 @@ activation once and writes it in the form the chosen weight kernel consumes, so 
 costs no extra pass. A :class:`Prologue` fuses what feeds the linear in the model into the
 same launch: the SiLU-and-multiply of a gated MLP (``glu``: x is ``[M, 2K]``), the residual
 add (the fp32 sum is normalized and written back in the residual's dtype, as vLLM's fused
-add-norm does) and an RMSNorm (``rms_weight``, with ``rms_offset`` 1.0 for the zero-centred ``(1 + w)``
-norm of Qwen3.5), all in fp32. Then it multiplies by the sign vector, runs the normalized
+add-norm does), an RMSNorm (``rms_weight``, with ``rms_offset`` 1.0 for the zero-centred ``(1 + w)``
+norm of Qwen3.5; ``rms_group`` normalizes every group of that many elements on its own, the
+per-head norm of the Gated DeltaNet output) and an output gate (``gate``: times ``silu(gate)``,
+or ``sigmoid(gate)`` with ``gate_sigmoid``; the attention output gate and the gated norm's
+gate), all in fp32. Then it multiplies by the sign vector, runs the normalized
 Walsh-Hadamard butterfly on each ``block``-chunk in fp32 (same operation order as
 :func:`vllm_prism.gguf.hadamard.forward_transform`) and stores one of
 
@@ -57,13 +60,18 @@ class ActKind(enum.IntEnum):
 class Prologue:
     """What the producer computes before the signs: ``glu`` (x is ``[M, 2K]``, the input is
     ``silu(x[:, :K]) * x[:, K:]``), then ``+ residual`` (the sum is returned), then the
-    RMSNorm ``x * rsqrt(mean(x^2) + eps) * (rms_offset + rms_weight)``."""
+    RMSNorm ``x * rsqrt(mean(x^2) + eps) * (rms_offset + rms_weight)`` over the row, or over
+    each ``rms_group`` elements (``rms_weight`` then has ``rms_group`` values), then
+    ``* act(gate)`` (``gate`` [M, K]; act: silu, or sigmoid with ``gate_sigmoid``)."""
 
     glu: bool = False
     residual: torch.Tensor | None = None
     rms_weight: torch.Tensor | None = None
     rms_offset: float = 0.0
     eps: float = 1e-6
+    rms_group: int = 0
+    gate: torch.Tensor | None = None
+    gate_sigmoid: bool = False
 
 
 NO_PROLOGUE = Prologue()
@@ -119,11 +127,13 @@ if HAS_TRITON:
         return v
 
     @triton.jit
-    def _act_kernel(x_ptr, res_ptr, resout_ptr, signs_ptr, rmsw_ptr, out_ptr, gscale_ptr,
-                    gsum_ptr, K, stride_xm, stride_rm, stride_om, stride_gm, eps, rms_offset,
+    def _act_kernel(x_ptr, res_ptr, resout_ptr, signs_ptr, rmsw_ptr, gate_ptr, out_ptr,
+                    gscale_ptr, gsum_ptr, K, stride_xm, stride_rm, stride_zm, stride_om,
+                    stride_gm, eps, rms_offset,
                     SEG: tl.constexpr, LOG_B: tl.constexpr, INV_SQRT_B: tl.constexpr,
                     HAS_SIGNS: tl.constexpr, HAS_RMS: tl.constexpr, RMS_BLOCK: tl.constexpr,
-                    GLU: tl.constexpr, HAS_RES: tl.constexpr, MODE: tl.constexpr):
+                    RMS_GROUP: tl.constexpr, GLU: tl.constexpr, HAS_RES: tl.constexpr,
+                    HAS_GATE: tl.constexpr, GATE_SIGMOID: tl.constexpr, MODE: tl.constexpr):
         m = tl.program_id(0).to(tl.int64)
         seg = tl.program_id(1)
         NG: tl.constexpr = SEG // 128
@@ -134,13 +144,23 @@ if HAS_TRITON:
         if HAS_RES:
             tl.store(resout_ptr + m * K + offs, x.to(resout_ptr.dtype.element_ty))
         if HAS_RMS:
-            sq = tl.zeros([RMS_BLOCK], dtype=tl.float32)
-            for k0 in range(0, K, RMS_BLOCK):
-                o = k0 + tl.arange(0, RMS_BLOCK)
-                v = _prologue_load(x_row, r_row, o, o < K, K, GLU, HAS_RES)
-                sq += v * v
-            rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
-            x = x * rstd * (tl.load(rmsw_ptr + offs).to(tl.float32) + rms_offset)
+            if RMS_GROUP > 0:  # each group of RMS_GROUP elements on its own (per head)
+                xg = tl.reshape(x, (SEG // RMS_GROUP, RMS_GROUP))
+                rg = 1.0 / tl.sqrt(tl.sum(xg * xg, axis=1) / RMS_GROUP + eps)
+                x = tl.reshape(xg * rg[:, None], (SEG,))
+                x = x * (tl.load(rmsw_ptr + offs % RMS_GROUP).to(tl.float32) + rms_offset)
+            else:
+                sq = tl.zeros([RMS_BLOCK], dtype=tl.float32)
+                for k0 in range(0, K, RMS_BLOCK):
+                    o = k0 + tl.arange(0, RMS_BLOCK)
+                    v = _prologue_load(x_row, r_row, o, o < K, K, GLU, HAS_RES)
+                    sq += v * v
+                rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
+                x = x * rstd * (tl.load(rmsw_ptr + offs).to(tl.float32) + rms_offset)
+        if HAS_GATE:
+            z = tl.load(gate_ptr + m * stride_zm + offs).to(tl.float32)
+            sig = 1.0 / (1.0 + tl.exp(-z))
+            x = x * (sig if GATE_SIGMOID else z * sig)
         if HAS_SIGNS:
             x = x * tl.load(signs_ptr + offs)
         if LOG_B > 0:
@@ -169,9 +189,10 @@ if HAS_TRITON:
             tl.store(out_row + offs, tl.reshape(q, (SEG,)).to(tl.int8))
 
 
-def _segment(k: int, block: int) -> int:
-    """Elements per program: a power of two >= max(block, 128) dividing K, <= 1024 if possible."""
-    seg = max(block, GROUP)
+def _segment(k: int, block: int, group: int = 0) -> int:
+    """Elements per program: a power of two >= max(block, 128, group) dividing K, <= 1024 if
+    possible."""
+    seg = max(block, GROUP, group)
     while seg < _MAX_SEG and k % (2 * seg) == 0:
         seg *= 2
     return seg
@@ -187,8 +208,17 @@ def _check_inputs(x: torch.Tensor, signs: torch.Tensor | None, block: int | None
     if pro.residual is not None and tuple(pro.residual.shape) != (x.shape[0], k):
         raise ValueError(f"residual has shape {tuple(pro.residual.shape)}, expected "
                          f"{(x.shape[0], k)}")
-    if pro.rms_weight is not None and pro.rms_weight.numel() != k:
-        raise ValueError(f"rms_weight has {pro.rms_weight.numel()} values, expected K = {k}")
+    if pro.rms_group and (pro.rms_group & (pro.rms_group - 1) or k % pro.rms_group
+                          or pro.rms_group > _MAX_SEG):
+        raise ValueError(f"rms_group must be a power of two <= {_MAX_SEG} dividing K = {k}, "
+                         f"got {pro.rms_group}")
+    width = pro.rms_group or k
+    if pro.rms_weight is not None and pro.rms_weight.numel() != width:
+        raise ValueError(f"rms_weight has {pro.rms_weight.numel()} values, expected {width}")
+    if pro.gate is not None and (tuple(pro.gate.shape) != (x.shape[0], k)
+                                 or pro.gate.stride(-1) != 1):
+        raise ValueError(f"gate must be [M, K] = {(x.shape[0], k)} with unit column stride, "
+                         f"got shape {tuple(pro.gate.shape)}")
     if k % GROUP:
         raise ValueError(f"K = {k} is not a multiple of {GROUP}")
     b = 1 if block is None else int(block)
@@ -243,21 +273,24 @@ def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int
         return act
     if x.stride(1) != 1:
         x = x.contiguous()
-    seg = _segment(k, b)
+    seg = _segment(k, b, prologue.rms_group)
     log_b = b.bit_length() - 1
     dummy = act.data
     gsum = act.group_sum if act.group_sum is not None else dummy
     gscale = act.group_scale if act.group_scale is not None else dummy
-    rmsw = prologue.rms_weight
+    rmsw, gate = prologue.rms_weight, prologue.gate
     _act_kernel[(m, k // seg)](
         x, res if res is not None else x, act.residual if res is not None else x,
         signs if signs is not None else x, rmsw if rmsw is not None else x,
-        act.data, gscale, gsum, k, x.stride(0), res.stride(0) if res is not None else 0,
+        gate if gate is not None else x, act.data, gscale, gsum, k, x.stride(0),
+        res.stride(0) if res is not None else 0, gate.stride(0) if gate is not None else 0,
         act.data.numel() // m, k // GROUP, float(prologue.eps), float(prologue.rms_offset),
         SEG=seg, LOG_B=log_b, INV_SQRT_B=1.0 / math.sqrt(b),
         HAS_SIGNS=signs is not None, HAS_RMS=rmsw is not None,
-        RMS_BLOCK=min(1024, triton.next_power_of_2(k)), GLU=prologue.glu,
-        HAS_RES=res is not None, MODE=int(kind), num_warps=4 if seg >= 512 else 2)
+        RMS_BLOCK=min(1024, triton.next_power_of_2(k)), RMS_GROUP=prologue.rms_group,
+        GLU=prologue.glu, HAS_RES=res is not None, HAS_GATE=gate is not None,
+        GATE_SIGMOID=prologue.gate_sigmoid, MODE=int(kind),
+        num_warps=4 if seg >= 512 else 2)
     return act
 
 
@@ -312,8 +345,16 @@ def apply_prologue_torch(x: torch.Tensor, pro: Prologue
         xf = xf + pro.residual.float()
         res_out = xf.to(pro.residual.dtype)
     if pro.rms_weight is not None:
-        rstd = torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + pro.eps)
-        xf = xf * rstd * (pro.rms_weight.float() + pro.rms_offset)
+        w = pro.rms_weight.float() + pro.rms_offset
+        if pro.rms_group:
+            xg = xf.reshape(*xf.shape[:-1], -1, pro.rms_group)
+            xg = xg * torch.rsqrt(xg.pow(2).mean(dim=-1, keepdim=True) + pro.eps)
+            xf = (xg * w).reshape(xf.shape)
+        else:
+            xf = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + pro.eps) * w
+    if pro.gate is not None:
+        z = pro.gate.float()
+        xf = xf * (torch.sigmoid(z) if pro.gate_sigmoid else torch.nn.functional.silu(z))
     return xf, res_out
 
 

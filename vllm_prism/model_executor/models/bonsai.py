@@ -5,10 +5,13 @@ The text model is vLLM's Qwen3.5: Gated DeltaNet layers and gated full-attention
 vision model and imports torchvision through it, which a CPU install cannot import; this
 module composes the same layers from qwen3_next and the Gated DeltaNet layer directly, and
 adds what Bonsai needs: the quantization config reaches the embedding too (it is ternary
-and inverse-folded in Bonsai files), and where the MLP's projections run the prism linear op
-the post-attention residual add + RMSNorm and the SiLU-and-multiply run inside the producer
-launches of ``gate_up_proj`` and ``down_proj`` (:class:`BonsaiMLP`), not as kernels of their
-own. Tensor and pipeline parallelism work where vLLM's layers support them.
+and inverse-folded in Bonsai files), and where the projections run the prism linear op, what
+feeds them runs inside their activation producers, not as kernels of its own: the
+post-attention residual add + RMSNorm and the SiLU-and-multiply (``gate_up_proj``,
+``down_proj``: :class:`BonsaiMLP`), the attention output gate (``o_proj``:
+:class:`BonsaiAttention`) and the Gated DeltaNet's gated per-head RMSNorm (``out_proj``:
+:class:`BonsaiGatedDeltaNet`). Tensor and pipeline parallelism work where vLLM's layers
+support them.
 """
 
 from __future__ import annotations
@@ -44,15 +47,61 @@ from vllm.sequence import IntermediateTensors
 logger = init_logger(__name__)
 
 
+def _fuses(layer: nn.Module) -> bool:
+    """Whether ``layer`` runs the prism op without a bias (known once the weights are
+    prepared), so that what feeds it can run in its activation producer."""
+    method = getattr(layer, "quant_method", None)
+    return (bool(getattr(method, "fuses_prologue", lambda _: False)(layer))
+            and getattr(layer, "bias", None) is None)
+
+
+def _reduce(layer: nn.Module, out: torch.Tensor) -> torch.Tensor:
+    """The all-reduce a RowParallelLinear's forward does after its matmul."""
+    if layer.reduce_results and layer.tp_size > 1:
+        return tensor_model_parallel_all_reduce(out)
+    return out
+
+
+class BonsaiAttention(Qwen3NextAttention):
+    """Gated full attention; the output gate ``* sigmoid(gate)`` runs in o_proj's producer."""
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not _fuses(self.o_proj):
+            return super().forward(positions, hidden_states)
+        qkv, _ = self.qkv_proj(hidden_states)
+        q, k, v, gate = self._project_qkv_gate(qkv, positions)
+        attn_output = self.attn(q, k, v)
+        if gate is None:
+            return self.o_proj(attn_output)[0]
+        out = self.o_proj.quant_method.apply_gated(self.o_proj, attn_output, gate,
+                                                   gate_sigmoid=True)
+        return _reduce(self.o_proj, out)
+
+
+class BonsaiGatedDeltaNet(QwenGatedDeltaNetAttention):
+    """Gated DeltaNet; the gated per-head RMSNorm of its output runs in out_proj's producer."""
+
+    def _output_projection(self, core_attn_out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        norm = self.norm
+        d = self.head_v_dim
+        if not (_fuses(self.out_proj) and norm.group_size is None and norm.norm_before_gate
+                and norm.activation in ("silu", "swish", "sigmoid") and d & (d - 1) == 0
+                and d <= 1024):
+            return super()._output_projection(core_attn_out, z)
+        x = core_attn_out.flatten(-2)
+        out = self.out_proj.quant_method.apply_gated(
+            self.out_proj, x, z.reshape(x.shape), gate_sigmoid=norm.activation == "sigmoid",
+            rms_weight=norm.weight, rms_group=d, eps=norm.eps)
+        return _reduce(self.out_proj, out)
+
+
 class BonsaiMLP(Qwen2MoeMLP):
     """The dense SiLU MLP; :meth:`forward_add_norm` also takes the post-attention norm."""
 
     def fuses_prologue(self) -> bool:
-        """Whether both projections run the prism op (known once the weights are prepared),
-        so that the norm and the activation can run in their producers."""
-        layers = (self.gate_up_proj, self.down_proj)
-        return all(getattr(layer.quant_method, "fuses_prologue", lambda _: False)(layer)
-                   and layer.bias is None for layer in layers)
+        """Whether both projections run the prism op, so that the norm and the activation
+        can run in their producers."""
+        return _fuses(self.gate_up_proj) and _fuses(self.down_proj)
 
     def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: GemmaRMSNorm
                          ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -62,9 +111,7 @@ class BonsaiMLP(Qwen2MoeMLP):
         gate_up, residual = self.gate_up_proj.quant_method.apply_add_rmsnorm(
             self.gate_up_proj, x, residual, norm.weight, 1.0, norm.variance_epsilon)
         out = self.down_proj.quant_method.apply_glu(self.down_proj, gate_up)
-        if self.down_proj.reduce_results and self.down_proj.tp_size > 1:
-            out = tensor_model_parallel_all_reduce(out)
-        return out, residual
+        return _reduce(self.down_proj, out), residual
 
 
 class BonsaiDecoderLayer(Qwen3NextDecoderLayer):
@@ -79,11 +126,11 @@ class BonsaiDecoderLayer(Qwen3NextDecoderLayer):
         self.use_attn_reduce_scatter_for_moe = False
         self.layer_scale = False
         if layer_type == "linear_attention":
-            self.linear_attn = QwenGatedDeltaNetAttention(
+            self.linear_attn = BonsaiGatedDeltaNet(
                 config=config, vllm_config=vllm_config, prefix=f"{prefix}.linear_attn",
                 gqa_interleaved_layout=False)
         elif layer_type == "full_attention":
-            self.self_attn = Qwen3NextAttention(
+            self.self_attn = BonsaiAttention(
                 config, model_config=vllm_config.model_config,
                 cache_config=vllm_config.cache_config, quant_config=quant_config,
                 prefix=f"{prefix}.self_attn")

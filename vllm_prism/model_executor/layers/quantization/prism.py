@@ -175,8 +175,9 @@ class PrismLinearMethod(LinearMethodBase):
 
     @staticmethod
     def fuses_prologue(layer: torch.nn.Module) -> bool:
-        """Whether the layer runs the linear op, whose producer can take the SiLU-and-multiply
-        or the residual add + RMSNorm in front (:meth:`apply_glu`, :meth:`apply_add_rmsnorm`).
+        """Whether the layer runs the linear op, whose producer can take the SiLU-and-multiply,
+        the residual add + RMSNorm or an output gate in front (:meth:`apply_glu`,
+        :meth:`apply_add_rmsnorm`, :meth:`apply_gated`).
         Decided once, when the weights are prepared."""
         return bool(getattr(layer, "prism_uses_op", False))
 
@@ -196,6 +197,18 @@ class PrismLinearMethod(LinearMethodBase):
         return torch.ops.vllm_prism.pq2_add_rmsnorm_linear(
             x, residual, rms_weight, rms_offset, eps, layer.prism_codes, layer.prism_scales,
             layer.prism_signs, bias, self.config.hadamard_block or 0)
+
+
+    def apply_gated(self, layer: torch.nn.Module, x: torch.Tensor, gate: torch.Tensor,
+                    gate_sigmoid: bool, rms_weight: torch.Tensor | None = None,
+                    rms_group: int = 0, eps: float = 1e-6,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+        """``apply(layer, RMSNorm?(x) * act(gate))`` in one producer launch: act is sigmoid
+        (``gate_sigmoid``) or silu; the optional RMSNorm (``rms_weight``) normalizes every
+        ``rms_group`` elements (a head) on its own."""
+        return torch.ops.vllm_prism.pq2_gated_linear(
+            x, gate, rms_weight, rms_group, eps, gate_sigmoid, layer.prism_codes,
+            layer.prism_scales, layer.prism_signs, bias, self.config.hadamard_block or 0)
 
 
 class PrismEmbeddingMethod(PrismLinearMethod):
