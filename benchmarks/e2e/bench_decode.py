@@ -25,10 +25,11 @@ off, so every prompt is really prefilled. Prompts are random token ids, distinct
   KV dtype (target: at most 1.15 at 6 tokens).
 * ``--tp 1 2`` serves with each ``tensor_parallel_size`` in turn (one engine each, same run);
   records carry ``tp``.
-* profile (batch 1, first context): a torch-profiler trace of T decode steps, kernel time by
-  family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise, sampler, other), and the
-  GPU-busy share of the step: the union of kernel intervals over the step time measured
-  without the profiler.
+* profile (batch 1, first context): torch-profiler traces of two generate() calls of T/2 and T
+  decode steps, whose difference gives per decode step the kernel time by family (PQ2
+  linears, attention, Gated DeltaNet, norms/element-wise, sampler, other), the kernel count
+  and the GPU-busy share: the union of kernel intervals over the step time measured without
+  the profiler. (The first runs attributed one trace to decode by a wall-clock ratio.)
 
 ``ceiling_frac`` is the bytes a step must move (the ternary weights but the embedding, plus
 the KV cache read for every request's context, plus each request's Gated DeltaNet state read
@@ -135,24 +136,21 @@ def _decode_step_s(llm, prompts, steps: int, reps: int = 3) -> float:
     return statistics.median(per_step)
 
 
-def _profile(llm, prompts, steps: int, step_s: float) -> dict:
+def _trace(llm, prompts, max_tokens: int) -> tuple[float, dict[str, float], int]:
+    """Profile one generate() call: GPU-busy time (union of kernel intervals, us), kernel time
+    by family (us) and the number of kernels."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    _timed(llm, prompts, 1 + steps)  # warm
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        t1 = _timed(llm, prompts, 1)
-        tn = _timed(llm, prompts, 1 + steps)
+        _timed(llm, prompts, max_tokens)
     torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_family: dict[str, float] = {}
-    intervals = []
     for e in kernels:
         by_family[family_of(e.name)] = by_family.get(family_of(e.name), 0.0) + e.device_time
-        intervals.append((e.time_range.start, e.time_range.end))
-    intervals.sort()
     busy, cur_s, cur_e = 0.0, None, None
-    for s, e in intervals:
+    for s, e in sorted((e.time_range.start, e.time_range.end) for e in kernels):
         if cur_e is None or s > cur_e:
             if cur_e is not None:
                 busy += cur_e - cur_s
@@ -161,15 +159,24 @@ def _profile(llm, prompts, steps: int, step_s: float) -> dict:
             cur_e = max(cur_e, e)
     if cur_e is not None:
         busy += cur_e - cur_s
-    # The two generate() calls ran 2 prefills and (1 + steps) + 1 sampled steps; kernel time
-    # per decode step is the difference between them: take the whole trace's busy time less
-    # the one-token call's share, estimated by its wall-clock ratio.
-    decode_share = (tn - t1) / (tn + t1)
-    per_step_us = {k: v * decode_share / steps for k, v in sorted(by_family.items())}
-    busy_per_step_us = busy * decode_share / steps
+    return busy, by_family, len(kernels)
+
+
+def _profile(llm, prompts, steps: int, step_s: float) -> dict:
+    """Per decode step: kernel time by family, kernel count and GPU-busy time, as the
+    difference of two profiled generate() calls of 1 + steps/2 and 1 + steps tokens (the
+    prefill and the first sampled token cancel out), over the step time measured without
+    the profiler."""
+    _timed(llm, prompts, 1 + steps)  # warm
+    half = steps // 2
+    busy_a, fam_a, n_a = _trace(llm, prompts, 1 + half)
+    busy_b, fam_b, n_b = _trace(llm, prompts, 1 + steps)
+    d = steps - half
+    per_step_us = {k: max(0.0, v - fam_a.get(k, 0.0)) / d for k, v in sorted(fam_b.items())}
+    busy_per_step_us = (busy_b - busy_a) / d
     return {"kernel_us_per_step": per_step_us, "busy_us_per_step": busy_per_step_us,
             "gpu_busy_frac": min(1.0, busy_per_step_us * 1e-6 / step_s),
-            "kernels_per_step": len(kernels) * decode_share / steps}
+            "kernels_per_step": (n_b - n_a) / d}
 
 
 def _num_drafts(llm) -> int:
