@@ -8,8 +8,8 @@ adds what Bonsai needs: the quantization config reaches the embedding too (it is
 and inverse-folded in Bonsai files), and where the projections run the prism linear op, what
 feeds them runs inside their activation producers, not as kernels of its own: the
 post-attention residual add + RMSNorm and the SiLU-and-multiply (``gate_up_proj``,
-``down_proj``: :class:`BonsaiMLP`), the attention output gate (``o_proj``:
-:class:`BonsaiAttention`) and the Gated DeltaNet's gated per-head RMSNorm (``out_proj``:
+``down_proj``: :class:`BonsaiMLP`), the input residual add + RMSNorm and the output gate of
+the full-attention layers (``qkv_proj``, ``o_proj``: :class:`BonsaiAttention`) and the Gated DeltaNet's gated per-head RMSNorm (``out_proj``:
 :class:`BonsaiGatedDeltaNet`). Tensor and pipeline parallelism work where vLLM's layers
 support them.
 """
@@ -63,12 +63,27 @@ def _reduce(layer: nn.Module, out: torch.Tensor) -> torch.Tensor:
 
 
 class BonsaiAttention(Qwen3NextAttention):
-    """Gated full attention; the output gate ``* sigmoid(gate)`` runs in o_proj's producer."""
+    """Gated full attention; the output gate ``* sigmoid(gate)`` runs in o_proj's producer,
+    and :meth:`forward_add_norm` also runs the input residual add + RMSNorm in qkv_proj's."""
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
         if not _fuses(self.o_proj):
             return super().forward(positions, hidden_states)
-        qkv, _ = self.qkv_proj(hidden_states)
+        return self._attend(positions, self.qkv_proj(hidden_states)[0])
+
+    def fuses_input_norm(self) -> bool:
+        return _fuses(self.qkv_proj) and _fuses(self.o_proj)
+
+    def forward_add_norm(self, positions: torch.Tensor, x: torch.Tensor,
+                         residual: torch.Tensor, norm: GemmaRMSNorm
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(attention(norm(x + residual)), x + residual)``; the add and the norm run in
+        qkv_proj's producer."""
+        qkv, residual = self.qkv_proj.quant_method.apply_add_rmsnorm(
+            self.qkv_proj, x, residual, norm.weight, 1.0, norm.variance_epsilon)
+        return self._attend(positions, qkv), residual
+
+    def _attend(self, positions: torch.Tensor, qkv: torch.Tensor) -> torch.Tensor:
         q, k, v, gate = self._project_qkv_gate(qkv, positions)
         attn_output = self.attn(q, k, v)
         if gate is None:
@@ -149,6 +164,12 @@ class BonsaiDecoderLayer(Qwen3NextDecoderLayer):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.mlp.fuses_prologue():
             return super().forward(hidden_states, residual, positions, **kwargs)
+        if (residual is not None and self.layer_type == "full_attention"
+                and self.self_attn.fuses_input_norm()):
+            hidden_states, residual = self.self_attn.forward_add_norm(
+                positions, hidden_states, residual, self.input_layernorm)
+            return self.mlp.forward_add_norm(hidden_states, residual,
+                                             self.post_attention_layernorm)
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
