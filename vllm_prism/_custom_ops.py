@@ -72,10 +72,15 @@ def _pq2_linear_impl(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
     return pq2_linear(x, _weight(codes, scales, signs, hadamard_block), bias)
 
 
+def _linear_out(x: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """The fake result of every linear op: x's leading dims, the weight's N rows."""
+    return x.new_empty((*x.shape[:-1], codes.shape[0]))
+
+
 def _pq2_linear_fake(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
                      signs: torch.Tensor | None, bias: torch.Tensor | None,
                      hadamard_block: int) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], codes.shape[0]))
+    return _linear_out(x, codes)
 
 
 def _pq2_glu_linear_impl(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor,
@@ -98,8 +103,15 @@ def _pq2_add_rmsnorm_linear_impl(x: torch.Tensor, residual: torch.Tensor,
 
     w = _weight(codes, scales, signs, hadamard_block)
     pro = Prologue(residual=residual, rms_weight=rms_weight, rms_offset=rms_offset, eps=eps)
-    y, res = pq2_linear_fused(x, w, bias, pro)
-    return y, res
+    return pq2_linear_fused(x, w, bias, pro)
+
+
+def _pq2_add_rmsnorm_linear_fake(x: torch.Tensor, residual: torch.Tensor,
+                                 rms_weight: torch.Tensor, rms_offset: float, eps: float,
+                                 codes: torch.Tensor, scales: torch.Tensor,
+                                 signs: torch.Tensor | None, bias: torch.Tensor | None,
+                                 hadamard_block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _linear_out(x, codes), torch.empty_like(residual)
 
 
 def _pq2_gated_linear_impl(x: torch.Tensor, gate: torch.Tensor, rms_weight: torch.Tensor | None,
@@ -119,15 +131,7 @@ def _pq2_gated_linear_fake(x: torch.Tensor, gate: torch.Tensor, rms_weight: torc
                            rms_group: int, eps: float, gate_sigmoid: bool, codes: torch.Tensor,
                            scales: torch.Tensor, signs: torch.Tensor | None,
                            bias: torch.Tensor | None, hadamard_block: int) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], codes.shape[0]))
-
-
-def _pq2_add_rmsnorm_linear_fake(x: torch.Tensor, residual: torch.Tensor,
-                                 rms_weight: torch.Tensor, rms_offset: float, eps: float,
-                                 codes: torch.Tensor, scales: torch.Tensor,
-                                 signs: torch.Tensor | None, bias: torch.Tensor | None,
-                                 hadamard_block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return x.new_empty((*x.shape[:-1], codes.shape[0])), torch.empty_like(residual)
+    return _linear_out(x, codes)
 
 
 @functools.cache
@@ -141,9 +145,8 @@ def register_ops() -> None:
     the current platform's dispatch key). The prism quantization method calls it when it
     prepares its weights, outside any traced code; the forward calls the ops through
     ``torch.ops.vllm_prism`` directly."""
-    from vllm.utils.torch_utils import direct_register_custom_op
-
     from vllm.platforms import current_platform
+    from vllm.utils.torch_utils import direct_register_custom_op
 
     lib = _library()
     ops = {"pq2_linear": (_pq2_linear_impl, _pq2_linear_fake),

@@ -5,11 +5,13 @@ The target is `vllm-prism make-tiny --layers 64` (48 Gated DeltaNet + 16 full-at
 layers, Bonsai 2 27B's layer pattern at tiny widths); the drafter is
 `vllm-prism make-tiny-drafter --layers 5 --sliding-window W` (DFlash2's 5 sliding-window
 layers; the tiny target's 4K context asks for a window below DFlash2's 2048, as the padding
-only costs full-attention memory when the context outgrows the window). Each configuration starts one engine (CPU build or GPU) and the script reads vLLM's
-own log lines: "Add N padding layers ..." and "... KV cache size: N tokens". Writes
+only costs full-attention memory when the context outgrows the window). Each configuration
+starts one engine (CPU build or GPU) and the script reads vLLM's own log lines: "Add N
+padding layers ..." and "... KV cache size: N tokens". Writes
 benchmarks/results/kv_capacity_<device>.md.
 
-    python benchmarks/kv/kv_capacity_with_drafter.py [--max-model-len 4096] [--window 128] [--batched 256]
+    python benchmarks/kv/kv_capacity_with_drafter.py [--max-model-len 4096] [--window 128] \
+        [--batched 256]
 """
 
 from __future__ import annotations
@@ -49,12 +51,11 @@ def _engine_log(target: Path, drafter: Path, max_len: int, batched: int, disable
 def _parse(log: str) -> dict:
     tokens = re.findall(r"KV cache size: ([\d,]+) tokens", log)
     padding = re.findall(r"Add (\d+) padding layers, may waste at most ([\d.]+)%", log)
-    groups = re.findall(r"(\d+) KV cache groups?", log)
     return {"tokens": int(tokens[-1].replace(",", "")) if tokens else None,
             "padding": [(int(n), float(p)) for n, p in padding],
             "lines": [x.split("] ", 1)[-1] for x in log.splitlines()
                       if "KV cache size" in x or "padding layers" in x or
-                      "kv_cache_group_size" in x], "groups": groups}
+                      "kv_cache_group_size" in x]}
 
 
 def main() -> None:
@@ -87,8 +88,9 @@ def main() -> None:
     cmd = "python benchmarks/kv/kv_capacity_with_drafter.py " + " ".join(sys.argv[1:])
     lines = [f"# KV-cache capacity with a DFlash2-shaped drafter ({device})", "",
              f"- {datetime.date.today()}: `{cmd.strip()}` (max_model_len "
-             f"{args.max_model_len}, max_num_batched_tokens {args.batched}; target 48 GDN + 16 full-attention layers, drafter 5 "
-             f"sliding-window layers, window {args.window})", "",
+             f"{args.max_model_len}, max_num_batched_tokens {args.batched}; target 48 GDN "
+             "+ 16 full-attention layers, drafter 5 sliding-window layers, window "
+             f"{args.window})", "",
              "| vLLM | KV cache tokens (vLLM's log) | padding vLLM logged |", "|---|---|---|"]
     for name, r in runs.items():
         pad = "; ".join(f"{n} layers, up to {pct:.2f} %" for n, pct in r["padding"]) or "none"

@@ -6,8 +6,8 @@ REQUEST: {"prompts": [[ids...]], "max_tokens": N, "score": [[ids...]], "llm": {.
 {"greedy": [[ids...]], "score": [[logprob of token t given tokens < t, for t >= 1]]}.
 "single" (optional) is one more prompt generated alone (batch 1) into "single".
 "detokenize" (optional, default true) is SamplingParams.detokenize (false without a
-tokenizer). "llm" (optional) holds LLM() keyword arguments that replace the CPU defaults (the GPU tests
-choose the compilation mode and the KV-cache dtype there); with "disable_log_stats": false
+tokenizer). "llm" (optional) holds LLM() keyword arguments that replace the CPU defaults (the
+GPU tests choose the compilation mode and the KV-cache dtype there); with "disable_log_stats": false
 there, the result also holds vLLM's speculative-decoding counters ("spec_decode").
 "record_cudagraphs" (optional): the result's "cudagraphs" lists, for every model step of the
 greedy generation, vLLM's CUDA-graph dispatch: [num_tokens, uniform_decode, runtime mode].

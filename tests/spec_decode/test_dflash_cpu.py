@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("safetensors")
 
-from e2e.test_llm import run_vllm  # noqa: E402 (tests/ is on sys.path)
+from dflash_runs import dflash_runs  # noqa: E402 (this folder is on sys.path)
 
 PROMPTS = [[5, 17, 42, 99], [300, 12, 7], [42, 43, 44, 45, 46]]
 NEW_TOKENS = 16
@@ -30,17 +30,12 @@ def runs(tiny_gguf, tmp_path_factory) -> dict:
 
     drafter = make_tiny_drafter(tmp / "drafter", target)["path"]
     request = {"prompts": PROMPTS, "max_tokens": NEW_TOKENS, "score": []}
-    out = {"plain": run_vllm(target, request, tmp)}
-    for k in (3, 7):
-        spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": k}
-        out[k] = run_vllm(target, {**request, "llm": {"speculative_config": spec,
-                                                       "disable_log_stats": False}}, tmp)
-    return out
+    return dflash_runs(target, drafter, request, tmp)
 
 
 @pytest.mark.parametrize("k", [3, 7])
 def test_greedy_with_dflash_equals_greedy_without(runs: dict, k: int) -> None:
-    assert runs[k]["greedy"] == runs["plain"]["greedy"]
+    assert runs[k]["greedy"] == runs[0]["greedy"]
     assert all(len(g) == NEW_TOKENS for g in runs[k]["greedy"])
 
 

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("safetensors")
 
-from e2e.test_llm import run_vllm  # noqa: E402 (tests/ is on sys.path)
+from dflash_runs import dflash_runs  # noqa: E402 (this folder is on sys.path)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -44,16 +44,9 @@ def runs(tiny_gguf, tmp_path_factory):
 
     def get(kv: str) -> dict:
         if kv not in done:
-            request = {"prompts": PROMPTS, "max_tokens": NEW_TOKENS, "score": [],
-                       "llm": _llm(kv)}
-            out = {0: run_vllm(target, request, tmp)}
-            for k in (3, 7):
-                spec = {"method": "dflash", "model": str(drafter),
-                        "num_speculative_tokens": k}
-                llm = {**_llm(kv), "speculative_config": spec, "disable_log_stats": False}
-                out[k] = run_vllm(target, {**request, "llm": llm, "record_cudagraphs": True},
-                                  tmp)
-            done[kv] = out
+            request = {"prompts": PROMPTS, "max_tokens": NEW_TOKENS, "score": []}
+            done[kv] = dflash_runs(target, drafter, request, tmp, llm=_llm(kv),
+                                   record_cudagraphs=True)
         return done[kv]
 
     return get

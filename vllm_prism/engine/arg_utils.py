@@ -59,6 +59,7 @@ def materialize_tokenizer(path: str | os.PathLike) -> str:
     text config (config.json): vLLM reads a config from the tokenizer path, and without one
     logs two errors and sleeps through its retries at every start."""
     from vllm_prism.gguf.reader import GGUFReader
+    from vllm_prism.gguf.errors import GGUFError
     from vllm_prism.gguf.tokenizer import build_tokenizer, read_tokenizer_data
 
     st = os.stat(path)
@@ -76,9 +77,8 @@ def materialize_tokenizer(path: str | os.PathLike) -> str:
         text_config = {**text_config_of(reader), "model_type": HF_MODEL_TYPE}
     try:
         tok = build_tokenizer(data)
-    except Exception as e:  # noqa: BLE001 - the tokenizers library's own error types
-        raise ValueError(f"vllm-prism cannot serve {path}:\n  - the tokenizer cannot be built "
-                         f"from its metadata ({type(e).__name__}: {e})\n(pass --tokenizer "
+    except GGUFError as e:
+        raise ValueError(f"vllm-prism cannot serve {path}:\n  - {e.reason}\n(pass --tokenizer "
                          "with a Hugging Face tokenizer instead)") from None
     special = {k: data.tokens[v] for k, v in data.special_ids.items()}
     config: dict[str, Any] = {

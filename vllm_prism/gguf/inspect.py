@@ -168,8 +168,8 @@ def _tokenizer_build_problem(data: GGUFTokenizerData) -> str | None:
     """Why the tokenizers library cannot build the file's tokenizer (None: it can)."""
     try:
         build_tokenizer(data)
-    except Exception as e:  # noqa: BLE001 - any failure of the library is the file's problem
-        return f"the tokenizer cannot be built from its metadata ({type(e).__name__}: {e})"
+    except GGUFError as e:
+        return e.reason
     return None
 
 

@@ -150,8 +150,17 @@ def chat_template_problem(template: str | None) -> str | None:
     return None
 
 
-def build_tokenizer(data: GGUFTokenizerData) -> Tokenizer:
-    """A Hugging Face fast tokenizer equivalent to the GGUF byte-level BPE tokenizer."""
+def build_tokenizer(data: GGUFTokenizerData, path: str | None = None) -> Tokenizer:
+    """A Hugging Face fast tokenizer equivalent to the GGUF byte-level BPE tokenizer; a
+    GGUFError (naming ``path``) where the tokenizers library rejects the metadata."""
+    try:
+        return _build_tokenizer(data)
+    except Exception as e:  # noqa: BLE001 - the tokenizers library's own error types
+        raise GGUFError("the tokenizer cannot be built from its metadata "
+                        f"({type(e).__name__}: {e})", path) from None
+
+
+def _build_tokenizer(data: GGUFTokenizerData) -> Tokenizer:
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
     pattern = PRE_PATTERNS.get(data.pre)

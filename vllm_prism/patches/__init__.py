@@ -30,7 +30,7 @@ PATCH_MODULES = (
 class VllmPatch:
     """One documented fix to vLLM."""
 
-    name: str
+    name: str                        # its module's name (VLLM_PRISM_DISABLED_PATCHES takes it)
     target: str                      # the patched symbol
     vllm_versions: tuple[str, ...]   # fnmatch patterns of the vLLM versions it applies to
     apply: Callable[[], bool]        # returns True when it changed something

@@ -7,7 +7,8 @@ arguments with ``PackageNotFoundError: No package metadata was found for vllm``.
 Why: ``vllm/entrypoints/cli/main.py`` builds its ``--version`` action, and
 ``vllm/entrypoints/cli/run_batch.py`` its startup log line, from
 ``importlib.metadata.version("vllm")``: the version of the installed *distribution* named
-"vllm". ``vllm/snapshot/runtime.py`` records the same lookup in a snapshot's identity. The package ``vllm`` is installed, but by a distribution with another name.
+"vllm". ``vllm/snapshot/runtime.py`` records the same lookup in a snapshot's identity.
+The package ``vllm`` is installed, but by a distribution with another name.
 
 The fix: ask the package, not the distribution: ``vllm.__version__`` (what the upstream
 pull request does). Here, at load time, the modules' ``importlib`` global is replaced by a
@@ -77,7 +78,7 @@ def apply() -> bool:
 
 
 PATCH = VllmPatch(
-    name="cli-distribution-version",
+    name="cli_distribution_version",
     target="vllm.entrypoints.cli.main: importlib.metadata.version('vllm')",
     vllm_versions=("0.32.*",),
     apply=apply,

@@ -12,7 +12,8 @@ layers, which already wrote it earlier in the same forward pass. The fill writes
 every (block, slot, head) scale position of the whole buffer, i.e. into that state.
 
 The fix: no fill. The views are vLLM's own: its view builder runs on a meta-device twin of
-the cache to give their geometry, and the views are then made over the real storage. The fill is not needed: the per-token-head cache writer stores a scale
+the cache to give their geometry, and the views are then made over the real storage. The
+fill is not needed: the per-token-head cache writer stores a scale
 with every K/V row it writes, and the attention kernel loads scales only under the mask of
 positions inside the sequence (``other=1.0`` elsewhere), so every scale that is read has
 been written. The views are cached per storage (data pointer, offset, shape and strides)
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 
 from vllm_prism.patches import VllmPatch
+
 
 def _storage_key(kv_cache: torch.Tensor) -> tuple:
     return (kv_cache.untyped_storage().data_ptr(), kv_cache.storage_offset(),
@@ -94,7 +96,7 @@ def apply() -> bool:
 
 
 PATCH = VllmPatch(
-    name="int8-scale-view-fill",
+    name="int8_scale_view_fill",
     target="vllm.v1.attention.backends.triton_attn.TritonAttentionImpl._ensure_scale_caches",
     vllm_versions=("0.32.*",),
     apply=apply,

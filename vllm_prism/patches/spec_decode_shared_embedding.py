@@ -74,7 +74,7 @@ def apply() -> bool:
 
 
 PATCH = VllmPatch(
-    name="spec-decode-shared-embedding",
+    name="spec_decode_shared_embedding",
     target=TARGET,
     vllm_versions=("0.32.*",),
     apply=apply,

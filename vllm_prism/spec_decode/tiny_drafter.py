@@ -1,7 +1,8 @@
 """A tiny DFlash drafter that matches a tiny Bonsai target, for tests and demos.
 
-``vllm-prism make-tiny-drafter OUT_DIR --target TINY.gguf`` writes a one-layer DFlash drafter
-(vLLM's ``DFlashDraftModel``, Qwen3 layers) as ``config.json`` + ``model.safetensors``. It
+``vllm-prism make-tiny-drafter OUT_DIR --target TINY.gguf`` writes a DFlash drafter (vLLM's
+``DFlashDraftModel``, Qwen3 layers; one drafting layer, ``--layers`` adds pass-through ones) as
+``config.json`` + ``model.safetensors``. It
 shares the target's embedding and LM head (it has none of its own) and is *built*, not
 trained, to agree with the tiny target on the first drafted token:
 
@@ -34,7 +35,7 @@ HEADS, KV_HEADS, HEAD_DIM = 4, 2, 64
 OUTPUT_SCALE = 1.0e4
 
 
-def _primal_embedding_row(path: str, token: int) -> tuple[np.ndarray, int, int, list[int]]:
+def _primal_embedding_row(path: str, token: int) -> tuple[np.ndarray, int, int, int]:
     """(the primal embedding of ``token``, vocab, hidden, layer count) of a GGUF target."""
     from vllm_prism.gguf.codecs import dequantize
     from vllm_prism.gguf.hadamard import inverse_embedding_transform, parse_hadamard_contract
@@ -51,7 +52,7 @@ def _primal_embedding_row(path: str, token: int) -> tuple[np.ndarray, int, int, 
         contract = parse_hadamard_contract(r.metadata, widths, r.path)
     row = z[0] if contract is None else inverse_embedding_transform(
         z, contract.signs_for(hidden), contract.block_size)[0]
-    return row, vocab, hidden, list(range(dims.n_layers))
+    return row, vocab, hidden, dims.n_layers
 
 
 def make_tiny_drafter(out_dir: str | os.PathLike, target: str | os.PathLike, *,
@@ -71,10 +72,10 @@ def make_tiny_drafter(out_dir: str | os.PathLike, target: str | os.PathLike, *,
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    mask, vocab, hidden, target_ids = _primal_embedding_row(str(target), mask_token_id)
+    mask, vocab, hidden, n_layers = _primal_embedding_row(str(target), mask_token_id)
     if hidden < VALUE_DIMS + 1:
         raise ValueError(f"{target}: hidden size {hidden} is too small for the tiny drafter")
-    target_layers = [target_ids[len(target_ids) // 4], target_ids[len(target_ids) // 2]]
+    target_layers = [n_layers // 4, n_layers // 2]
     u = mask / np.linalg.norm(mask)
     rng = np.random.default_rng(seed)
     basis, _ = np.linalg.qr(np.concatenate([u[:, None], rng.standard_normal((hidden, hidden))],

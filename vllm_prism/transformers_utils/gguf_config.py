@@ -73,10 +73,8 @@ def gguf_config_dict(path: str | Path) -> dict[str, Any]:
 def register_config_source() -> None:
     """Register the "prism_gguf" config format with vLLM."""
     from transformers import Qwen3_5TextConfig
-    from vllm.transformers_utils.config import register_config_parser
+    from vllm.transformers_utils.config import HFConfigParser, register_config_parser
     from vllm.transformers_utils.config_parser_base import ConfigParserBase
-
-    from vllm.transformers_utils.config import HFConfigParser
 
     @register_config_parser(CONFIG_FORMAT)
     class PrismGGUFConfigParser(ConfigParserBase):

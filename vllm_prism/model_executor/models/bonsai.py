@@ -9,9 +9,9 @@ and inverse-folded in Bonsai files), and where the projections run the prism lin
 feeds them runs inside their activation producers, not as kernels of its own: the
 post-attention residual add + RMSNorm and the SiLU-and-multiply (``gate_up_proj``,
 ``down_proj``: :class:`BonsaiMLP`), the input residual add + RMSNorm and the output gate of
-the full-attention layers (``qkv_proj``, ``o_proj``: :class:`BonsaiAttention`) and the Gated DeltaNet's gated per-head RMSNorm (``out_proj``:
-:class:`BonsaiGatedDeltaNet`). Tensor and pipeline parallelism work where vLLM's layers
-support them.
+the full-attention layers (``qkv_proj``, ``o_proj``: :class:`BonsaiAttention`) and the Gated
+DeltaNet's gated per-head RMSNorm (``out_proj``: :class:`BonsaiGatedDeltaNet`). Tensor and
+pipeline parallelism work where vLLM's layers support them.
 """
 
 from __future__ import annotations
@@ -152,9 +152,9 @@ class BonsaiDecoderLayer(Qwen3NextDecoderLayer):
         else:
             raise ValueError(f"layer {self.layer_idx}: unknown layer type {layer_type!r}")
         self.mlp = BonsaiMLP(hidden_size=config.hidden_size,
-                               intermediate_size=config.intermediate_size,
-                               hidden_act=config.hidden_act, quant_config=quant_config,
-                               prefix=f"{prefix}.mlp")
+                             intermediate_size=config.intermediate_size,
+                             hidden_act=config.hidden_act, quant_config=quant_config,
+                             prefix=f"{prefix}.mlp")
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size,
                                                      eps=config.rms_norm_eps)
@@ -168,17 +168,17 @@ class BonsaiDecoderLayer(Qwen3NextDecoderLayer):
                 and self.self_attn.fuses_input_norm()):
             hidden_states, residual = self.self_attn.forward_add_norm(
                 positions, hidden_states, residual, self.input_layernorm)
-            return self.mlp.forward_add_norm(hidden_states, residual,
-                                             self.post_attention_layernorm)
-        if residual is None:
-            residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
         else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        if self.layer_type == "linear_attention":
-            hidden_states = self.linear_attn(hidden_states=hidden_states)
-        else:
-            hidden_states = self.self_attn(hidden_states=hidden_states, positions=positions)
+            if residual is None:
+                residual = hidden_states
+                hidden_states = self.input_layernorm(hidden_states)
+            else:
+                hidden_states, residual = self.input_layernorm(hidden_states, residual)
+            if self.layer_type == "linear_attention":
+                hidden_states = self.linear_attn(hidden_states=hidden_states)
+            else:
+                hidden_states = self.self_attn(hidden_states=hidden_states,
+                                               positions=positions)
         return self.mlp.forward_add_norm(hidden_states, residual,
                                          self.post_attention_layernorm)
 

@@ -198,7 +198,6 @@ class PrismLinearMethod(LinearMethodBase):
             x, residual, rms_weight, rms_offset, eps, layer.prism_codes, layer.prism_scales,
             layer.prism_signs, bias, self.config.hadamard_block or 0)
 
-
     def apply_gated(self, layer: torch.nn.Module, x: torch.Tensor, gate: torch.Tensor,
                     gate_sigmoid: bool, rms_weight: torch.Tensor | None = None,
                     rms_group: int = 0, eps: float = 1e-6,
