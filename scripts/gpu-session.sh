@@ -4,7 +4,7 @@
 #   bash scripts/gpu-session.sh tests ARGS   GPU tests (pytest ARGS; log: $OUT/${TESTLOG:-tests}.log)
 #   bash scripts/gpu-session.sh bench KV     e2e benchmark of the 27B-shaped file, one KV dtype
 #   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
-#   bash scripts/gpu-session.sh ptq1mem      weight memory of a 27B-shaped PTQ1_0 file on the GPU
+#   bash scripts/gpu-session.sh ptq1mem      weight memory of the 27B-shaped PQ2_0 and PTQ1_0 files
 # Examples (the bench stage passes its extra arguments to bench_decode.py):
 #   bash scripts/gpu-session.sh bench auto --batches 1 --long-context 0 --prefill \
 #        --no-profile --spec-k 3 5 7                   verify / plain step ratio (DFlash)
@@ -63,8 +63,10 @@ case $stage in
     P27=/tmp/b27-ptq1.gguf
     [ -f $P27 ] || python3 -m vllm_prism.entrypoints.cli make-tiny --shape bonsai-2-27b \
       --format ptq1_0 $P27 >"$OUT/ptq1-make.log" 2>&1
-    ls -l $P27 | tee "$OUT/ptq1mem.log"
-    timeout 400 python3 -c "from vllm import LLM; LLM('$P27', max_model_len=4096, enforce_eager=True)" \
-      2>&1 | grep -i "model loading took\|weights\|error" | tee -a "$OUT/ptq1mem.log"
+    wait_b27
+    timeout 500 python3 benchmarks/memory/weight_memory.py $B27 $P27 \
+      --out benchmarks/results/weight_memory_held_h200.md 2>&1 | tee "$OUT/ptq1mem.log" \
+      | grep -v "^INFO\|^DEBUG\|^WARNING\|^(EngineCore"
+    cp benchmarks/results/weight_memory_held_h200.md "$OUT"/ 2>/dev/null
     ;;
 esac
