@@ -43,6 +43,9 @@ wait_b27() { while [ ! -f $B27 ]; do sleep 2; done; }
 case $stage in
   tests)
     shift
+    # Each engine run's log lands under $OUT/runs as it is written (tests/e2e/test_llm.py),
+    # so a run cut off by the call's time limit still shows where it was.
+    export PRISM_TEST_LOG_DIR=${PRISM_TEST_LOG_DIR:-$OUT/runs}
     timeout 560 python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 \
       | tee "$OUT/${TESTLOG:-tests}.log"
     ;;

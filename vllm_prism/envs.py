@@ -21,6 +21,12 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # and GPU; a kernel name (gemv_a8, gemv_a16, ptq1_gemv, mma_a16, mma_a8, gemm_a16, gemm_a8,
     # torch) is tried first and, where it cannot run a call, falls back to auto with a warning.
     "VLLM_PRISM_PQ2_KERNEL": lambda: os.getenv("VLLM_PRISM_PQ2_KERNEL", "auto").strip().lower(),
+    # Programmatic dependent launch of the PQ2 linear kernels on Hopper and newer GPUs
+    # (kernels/common.py use_pdl): each kernel lets the next one launch early and waits for its
+    # inputs in the kernel; the GEMV loads its first weight tile before that wait. "0" turns it
+    # off (to measure what it gains). Read per launch; it changes no traced graph.
+    "VLLM_PRISM_PDL": lambda: os.getenv("VLLM_PRISM_PDL", "1").strip() not in ("0", "false",
+                                                                                  "off"),
     # Patches to vLLM (vllm_prism/patches) not to apply, by name, comma-separated: to measure
     # what one changes, or to rule it out. Empty (default): every patch for this vLLM.
     "VLLM_PRISM_DISABLED_PATCHES": lambda: [x.strip() for x in os.getenv(

@@ -2,7 +2,7 @@
 
     python benchmarks/e2e/bench_decode.py MODEL.gguf [--kv auto int8_per_token_head]
         [--mode default|eager] [--batches 1 8 32 64] [--context 1024] [--long-context 32768]
-        [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]]
+        [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 1 [0]]
         [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
@@ -25,6 +25,8 @@ off, so every prompt is really prefilled. Prompts are random token ids, distinct
   KV dtype (target: at most 1.15 at 6 tokens).
 * ``--tp 1 2`` serves with each ``tensor_parallel_size`` in turn (one engine each, same run);
   records carry ``tp``.
+* ``--pdl 1 0`` runs each engine with ``VLLM_PRISM_PDL`` on, then off (programmatic dependent
+  launch of the PQ2 kernels); records carry ``pdl``: whether the kernels really used it.
 * profile (batch 1, first context): torch-profiler traces of two generate() calls of T/2 and T
   decode steps, whose difference gives per decode step the kernel time by family (PQ2
   linears, attention, Gated DeltaNet, norms/element-wise, sampler, other), the kernel count
@@ -221,7 +223,12 @@ def run_engine(args: argparse.Namespace) -> list[dict]:
               tensor_parallel_size=args.tp[0],
               disable_log_stats=False, **extra)  # per-request timestamps for the step time
     vocab = llm.llm_engine.model_config.get_vocab_size()
-    base = {"kv": kv, "mode": args.mode, "tp": args.tp[0]}
+    import torch
+
+    from vllm_prism.kernels.common import use_pdl
+
+    base = {"kv": kv, "mode": args.mode, "tp": args.tp[0],
+            "pdl": int(use_pdl(torch.device("cuda")))}
     if args.spec_k:
         return [_verify_record(llm, args, base, vocab)]
     records = []
@@ -267,10 +274,10 @@ def _tiny_drafter(model: str) -> str:
 def _add_verify_ratios(records: list[dict]) -> None:
     """``ratio_to_plain`` of each verify record: over the plain batch-1 decode step of the same
     run, KV dtype, mode, tp and context."""
-    plain = {(r["kv"], r["mode"], r.get("tp", 1), r["context"]): r["ms_per_step"]
-             for r in records if r["kind"] == "decode" and r["batch"] == 1}
+    plain = {(r["kv"], r["mode"], r.get("tp", 1), r.get("pdl", 0), r["context"]):
+             r["ms_per_step"] for r in records if r["kind"] == "decode" and r["batch"] == 1}
     for r in records:
-        base = plain.get((r["kv"], r["mode"], r.get("tp", 1), r["context"]))
+        base = plain.get((r["kv"], r["mode"], r.get("tp", 1), r.get("pdl", 0), r["context"]))
         if r["kind"] == "verify" and base:
             r["ratio_to_plain"] = r["ms_per_step"] / base
 
@@ -280,7 +287,7 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
     path = out_dir / f"e2e_{gpu}.json"
     old = json.loads(path.read_text())["records"] if path.is_file() else []
     key = lambda r: (r["kind"], r["mode"], r["kv"], r["batch"], r["context"],  # noqa: E731
-                     r.get("tp", 1), r.get("q_tokens", 1))
+                     r.get("tp", 1), r.get("q_tokens", 1), r.get("pdl", 0))
     new_keys = {key(r) for r in records}
     merged = [r for r in old if key(r) not in new_keys] + records
     doc = {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command,
@@ -295,17 +302,19 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
              "each run; `ceiling_frac` uses its own run's figure):", ""]
     lines += [f"- {d}: `{c}` ({g:.0f} GB/s; decode step from {t or 'request timestamps'})"
               for c, (d, g, t) in runs.items()]
-    lines += ["", "| kind | mode | kv | tp | batch | q_tokens | context | tok/s | ms/step | "
+    lines += ["", "| kind | mode | kv | tp | pdl | batch | q_tokens | context | tok/s | ms/step | "
               "ceiling_frac | gpu_busy_frac | verify / plain step |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for r in sorted(merged, key=lambda r: (r["kind"], r["mode"], r["kv"], r.get("tp", 1),
-                                           r["context"], r["batch"], r.get("q_tokens", 1))):
+                                           r.get("pdl", 0), r["context"], r["batch"],
+                                           r.get("q_tokens", 1))):
         mark = ""
         if r.get("unreliable"):
             notes.append(r["unreliable"])
             mark = " *"
         lines.append(f"| {r['kind']} | {r['mode']} | {r['kv']} | {r.get('tp', 1)} | "
+                     f"{r.get('pdl', 0)} | "
                      f"{r['batch']} | {r.get('q_tokens', 1)} | "
                      f"{r['context']} | {r['tok_s']:.1f}{mark} | {r['ms_per_step']:.2f} | "
                      f"{r.get('ceiling_frac', float('nan')):.3f} | "
@@ -316,6 +325,7 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
     prof = [r for r in merged if "kernel_us_per_step" in r]
     for r in prof:
         lines += ["", f"Batch-1 decode step by kernel family ({r['mode']}, {r['kv']}, "
+                  f"pdl {r.get('pdl', 0)}, "
                   f"context {r['context']}): {r['kernels_per_step']:.0f} kernels, "
                   f"{r['busy_us_per_step']:.0f} us busy of {r['ms_per_step'] * 1e3:.0f} us", "",
                   "| family | us per step | share of step |", "|---|---|---|"]
@@ -344,6 +354,8 @@ def main() -> None:
                    help="verify-step records with a DFlash drafter, one engine per k")
     p.add_argument("--drafter", help="the DFlash drafter folder for --spec-k (default: "
                    "vllm-prism make-tiny-drafter for the model, in a temporary folder)")
+    p.add_argument("--pdl", type=int, nargs="+", default=[1], choices=[0, 1],
+                   help="VLLM_PRISM_PDL for the engines; 1 0: each engine with and without")
     p.add_argument("--out-dir", default=str(HERE.parent / "results"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -364,12 +376,15 @@ def main() -> None:
         drafter = args.drafter or _tiny_drafter(args.model)
         runs += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
                                drafter, "--batches", "1"]) for k in args.spec_k]
-    for kv, more in runs:
+    runs = [(kv, more, pdl) for pdl in args.pdl for kv, more in runs]
+    for kv, more, pdl in runs:
         cmd = [sys.executable, __file__, "--child", *sys.argv[1:], "--kv", kv, *more]
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+        env = {**os.environ, "VLLM_PRISM_PDL": str(pdl)}
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RECORDS ")]
         if proc.returncode or not lines:
-            print(f"engine for kv={kv} {' '.join(more)} failed (exit {proc.returncode})",
+            print(f"engine for kv={kv} {' '.join(more)} pdl={pdl} failed "
+                  f"(exit {proc.returncode})",
                   file=sys.stderr)
             continue
         for r in json.loads(lines[-1][len("RECORDS "):]):

@@ -6,6 +6,9 @@ the bytes it must move (codes + scales + activation + output), the share of the 
 bandwidth measured in the same run by a large read-only reduction, the ratio to torch bf16
 ``F.linear`` on dense weights of the same shape, and t(M) / t(1).
 
+On Hopper and newer the kernels run with programmatic dependent launch (``VLLM_PRISM_PDL``,
+on by default): ``us`` is timed with it and ``us_no_pdl`` without, in the same run.
+
 Timing: CUDA events around replays of a CUDA graph that holds many calls, each call on a
 different copy of the weights (enough copies to exceed 3x the L2 cache, so every call
 streams its weights from device memory); time per call = median replay time / calls.
@@ -36,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from timing import gpu_slug, l2_bytes, read_bandwidth_gbps, time_graph  # noqa: E402
+from vllm_prism.kernels.common import use_pdl  # noqa: E402
 from vllm_prism.kernels.pq2 import dispatch  # noqa: E402
 from vllm_prism.kernels.pq2.hadamard import ActKind, transform_activation  # noqa: E402
 from vllm_prism.kernels.pq2.layout import PQ2Weight  # noqa: E402
@@ -215,6 +219,12 @@ def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gb
         calls = max(len(ws), 20)
         us = time_graph([lambda i=i: dispatch.pq2_linear(x, ws[i % len(ws)])
                          for i in range(calls)])
+        pdl = use_pdl(w0.device)
+        us_no_pdl = None
+        if pdl:
+            with _pdl_off():
+                us_no_pdl = round(time_graph([lambda i=i: dispatch.pq2_linear(x, ws[i % len(ws)])
+                                              for i in range(calls)]), 2)
         act = kernel.make_activation(x, w0)
         us_kernel = time_graph([lambda i=i: kernel.run(act, ws[i % len(ws)], None, x.dtype)
                                 for i in range(calls)])
@@ -233,7 +243,8 @@ def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gb
         nbytes = op_bytes(m, n, k, w0.nbytes)
         rec = {
             "shape": shape, "M": m, "kernel": kernel.name, "us": round(us, 2),
-            "us_kernel_only": round(us_kernel, 2), "bytes": nbytes,
+            "us_kernel_only": round(us_kernel, 2), "bytes": nbytes, "pdl": pdl,
+            "us_no_pdl": us_no_pdl,
             "bw_frac": round(nbytes / (us * 1e-6) / (read_gbps * 1e9), 3),
             "bf16_us": round(us_bf16, 2), "vs_bf16": round(us_bf16 / us, 3),
             "vs_m1": round(us / t1, 3) if t1 else None,
@@ -244,6 +255,20 @@ def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gb
         print(json.dumps(rec), flush=True)
     del ws, dense, wd, wf
     torch.cuda.empty_cache()
+
+
+class _pdl_off:
+    """VLLM_PRISM_PDL=0 inside the block (kernels read it at launch)."""
+
+    def __enter__(self) -> None:
+        self.old = os.environ.get("VLLM_PRISM_PDL")
+        os.environ["VLLM_PRISM_PDL"] = "0"
+
+    def __exit__(self, *exc: object) -> None:
+        if self.old is None:
+            os.environ.pop("VLLM_PRISM_PDL", None)
+        else:
+            os.environ["VLLM_PRISM_PDL"] = self.old
 
 
 def candidates(m: int) -> list[str]:
@@ -274,12 +299,13 @@ def write_results(out_dir: Path, payload: dict) -> None:
              f"Measured read bandwidth (fp32 sum of 4 GiB): {payload['read_gbps']:.0f} GB/s. "
              "Times: median per call inside CUDA graphs, weights rotated beyond 3x L2; "
              "`us` includes the Hadamard/quantize producer, `kernel` is the weight kernel alone.",
-             "", "| shape | M | kernel | us | kernel us | bw_frac | vs_bf16 | vs_m1 | TFLOP/s |"
-             " rel err | other kernels (us) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "", "| shape | M | kernel | us | us without PDL | kernel us | bw_frac | vs_bf16 | "
+             "vs_m1 | TFLOP/s | rel err | other kernels (us) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in payload["records"]:
         other = ", ".join(f"{k} {v}" for k, v in r.get("candidates_us", {}).items())
         lines.append(f"| {r['shape']} | {r['M']} | {r['kernel']} | {r['us']} | "
-                     f"{r['us_kernel_only']} | {r['bw_frac']} | {r['vs_bf16']} | {r['vs_m1']} | "
+                     f"{r.get('us_no_pdl') or '-'} | {r['us_kernel_only']} | {r['bw_frac']} | {r['vs_bf16']} | {r['vs_m1']} | "
                      f"{r['tflops']} | {r['rel_err']} | {other} |")
     (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
 

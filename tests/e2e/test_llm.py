@@ -14,6 +14,7 @@ structure dominates the argmax), hence the log-probability check.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -32,19 +33,48 @@ LOGPROB_ATOL = 0.35
 RUNNER = Path(__file__).with_name("vllm_runner.py")
 
 
+RUN_TIMEOUT_S = int(os.environ.get("PRISM_TEST_RUN_TIMEOUT", "900"))
+
+
+def _run_logs(tmp: Path) -> Path:
+    """Where each engine run's stdout/stderr go: ``$PRISM_TEST_LOG_DIR`` if set (so a run cut
+    off from outside, e.g. by a device call's time limit, leaves its log there), else tmp."""
+    where = Path(os.environ.get("PRISM_TEST_LOG_DIR") or tmp)
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
 def run_vllm(model: Path, request: dict, tmp: Path) -> dict:
+    """One engine run of tests/e2e/vllm_runner.py in its own process; its RESULT record plus
+    the engine's kernel and attention-route log lines. A run that outlives
+    ``PRISM_TEST_RUN_TIMEOUT`` seconds is killed and fails with the tail of its log."""
     req = tmp / f"{model.stem}-request.json"
     req.write_text(json.dumps(request))
-    res = subprocess.run([sys.executable, str(RUNNER), str(model), str(req)],
-                         capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-4000:]
+    logs = _run_logs(tmp)
+    n = len(list(logs.glob("run-*.err")))
+    out_path, err_path = logs / f"run-{n:02d}.out", logs / f"run-{n:02d}.err"
+    with open(out_path, "w") as out_f, open(err_path, "w") as err_f:
+        err_f.write(f"# {model} {json.dumps(request)}\n")
+        err_f.flush()
+        proc = subprocess.Popen([sys.executable, str(RUNNER), str(model), str(req)],
+                                stdout=out_f, stderr=err_f, text=True)
+        try:
+            rc = proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            pytest.fail(f"engine run timed out after {RUN_TIMEOUT_S} s; its log ends:\n"
+                        + err_path.read_text()[-4000:])
+    stdout, stderr = out_path.read_text(), err_path.read_text()
+    assert rc == 0, stderr[-4000:]
     # A clean start: no ERROR line (vLLM probing the tokenizer folder for a model config
     # logged two and slept through a retry).
-    assert not [x for x in res.stderr.splitlines() if " ERROR " in x], res.stderr[-4000:]
-    line = next(x for x in res.stdout.splitlines() if x.startswith("RESULT "))
+    assert not [x for x in stderr.splitlines() if " ERROR " in x], stderr[-4000:]
+    line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line[len("RESULT "):])
-    # What the engine said about its kernel and attention-path choices.
-    out["prism_log"] = [x for x in res.stderr.splitlines()
+    # What the engine said about its kernel and attention-path choices (the message only:
+    # process ids and times differ between runs).
+    out["prism_log"] = [x.split("] ", 1)[-1] for x in (stdout + stderr).splitlines()
                         if "PQ2 linear" in x or "PRISM attention" in x]
     return out
 

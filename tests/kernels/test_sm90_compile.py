@@ -1,7 +1,10 @@
 """The activation producer compiles for Hopper (sm_90) without a GPU: Triton's NVIDIA backend
 and ptxas run on the CPU, so a prologue variant that only the GPU compiler rejects (a reshape,
 a reduction over a per-head group) fails here in CI, not on the device. Every prologue the
-model uses (glu, residual add + norm, per-head gated norm, sigmoid gate) x every layout."""
+model uses (glu, residual add + norm, per-head gated norm, sigmoid gate) x every layout, each
+with programmatic dependent launch (how Hopper runs them), and the weight kernels with it: the
+grid-dependency instructions must be in the PTX, with the GEMV's first weight load issued
+before its wait."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from vllm_prism.kernels.pq2 import hadamard  # noqa: E402
+from vllm_prism.kernels.pq2 import hadamard, triton_gemv, triton_mma  # noqa: E402
 
 PROLOGUES = {
     "glu": dict(GLU=1, HAS_RES=0, HAS_RMS=0, RMS_GROUP=0, HAS_GATE=0, GATE_SIGMOID=0),
@@ -39,7 +42,7 @@ def _target():
 def test_producer_compiles_for_sm90(prologue: str, mode: int) -> None:
     ast_source, target = _target()
     consts = dict(SEG=1024, LOG_B=7, INV_SQRT_B=1 / math.sqrt(128), HAS_SIGNS=1,
-                  RMS_BLOCK=1024, MODE=mode, **PROLOGUES[prologue])
+                  RMS_BLOCK=1024, MODE=mode, PDL=1, **PROLOGUES[prologue])
     out, gsum = OUT[mode]
     sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "resout_ptr": "*bf16", "signs_ptr": "*fp32",
            "rmsw_ptr": "*bf16", "gate_ptr": "*bf16", "out_ptr": out, "gscale_ptr": "*fp32",
@@ -50,3 +53,42 @@ def test_producer_compiles_for_sm90(prologue: str, mode: int) -> None:
     kernel = triton.compile(ast_source(hadamard._act_kernel, sig, constexprs=consts),
                             target=target, options={"num_warps": 4})
     assert kernel.asm.get("cubin"), "no cubin produced"
+    ptx = kernel.asm["ptx"]
+    assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx
+
+
+def _ptx(fn, sig: dict, consts: dict) -> str:
+    ast_source, target = _target()
+    sig = {**sig, **{k: "constexpr" for k in consts}}
+    kernel = triton.compile(ast_source(fn, sig, constexprs=consts), target=target,
+                            options={"num_warps": 4})
+    assert kernel.asm.get("cubin"), "no cubin produced"
+    return kernel.asm["ptx"]
+
+
+@pytest.mark.parametrize("pdl", [0, 1])
+def test_gemv_a8_compiles_with_pdl(pdl: int) -> None:
+    sig = {"codes_ptr": "*i32", "scales_ptr": "*fp16", "xq_ptr": "*i32", "sx_ptr": "*fp32",
+           "qsum_ptr": "*i32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
+           **{k: "i32" for k in ("M", "N", "G", "stride_cn", "stride_sn", "stride_xm",
+                                 "stride_gm", "stride_om")}}
+    consts = dict(BLOCK_N=32, BLOCK_G=8, BLOCK_M=1, USE_ASM=1, HAS_BIAS=0, EVEN_G=1, PDL=pdl)
+    ptx = _ptx(triton_gemv._gemv_a8_kernel, sig, consts)
+    if not pdl:
+        assert "griddepcontrol" not in ptx
+        return
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("griddepcontrol.launch_dependents") < wait
+    # the first weight tile's load is issued before the wait (so it overlaps the producer)
+    assert "ld.global" in ptx[:wait]
+
+
+def test_tensor_core_kernel_compiles_with_pdl() -> None:
+    sig = {"codes_ptr": "*i32", "scales_ptr": "*fp16", "x_ptr": "*i8", "sx_ptr": "*fp32",
+           "qsum_ptr": "*i32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
+           **{k: "i32" for k in ("M", "N", "G", "stride_cn", "stride_sn", "stride_xm",
+                                 "stride_gm", "stride_om", "SPLIT_K")}}
+    consts = dict(BLOCK_M=16, BLOCK_N=64, ATOMIC=0, A8=1, FOLD_SCALE=0, HAS_BIAS=0,
+                  DOT_F32=0, PDL=1)
+    ptx = _ptx(triton_mma._pq2_tc_kernel, sig, consts)
+    assert "griddepcontrol.wait" in ptx

@@ -9,13 +9,14 @@ from e2e.test_llm import run_vllm
 
 
 def dflash_runs(target: Path, drafter: str | Path, request: dict, tmp: Path, *,
-                llm: dict | None = None, ks: tuple[int, ...] = (3, 7),
+                llm: dict | None = None, ks: tuple[int, ...] = (3, 7), plain: bool = True,
                 **spec_request: object) -> dict[int, dict]:
-    """``{0: plain result, k: result with DFlash drafting k tokens}``. ``llm`` holds LLM()
-    arguments for every run; ``spec_request`` adds request fields to the DFlash runs (e.g.
-    ``record_cudagraphs=True``); the DFlash runs also return vLLM's speculative counters."""
+    """``{0: plain result, k: result with DFlash drafting k tokens}`` (the plain run only if
+    ``plain``). ``llm`` holds LLM() arguments for every run; ``spec_request`` adds request
+    fields to the DFlash runs (e.g. ``record_cudagraphs=True``); the DFlash runs also return
+    vLLM's speculative counters."""
     base = dict(llm or {})
-    out = {0: run_vllm(target, {**request, "llm": base}, tmp)}
+    out = {0: run_vllm(target, {**request, "llm": base}, tmp)} if plain else {}
     for k in ks:
         spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": k}
         out[k] = run_vllm(target, {**request, **spec_request,

@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
     HAS_TRITON = False
 
 __all__ = ["HAS_TRITON", "interpreting", "triton_can_run", "device_capability", "device_name",
-           "sm_count", "cdiv", "next_power_of_2"]
+           "sm_count", "cdiv", "next_power_of_2", "use_pdl", "pdl_launch"]
 
 
 def interpreting() -> bool:
@@ -63,6 +63,38 @@ def sm_count(device: torch.device) -> int | None:
     """Multiprocessors of a CUDA device, None elsewhere (callers pick their CPU stand-in)."""
     props = _cuda_properties(device)
     return None if props is None else props[2]
+
+
+@functools.cache
+def _triton_has_pdl() -> bool:
+    """Whether this Triton launches with programmatic dependent launch (``launch_pdl``) and
+    exposes grid dependency control (``tl.extra.cuda.gdc_wait``)."""
+    if not HAS_TRITON:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+        from triton.language.extra import cuda as tl_cuda
+    except ImportError:
+        return False
+    return ("launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+            and hasattr(tl_cuda, "gdc_wait") and hasattr(tl_cuda, "gdc_launch_dependents"))
+
+
+def use_pdl(device: torch.device) -> bool:
+    """Whether the PQ2 kernels on ``device`` run with programmatic dependent launch: a CUDA
+    GPU of compute capability 9.0 or newer (``griddepcontrol``), a Triton that supports it,
+    not the interpreter, and ``VLLM_PRISM_PDL`` on (the default)."""
+    from vllm_prism import envs
+
+    cap = device_capability(device)
+    return (cap is not None and cap >= (9, 0) and not interpreting() and _triton_has_pdl()
+            and envs.VLLM_PRISM_PDL)
+
+
+def pdl_launch(pdl: bool) -> dict:
+    """The launch options of a kernel that takes a ``PDL`` constexpr: ``launch_pdl`` only when
+    on (older Triton and the interpreter do not know the option)."""
+    return {"launch_pdl": True} if pdl else {}
 
 
 def cdiv(a: int, b: int) -> int:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_prism.kernels.common import HAS_TRITON, triton_can_run
+from vllm_prism.kernels.common import HAS_TRITON, pdl_launch, triton_can_run, use_pdl
 
 if HAS_TRITON:
     import triton
@@ -133,7 +133,11 @@ if HAS_TRITON:
                     SEG: tl.constexpr, LOG_B: tl.constexpr, INV_SQRT_B: tl.constexpr,
                     HAS_SIGNS: tl.constexpr, HAS_RMS: tl.constexpr, RMS_BLOCK: tl.constexpr,
                     RMS_GROUP: tl.constexpr, GLU: tl.constexpr, HAS_RES: tl.constexpr,
-                    HAS_GATE: tl.constexpr, GATE_SIGMOID: tl.constexpr, MODE: tl.constexpr):
+                    HAS_GATE: tl.constexpr, GATE_SIGMOID: tl.constexpr, MODE: tl.constexpr,
+                    PDL: tl.constexpr = False):
+        if PDL:  # let the next kernel launch; our inputs are complete past the wait
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         m = tl.program_id(0).to(tl.int64)
         seg = tl.program_id(1)
         NG: tl.constexpr = SEG // 128
@@ -279,6 +283,7 @@ def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int
     gsum = act.group_sum if act.group_sum is not None else dummy
     gscale = act.group_scale if act.group_scale is not None else dummy
     rmsw, gate = prologue.rms_weight, prologue.gate
+    pdl = use_pdl(x.device)
     _act_kernel[(m, k // seg)](
         x, res if res is not None else x, act.residual if res is not None else x,
         signs if signs is not None else x, rmsw if rmsw is not None else x,
@@ -289,8 +294,8 @@ def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int
         HAS_SIGNS=signs is not None, HAS_RMS=rmsw is not None,
         RMS_BLOCK=min(1024, triton.next_power_of_2(k)), RMS_GROUP=prologue.rms_group,
         GLU=prologue.glu, HAS_RES=res is not None, HAS_GATE=gate is not None,
-        GATE_SIGMOID=prologue.gate_sigmoid, MODE=int(kind),
-        num_warps=4 if seg >= 512 else 2)
+        GATE_SIGMOID=prologue.gate_sigmoid, MODE=int(kind), PDL=pdl,
+        num_warps=4 if seg >= 512 else 2, **pdl_launch(pdl))
     return act
 
 

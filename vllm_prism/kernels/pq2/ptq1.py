@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_prism.kernels.common import HAS_TRITON, cdiv
+from vllm_prism.kernels.common import HAS_TRITON, cdiv, pdl_launch, use_pdl
 from vllm_prism.kernels.pq2.hadamard import ActKind, PQ2Activation
 from vllm_prism.kernels.pq2.layout import PTQ1Weight
 
@@ -35,7 +35,11 @@ if HAS_TRITON:
     @triton.jit
     def _ptq1_gemv_kernel(qs_ptr, qh_ptr, scales_ptr, x_ptr, bias_ptr, out_ptr,
                           N, G, stride_qs, stride_qh, stride_sn,
-                          BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr):
+                          BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr,
+                          PDL: tl.constexpr = False):
+        if PDL:  # let the next kernel launch; our inputs are complete past the wait
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N
@@ -87,8 +91,10 @@ def ptq1_gemv(act: PQ2Activation, w: PTQ1Weight, bias: torch.Tensor | None = Non
     if act.k != w.k or act.m != 1:
         raise ValueError(f"expected a [1, {w.k}] activation, got [{act.m}, {act.k}]")
     out = torch.empty(1, w.n, dtype=out_dtype or act.dtype, device=w.device)
+    pdl = use_pdl(w.device)
     _ptq1_gemv_kernel[(cdiv(w.n, block_n),)](
         w.qs, w.qh, w.scales, act.data, bias if bias is not None else out, out,
         w.n, w.groups, w.qs.stride(0), w.qh.stride(0), w.scales.stride(0),
-        BLOCK_N=block_n, BLOCK_G=block_g, HAS_BIAS=bias is not None, num_warps=num_warps)
+        BLOCK_N=block_n, BLOCK_G=block_g, HAS_BIAS=bias is not None, PDL=pdl,
+        num_warps=num_warps, **pdl_launch(pdl))
     return out

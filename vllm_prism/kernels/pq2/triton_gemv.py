@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from vllm_prism.kernels.common import HAS_TRITON, cdiv, interpreting
+from vllm_prism.kernels.common import HAS_TRITON, cdiv, interpreting, pdl_launch, use_pdl
 from vllm_prism.kernels.pq2.hadamard import ActKind, PQ2Activation
 from vllm_prism.kernels.pq2.layout import PQ2Weight
 
@@ -114,7 +114,10 @@ if HAS_TRITON:
     def _gemv_a8_kernel(codes_ptr, scales_ptr, xq_ptr, sx_ptr, qsum_ptr, bias_ptr, out_ptr,
                         M, N, G, stride_cn, stride_sn, stride_xm, stride_gm, stride_om,
                         BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
-                        USE_ASM: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_G: tl.constexpr):
+                        USE_ASM: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_G: tl.constexpr,
+                        PDL: tl.constexpr = False):
+        if PDL:  # the next kernel may launch now (it waits for our output itself)
+            tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
         m0 = tl.program_id(1) * BLOCK_M
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -128,6 +131,8 @@ if HAS_TRITON:
         mi = tl.arange(0, BLOCK_M)
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_G], dtype=tl.float32)
         words = _load_words(c_rows, gi[:, None] * 8 + wj[None, :], gi, G, EVEN_G)
+        if PDL:  # the first weight tile is on its way; the activation is complete past here
+            tl.extra.cuda.gdc_wait()
         for g0 in range(0, G, BLOCK_G):
             gg = g0 + gi
             gm = gg < G
@@ -177,7 +182,10 @@ if HAS_TRITON:
     def _gemv_a16_kernel(codes_ptr, scales_ptr, xp_ptr, xsum_ptr, bias_ptr, out_ptr,
                          N, G, stride_cn, stride_sn,
                          BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         EVEN_G: tl.constexpr):
+                         EVEN_G: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # let the next kernel launch; our inputs are complete past the wait
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         pid = tl.program_id(0)
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N
@@ -241,13 +249,14 @@ def gemv_a8(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = None,
         return out
     g = w.groups
     xq = act.data.view(torch.int32)  # [M, K/4]
+    pdl = use_pdl(w.device)
     _gemv_a8_kernel[(cdiv(w.n, cfg.block_n), cdiv(m, cfg.block_m))](
         w.codes, w.scales, xq, act.group_scale, act.group_sum,
         bias if bias is not None else out, out, m, w.n, g, w.codes.stride(0),
         w.scales.stride(0), xq.stride(0), act.group_sum.stride(0), out.stride(0),
         BLOCK_N=cfg.block_n, BLOCK_G=cfg.block_g, BLOCK_M=cfg.block_m,
         USE_ASM=not interpreting(), HAS_BIAS=bias is not None, EVEN_G=g % cfg.block_g == 0,
-        num_warps=cfg.num_warps)
+        PDL=pdl, num_warps=cfg.num_warps, **pdl_launch(pdl))
     return out
 
 
@@ -261,9 +270,10 @@ def gemv_a16(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = None,
     cfg = config or default_gemv_config(1, w.n, w.k, a8=False)
     out = torch.empty(1, w.n, dtype=out_dtype or act.dtype, device=w.device)
     g = w.groups
+    pdl = use_pdl(w.device)
     _gemv_a16_kernel[(cdiv(w.n, cfg.block_n),)](
         w.codes, w.scales, act.data, act.group_sum, bias if bias is not None else out, out,
         w.n, g, w.codes.stride(0), w.scales.stride(0),
         BLOCK_N=cfg.block_n, BLOCK_G=cfg.block_g, HAS_BIAS=bias is not None,
-        EVEN_G=g % cfg.block_g == 0, num_warps=cfg.num_warps)
+        EVEN_G=g % cfg.block_g == 0, PDL=pdl, num_warps=cfg.num_warps, **pdl_launch(pdl))
     return out

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_prism.kernels.common import HAS_TRITON, cdiv, interpreting
+from vllm_prism.kernels.common import HAS_TRITON, cdiv, interpreting, pdl_launch, use_pdl
 from vllm_prism.kernels.pq2.hadamard import ActKind, PQ2Activation
 from vllm_prism.kernels.pq2.layout import PQ2Weight
 
@@ -123,7 +123,10 @@ if HAS_TRITON:
                        M, N, G, stride_cn, stride_sn, stride_xm, stride_gm, stride_om, SPLIT_K,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ATOMIC: tl.constexpr,
                        A8: tl.constexpr, FOLD_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       DOT_F32: tl.constexpr):
+                       DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
+        if PDL:  # let the next kernel launch; our inputs are complete past the wait
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -202,11 +205,12 @@ def pq2_tc_linear(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = 
     sx = act.group_scale if a8 else x
     qsum = act.group_sum if a8 else x
     grid = (cdiv(n, cfg.block_n), cdiv(m, cfg.block_m), split)
+    pdl = use_pdl(w.device)
     _pq2_tc_kernel[grid](
         w.codes, w.scales, x, sx, qsum, bias if bias is not None else out, out,
         m, n, w.groups, w.codes.stride(0), w.scales.stride(0), x.stride(0),
         sx.stride(0) if a8 else 0, out.stride(0), split,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, ATOMIC=split > 1, A8=a8,
         FOLD_SCALE=cfg.fold_scale, HAS_BIAS=bias is not None, DOT_F32=interpreting(),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl_launch(pdl))
     return out.to(dtype) if split > 1 else out
