@@ -10,6 +10,10 @@
 #        --no-profile --spec-k 3 5 7                   verify / plain step ratio (DFlash)
 #   bash scripts/gpu-session.sh bench auto --tp 1 2 --batches 1 8 64 --long-context 0 \
 #        --prefill --no-profile                        TP=2 against TP=1 (nvidia-h200-x2)
+#   bash scripts/gpu-session.sh bench auto --pdl 1 0 --batches 1 8 --long-context 0 \
+#        --prefill --no-profile                        with and without programmatic launch
+#   VLLM_PRISM_PDL=1 bash scripts/gpu-session.sh tests -m gpu tests/kernels   kernels with PDL
+#   bash scripts/gpu-session.sh quality --enforce-eager --max-len 4096
 # The 27B-shaped file is written once per machine to /tmp/b27.gguf (in the background).
 # GPU tests: pass `-m gpu` (the CPU interpreter tests do not run under the GPU image's Triton
 # interpreter); PRISM_BUILD=cuda builds vllm_prism._C on the first install (tests/kernels/

@@ -23,10 +23,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_PRISM_PQ2_KERNEL": lambda: os.getenv("VLLM_PRISM_PQ2_KERNEL", "auto").strip().lower(),
     # Programmatic dependent launch of the PQ2 linear kernels on Hopper and newer GPUs
     # (kernels/common.py use_pdl): each kernel lets the next one launch early and waits for its
-    # inputs in the kernel; the GEMV loads its first weight tile before that wait. "0" turns it
-    # off (to measure what it gains). Read per launch; it changes no traced graph.
-    "VLLM_PRISM_PDL": lambda: os.getenv("VLLM_PRISM_PDL", "1").strip() not in ("0", "false",
-                                                                                  "off"),
+    # inputs in the kernel; the GEMV loads its first weight tile before that wait. "1" turns it
+    # on; off by default until it is verified and measured on a GPU. Read per launch; it
+    # changes no traced graph.
+    "VLLM_PRISM_PDL": lambda: os.getenv("VLLM_PRISM_PDL", "0").strip().lower() in ("1", "true",
+                                                                                     "on"),
     # Patches to vLLM (vllm_prism/patches) not to apply, by name, comma-separated: to measure
     # what one changes, or to rule it out. Empty (default): every patch for this vLLM.
     "VLLM_PRISM_DISABLED_PATCHES": lambda: [x.strip() for x in os.getenv(

@@ -1,5 +1,6 @@
-"""When the PQ2 kernels use programmatic dependent launch: Hopper or newer CUDA GPUs with a
-Triton that supports it, never the interpreter or the CPU, and VLLM_PRISM_PDL=0 turns it off."""
+"""When the PQ2 kernels use programmatic dependent launch: with VLLM_PRISM_PDL=1, on Hopper or
+newer CUDA GPUs with a Triton that supports it, never the interpreter or the CPU; off by
+default."""
 
 from __future__ import annotations
 
@@ -20,14 +21,20 @@ def gpu(monkeypatch):
     return make
 
 
-def test_on_for_hopper_and_newer(gpu, monkeypatch) -> None:
+def test_off_by_default(gpu, monkeypatch) -> None:
     monkeypatch.delenv("VLLM_PRISM_PDL", raising=False)
+    assert not common.use_pdl(gpu((9, 0)))
+
+
+def test_on_for_hopper_and_newer(gpu, monkeypatch) -> None:
+    monkeypatch.setenv("VLLM_PRISM_PDL", "1")
     assert common.use_pdl(gpu((9, 0)))
     assert common.use_pdl(gpu((10, 0)))
     assert common.pdl_launch(True) == {"launch_pdl": True}
 
 
-def test_off_before_hopper(gpu) -> None:
+def test_off_before_hopper(gpu, monkeypatch) -> None:
+    monkeypatch.setenv("VLLM_PRISM_PDL", "1")
     assert not common.use_pdl(gpu((8, 9)))
     assert common.pdl_launch(False) == {}
 
@@ -38,5 +45,6 @@ def test_switch_turns_it_off(gpu, monkeypatch, value: str) -> None:
     assert not common.use_pdl(gpu((9, 0)))
 
 
-def test_never_on_cpu() -> None:
+def test_never_on_cpu(monkeypatch) -> None:
+    monkeypatch.setenv("VLLM_PRISM_PDL", "1")
     assert not common.use_pdl(torch.device("cpu"))
