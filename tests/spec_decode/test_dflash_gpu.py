@@ -1,7 +1,8 @@
 """DFlash speculative decoding with a Bonsai GGUF target on a CUDA GPU, in vLLM's default mode
 (torch.compile, FULL_AND_PIECEWISE CUDA graphs), BF16 and INT8 KV caches.
 
-Checked for k = 3 and 7: greedy output with speculation equals greedy output without it;
+Checked for k = 3 and 7: greedy output with speculation equals greedy output without it
+(with the BF16 drafter, and with the drafter quantized online to fp8 at k = 3);
 vLLM's counters show the tiny drafter accepted (first position far above chance); and the
 verify steps (k + 1 tokens for every request) ran as full CUDA graphs: vLLM's CUDA-graph
 dispatcher, recorded in the engine, chose FULL for uniform batches of k + 1 tokens a request.
@@ -33,23 +34,27 @@ def _llm(kv: str) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tiny_gguf, tmp_path_factory):
-    """``runs(kv, k) -> result``: the plain run (k = 0) or a DFlash run of one KV dtype,
-    each engine started on first use (so ``-k "bf16 and 3"`` starts two engines)."""
+    """``runs(kv, k, quant=None) -> result``: the plain run (k = 0) or a DFlash run of one KV
+    dtype (``quant``: the drafter's online quantization), each engine started on first use
+    (so ``-k "bf16 and 3"`` starts few engines)."""
     tmp = tmp_path_factory.mktemp("dflash-gpu")
     target = tiny_gguf("pq2_0", seed=7)
     from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
 
     drafter = make_tiny_drafter(tmp / "drafter", target)["path"]
-    done: dict[tuple[str, int], dict] = {}
+    done: dict[tuple[str, int, str | None], dict] = {}
 
-    def get(kv: str, k: int) -> dict:
-        if (kv, k) not in done:
+    def get(kv: str, k: int, quant: str | None = None) -> dict:
+        if k == 0:
+            quant = None
+        if (kv, k, quant) not in done:
             request = {"prompts": PROMPTS, "max_tokens": NEW_TOKENS, "score": []}
             ks = () if k == 0 else (k,)
             res = dflash_runs(target, drafter, request, tmp, llm=_llm(kv), ks=ks,
-                              plain=(kv, 0) not in done, record_cudagraphs=True)
-            done.update({(kv, kk): r for kk, r in res.items()})
-        return done[kv, k]
+                              plain=(kv, 0, None) not in done, drafter_quantization=quant,
+                              record_cudagraphs=True)
+            done.update({(kv, kk, quant if kk else None): r for kk, r in res.items()})
+        return done[kv, k, quant]
 
     return get
 
@@ -58,6 +63,16 @@ def runs(tiny_gguf, tmp_path_factory):
 @pytest.mark.parametrize("k", [3, 7])
 def test_greedy_with_dflash_equals_greedy_without(runs: dict, kv: str, k: int) -> None:
     assert runs(kv, k)["greedy"] == runs(kv, 0)["greedy"]
+
+
+def test_fp8_drafter_greedy_equals_greedy_without(runs: dict) -> None:
+    """The drafter quantized online to fp8 (the quantized-drafter path: its context K/V run
+    through each layer's own quant method); greedy output still equals the plain run's, and
+    its drafts are still accepted."""
+    res = runs("bf16", 3, "fp8")
+    assert res["greedy"] == runs("bf16", 0)["greedy"]
+    stats = res["spec_decode"]
+    assert stats["num_accepted_tokens_per_pos"][0] / stats["num_drafts"] > 0.5
 
 
 @pytest.mark.parametrize("kv", list(KV))
