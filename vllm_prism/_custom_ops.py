@@ -47,6 +47,11 @@ def has_compiled_ops() -> bool:
     return hasattr(torch.ops, "_C_prism") and hasattr(torch.ops._C_prism, "pq2_dequantize")
 
 
+def has_pq2_mma_int8() -> bool:
+    """Whether vllm_prism._C holds the int8 tensor-core PQ2 kernel (csrc/pq2/mma_int8.cu)."""
+    return has_compiled_ops() and hasattr(torch.ops._C_prism, "pq2_mma_int8")
+
+
 def pq2_dequantize(raw: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Dense [rows, K] weights from packed PQ2_0 rows (uint8 [rows, K/128*34])."""
     if raw.is_cuda and has_compiled_ops():

@@ -274,11 +274,11 @@ class _pdl_off:
 def candidates(m: int) -> list[str]:
     """Other kernels timed at this M (end to end, producer included)."""
     if m == 1:
-        return ["gemv_a8", "gemv_a16"]
+        return ["gemv_a8", "gemv_a16", "mma_cuda"]
     if m <= 8:
-        return ["gemv_a8_rows", "mma_a8", "mma_a16"]
+        return ["gemv_a8_rows", "mma_a8", "mma_a16", "mma_cuda"]
     if m <= 64:
-        return ["mma_a8", "mma_a16"]
+        return ["mma_a8", "mma_a16", "mma_cuda"]
     return ["gemm_a8", "gemm_a16"]
 
 

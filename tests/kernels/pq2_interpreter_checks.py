@@ -101,8 +101,8 @@ for n, k, block in SHAPES:
             if kname in ("torch", "ptq1_gemv"):
                 continue
             c = dispatch.PQ2LinearConfig.of(m, w, x.dtype)
-            if not name.can_implement(c)[0]:
-                continue
+            if not (name.is_supported(c.capability)[0] and name.can_implement(c)[0]):
+                continue  # e.g. the CUDA C++ kernel: GPU tests only
 
             @check(f"{kname}-{tag}")
             def _kernel(kernel=name):

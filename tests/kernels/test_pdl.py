@@ -65,8 +65,10 @@ def _chain_weights(k: int, widths: list[int], block: int):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["auto", "mma_cuda"])
 @pytest.mark.parametrize("m", [1, 3, 16, 200])
-def test_chained_linears_in_a_cuda_graph_equal_plain_launches(m: int, monkeypatch) -> None:
+def test_chained_linears_in_a_cuda_graph_equal_plain_launches(m: int, kernel: str,
+                                                              monkeypatch) -> None:
     """Linears that feed each other (producer, weight kernel, producer, ...), captured in one
     CUDA graph with programmatic dependent launch and replayed on new inputs, give bit for bit
     what ordinary launches give: a kernel that read its input before the previous kernel
@@ -79,6 +81,12 @@ def test_chained_linears_in_a_cuda_graph_equal_plain_launches(m: int, monkeypatc
     monkeypatch.setenv("VLLM_PRISM_PDL", "1")
     if not common.use_pdl(dev):
         pytest.skip("no programmatic dependent launch here (GPU before sm_90 or old Triton)")
+    if kernel != "auto":
+        cap = torch.cuda.get_device_capability()
+        ok, why = dispatch._BY_NAME[kernel].is_supported(cap)
+        if not ok or m > dispatch.MMA_MAX_M:
+            pytest.skip(f"{kernel}: {why or f'M = {m}'}")
+        monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", kernel)
     ws = _chain_weights(1024, [4096, 1024, 3072, 1024], block=128)
 
     def chain(x: torch.Tensor) -> torch.Tensor:

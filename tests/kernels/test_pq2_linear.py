@@ -31,8 +31,8 @@ BONSAI_SHAPES = [(1024, 5120), (12288, 5120), (10240, 5120), (6144, 5120), (1433
 ODD_SHAPES = [(37, 640, 128), (300, 2304, 256), (4097, 5120, 1024), (96, 384, None)]
 M_FULL = list(range(1, 17)) + [24, 32, 48, 64, 128, 512, 2048]
 TOL = {"gemv_a16": 4e-3, "mma_a16": 8e-3, "gemm_a16": 8e-3, "gemv_a8": 3e-2, "mma_a8": 3e-2,
-       "gemm_a8": 3e-2, "ptq1_gemv": 4e-3}
-A8 = {"gemv_a8", "mma_a8", "gemm_a8"}
+       "gemm_a8": 3e-2, "ptq1_gemv": 4e-3, "mma_cuda": 3e-2}
+A8 = {"gemv_a8", "mma_a8", "gemm_a8", "mma_cuda"}
 
 
 def kernels_for(m: int, n: int = 0) -> list[str]:
@@ -185,3 +185,53 @@ def test_hadamard_standalone(k: int, block: int, m: int) -> None:
     xb = x.to(torch.bfloat16)
     torch.testing.assert_close(hadamard_transform(xb, s, block).float(),
                                forward_transform(xb, s, block).float(), rtol=0, atol=0)
+
+
+def _need_mma_cuda() -> None:
+    ok, why = dispatch._BY_NAME["mma_cuda"].is_supported(torch.cuda.get_device_capability())
+    if not ok:
+        pytest.skip(f"mma_cuda: {why}")
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 64])
+def test_mma_cuda_every_m(m: int) -> None:
+    """The CUDA int8 tensor-core kernel (csrc/pq2/mma_int8.cu) at every m-tile count, with
+    rows past M in a tile; against the float reference and the exact integer reference."""
+    _need_mma_cuda()
+    raw, q, d, signs, w = make_case(12288, 5120, 1024)
+    x = torch.randn(m, 5120, device="cuda", generator=torch.Generator("cuda").manual_seed(m))
+    check_kernel("mma_cuda", x.bfloat16(), raw, q, d, signs, 1024, w)
+
+
+@pytest.mark.parametrize("shape", [(5120, 6144), (5120, 17408), (1024, 5120), (248320, 5120)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("m", [1, 6, 64])
+def test_mma_cuda_bonsai_shapes(shape: tuple[int, int], m: int) -> None:
+    """Narrow outputs take a K split (fp32 atomics), the LM head does not."""
+    _need_mma_cuda()
+    n, k = shape
+    raw, q, d, signs, w = make_case(n, k, 1024)
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n + m))
+    check_kernel("mma_cuda", x.bfloat16(), raw, q, d, signs, 1024, w)
+
+
+@pytest.mark.parametrize("split", [1, 3])
+def test_mma_cuda_odd_rows_bias_fp16_and_split(split: int) -> None:
+    """N not a multiple of the 128-row tile, a bias, fp16 activations; a forced K split."""
+    _need_mma_cuda()
+    n, k, m = 300, 2304, 5
+    gen = torch.Generator().manual_seed(11)
+    raw, q, d = random_ternary(n, k, "PQ2_0", gen, "cuda")
+    signs = random_signs(k, gen, "cuda")
+    w = PQ2Weight.from_raw(raw, signs, 256)
+    x = torch.randn(m, k, generator=gen).to("cuda", torch.float16)
+    bias = torch.randn(n, generator=gen).to("cuda", torch.float16)
+    kern = dispatch._BY_NAME["mma_cuda"]
+    act = kern.make_activation(x, w)
+    y = torch.ops._C_prism.pq2_mma_int8(w.codes, w.scales, act.data, act.group_scale,
+                                        act.group_sum, bias, torch.float32, split, False)
+    iref = integer_reference(act.data.int(), act.group_scale, q, d, bias)
+    assert rel_err(y, iref) < 2e-5
+    y16 = kern.run(act, w, bias, torch.float16)
+    assert y16.dtype == torch.float16
+    assert rel_err(y16, reference_linear(x, raw, "PQ2_0", signs, 256, bias)) < 3e-2

@@ -24,7 +24,8 @@ from typing import ClassVar
 import torch
 
 from vllm_prism import envs
-from vllm_prism.kernels.common import HAS_TRITON, device_capability, interpreting, sm_count
+from vllm_prism.kernels.common import (HAS_TRITON, device_capability, interpreting, sm_count,
+                                       use_pdl)
 from vllm_prism.kernels.pq2.hadamard import (NO_PROLOGUE, ActKind, PQ2Activation, Prologue,
                                              transform_activation, transform_activation_torch)
 from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
@@ -231,6 +232,43 @@ class GemmA8Kernel(GemmA16Kernel):
     act_kind = ActKind.Q8
 
 
+class MmaCudaA8Kernel(PQ2LinearKernel):
+    """M = 1..64: int8 tensor-core kernel in CUDA C++ (csrc/pq2/mma_int8.cu, op
+    ``torch.ops._C_prism.pq2_mma_int8``): the ternary codes decode straight into mma.sync
+    fragments, once per weight for every M. Needs vllm_prism._C; runs where
+    ``VLLM_PRISM_PQ2_KERNEL=mma_cuda`` asks for it until it is measured against the Triton
+    kernels."""
+
+    name = "mma_cuda"
+    act_kind = ActKind.Q8
+
+    @classmethod
+    def is_supported(cls, capability):
+        from vllm_prism._custom_ops import has_pq2_mma_int8
+
+        if capability is None:
+            return False, "not a CUDA device"
+        if capability < (8, 0):
+            return False, f"needs compute capability >= 8.0, this GPU is {capability}"
+        if not has_pq2_mma_int8():
+            return False, "vllm_prism._C with pq2_mma_int8 is not built"
+        return True, ""
+
+    @classmethod
+    def can_implement(cls, c):
+        if not 1 <= c.m <= MMA_MAX_M:
+            return False, f"M = {c.m} outside 1..{MMA_MAX_M}"
+        if c.k % 256:
+            return False, f"K = {c.k} is not a multiple of 256"
+        return _pq2_only(c)
+
+    @classmethod
+    def run(cls, act, w, bias, out_dtype):
+        return torch.ops._C_prism.pq2_mma_int8(w.codes, w.scales, act.data, act.group_scale,
+                                               act.group_sum, bias, out_dtype, 0,
+                                               use_pdl(w.device))
+
+
 class TorchKernel(PQ2LinearKernel):
     """Exact reference: transform in fp32, dense dequantized weight, one matmul. Any device."""
 
@@ -263,10 +301,11 @@ class TorchKernel(PQ2LinearKernel):
 # GEMV at M <= 2 (4 on large N; the fp32 GEMV is issue-bound, see triton_gemv), then the
 # int8 tensor-core kernel (1.1-1.5x faster than bf16 at every M measured; same activation
 # quantization as the GEMV). The bf16/fp16 kernels (*_a16) stay for the reference precision:
-# VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16.
+# VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16. The CUDA kernel (mma_cuda) comes
+# after them until it is measured: VLLM_PRISM_PQ2_KERNEL=mma_cuda.
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, GemvA8Kernel, GemvA16Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel,
-    GemmA16Kernel, TorchKernel,
+    GemmA16Kernel, MmaCudaA8Kernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 

@@ -1,0 +1,330 @@
+// PQ2 linear for M = 1..64 on int8 tensor cores: see mma_int8.cuh for the formula and the
+// fragment decode. Torch-free (CI compiles it for sm_80 and sm_90 without a GPU); the torch
+// op is in mma_int8_op.cu.
+//
+// A CTA computes 128 weight rows (8 warps x 16 rows, two n8 tiles each) for all M rows of
+// the activation, over a K range (all of K, or one split). K advances in stages of 256
+// (two 128-groups): the stage's code words (128 rows x 64 B), fp16 scales, int8 activations
+// and activation group scales/sums go to shared memory through a 4-deep cp.async pipeline.
+// Per 32-wide chunk, each warp decodes its B fragments once (SHF + AND per four weights) and
+// runs one mma.sync per 16-token m-tile and n8 tile; at each group's end the int32 sums are
+// taken to fp32 exactly (magic-number add), offset by the activation sum and scaled.
+// With programmatic dependent launch the weight loads of the first stages are issued before
+// griddepcontrol.wait, so they overlap the kernel that produces the activation.
+#include "mma_int8.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace vllm_prism {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kTileN = kPq2MmaTileN;    // rows per CTA
+constexpr int kBlockK = kPq2MmaBlockK;  // K per stage: two 128-groups, eight 32-chunks
+constexpr int kStages = 4;
+constexpr int kWRowBytes = 80;          // 64 B of codes + 16 B pad: conflict-free uint4 reads
+constexpr int kARowBytes = 272;         // 256 B of activations + 16 B pad: ldmatrix rows
+constexpr int kWBytes = kTileN * kWRowBytes;
+constexpr int kDBytes = kTileN * 4;     // two fp16 scales per row
+
+template <int MT>
+struct Stage {
+  static constexpr int kTokens = 16 * MT;
+  static constexpr int kABytes = kTokens * kARowBytes;
+  static constexpr int kSBytes = kTokens * 8;  // two fp32 (or int32) per token
+  static constexpr int kW = 0;
+  static constexpr int kA = kW + kWBytes;
+  static constexpr int kD = kA + kABytes;
+  static constexpr int kSX = kD + kDBytes;
+  static constexpr int kQS = kSX + kSBytes;
+  static constexpr int kBytes = kQS + kSBytes;
+};
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+#endif
+}
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(smem_addr(p)));
+}
+
+// c += a (16 x 32 int8, row) * b (32 x 8 int8, col), int32 accumulate.
+__device__ __forceinline__ void mma_s8(int32_t (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Exact int32 -> fp32 for |v| < 2^22: one integer and one float add.
+__device__ __forceinline__ float exact_float(int32_t v) {
+  return __int_as_float(v + 0x4B400000) - 12582912.0f;
+}
+
+__device__ __forceinline__ float load_as_float(const void* p, int64_t i, int dtype) {
+  if (dtype == 1) return __half2float(static_cast<const __half*>(p)[i]);
+  if (dtype == 2) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+  return static_cast<const float*>(p)[i];
+}
+
+__device__ __forceinline__ void store_out(const Pq2MmaParams& p, int64_t i, float v) {
+  if (p.split > 1) {
+    atomicAdd(static_cast<float*>(p.out) + i, v);
+  } else if (p.out_dtype == 1) {
+    static_cast<__half*>(p.out)[i] = __float2half_rn(v);
+  } else if (p.out_dtype == 2) {
+    static_cast<__nv_bfloat16*>(p.out)[i] = __float2bfloat16_rn(v);
+  } else {
+    static_cast<float*>(p.out)[i] = v;
+  }
+}
+
+// Every element of a thread's [m-tile][n8 tile][fragment] accumulator set to `v`.
+template <typename T, int MT>
+__device__ __forceinline__ void fill(T (&a)[MT][2][4], T v) {
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[i][j][e] = v;
+}
+
+// Code words (and their two fp16 scales) of stage `kb` for the CTA's rows; rows past N read
+// row N - 1 (their results are not stored).
+template <int MT>
+__device__ __forceinline__ void load_weights(const Pq2MmaParams& p, char* st, int row0, int kb) {
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < (kTileN * 4) / kThreads; ++i) {
+    const int idx = tid + i * kThreads;
+    const int r = idx >> 2, j = idx & 3;
+    const int row = min(row0 + r, p.n - 1);
+    const int32_t* src = p.codes + row * p.stride_c + kb * (kBlockK / 16) + 4 * j;
+    cp_async16(st + Stage<MT>::kW + r * kWRowBytes + 16 * j, src);
+  }
+  if (tid < kTileN) {
+    const int row = min(row0 + tid, p.n - 1);
+    cp_async4(st + Stage<MT>::kD + 4 * tid, p.scales + row * p.stride_s + 2 * kb);
+  }
+}
+
+// Activations of stage `kb` (tokens past M read token M - 1) and their group scales/sums.
+template <int MT>
+__device__ __forceinline__ void load_activations(const Pq2MmaParams& p, char* st, int kb) {
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {  // 16 * MT tokens x 16 chunks of 16 B = MT * 256
+    const int idx = tid + i * kThreads;
+    const int tok = idx >> 4, j = idx & 15;
+    const int src_tok = min(tok, p.m - 1);
+    cp_async16(st + Stage<MT>::kA + tok * kARowBytes + 16 * j,
+               p.xq + src_tok * p.stride_x + kb * kBlockK + 16 * j);
+  }
+  constexpr int kTokens = Stage<MT>::kTokens;
+  if (tid < 2 * kTokens) {
+    const int tok = tid % kTokens;
+    const int src_tok = min(tok, p.m - 1);
+    if (tid < kTokens) {
+      cp_async8(st + Stage<MT>::kSX + 8 * tok, p.sx + src_tok * p.stride_g + 2 * kb);
+    } else {
+      cp_async8(st + Stage<MT>::kQS + 8 * tok, p.qsum + src_tok * p.stride_g + 2 * kb);
+    }
+  }
+}
+
+template <int MT>
+__global__ void __launch_bounds__(kThreads)
+    pq2_mma_int8_kernel(const __grid_constant__ Pq2MmaParams p) {
+  extern __shared__ __align__(16) char smem[];
+  if (p.pdl) pdl_launch_dependents();
+  const int row0 = blockIdx.x * kTileN;
+  const int n_kb = p.k / kBlockK;
+  const int per = (n_kb + p.split - 1) / p.split;
+  const int kb_lo = blockIdx.y * per;
+  const int kb_hi = min(n_kb, kb_lo + per);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int g = lane >> 2, t = lane & 3;
+  constexpr int kSB = Stage<MT>::kBytes;
+
+  // Prologue: the first stages' weights before the wait (they do not depend on the
+  // previous kernel), their activations after it.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (kb_lo + s < kb_hi) load_weights<MT>(p, smem + s * kSB, row0, kb_lo + s);
+  }
+  if (p.pdl) pdl_wait();
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (kb_lo + s < kb_hi) load_activations<MT>(p, smem + s * kSB, kb_lo + s);
+    cp_async_commit();
+  }
+
+  float acc[MT][2][4];
+  fill(acc, 0.f);
+
+  for (int kb = kb_lo; kb < kb_hi; ++kb) {
+    const int it = kb - kb_lo;
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int nk = kb + kStages - 1;
+    if (nk < kb_hi) {
+      char* nst = smem + ((it + kStages - 1) % kStages) * kSB;
+      load_weights<MT>(p, nst, row0, nk);
+      load_activations<MT>(p, nst, nk);
+    }
+    cp_async_commit();
+
+    const char* st = smem + (it % kStages) * kSB;
+    const char* ws = st + Stage<MT>::kW;
+    const char* as = st + Stage<MT>::kA;
+    const __half* ds = reinterpret_cast<const __half*>(st + Stage<MT>::kD);
+    const float* sxs = reinterpret_cast<const float*>(st + Stage<MT>::kSX);
+    const int32_t* qss = reinterpret_cast<const int32_t*>(st + Stage<MT>::kQS);
+#pragma unroll
+    for (int grp = 0; grp < 2; ++grp) {
+      int32_t isum[MT][2][4];
+      fill(isum, 0);
+#pragma unroll
+      for (int pair = 0; pair < 2; ++pair) {  // 64 k: one uint4 of words per row
+        const int p64 = 2 * grp + pair;
+        uint32_t b[2][2][2];  // [n8 tile][chunk of the pair][reg]
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int r = 16 * warp + 8 * j + g;
+          const uint4 w = *reinterpret_cast<const uint4*>(ws + r * kWRowBytes + 16 * p64);
+          const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            b[j][h][0] = (words[2 * h] >> (2 * t)) & 0x03030303u;
+            b[j][h][1] = (words[2 * h + 1] >> (2 * t)) & 0x03030303u;
+          }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = 2 * p64 + h;  // 32-chunk within the stage
+#pragma unroll
+          for (int i = 0; i < MT; ++i) {
+            const int mi = lane >> 3, r8 = lane & 7;
+            const int tok = 16 * i + r8 + 8 * (mi & 1);
+            uint32_t a[4];
+            ldmatrix_x4(a, as + tok * kARowBytes + 32 * c + 16 * (mi >> 1));
+#pragma unroll
+            for (int j = 0; j < 2; ++j) mma_s8(isum[i][j], a, b[j][h][0], b[j][h][1]);
+          }
+        }
+      }
+      // Group end: y += d[n] * sx[m] * (sum - qsum[m]) for this thread's 4 (m, n) pairs.
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = 16 * warp + 8 * j + 2 * t;
+        const float d0 = __half2float(ds[2 * r + grp]);
+        const float d1 = __half2float(ds[2 * (r + 1) + grp]);
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {
+          const int m0 = 16 * i + g, m1 = m0 + 8;
+          const float s0 = sxs[2 * m0 + grp], s1 = sxs[2 * m1 + grp];
+          const int32_t q0 = qss[2 * m0 + grp], q1 = qss[2 * m1 + grp];
+          acc[i][j][0] += exact_float(isum[i][j][0] - q0) * (d0 * s0);
+          acc[i][j][1] += exact_float(isum[i][j][1] - q0) * (d1 * s0);
+          acc[i][j][2] += exact_float(isum[i][j][2] - q1) * (d0 * s1);
+          acc[i][j][3] += exact_float(isum[i][j][3] - q1) * (d1 * s1);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  const bool add_bias = p.bias != nullptr && blockIdx.y == 0;
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int n0 = row0 + 16 * warp + 8 * j + 2 * t;
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const int n = n0 + (v & 1);
+      if (n >= p.n) continue;
+      const float bias = add_bias ? load_as_float(p.bias, n, p.bias_dtype) : 0.f;
+#pragma unroll
+      for (int i = 0; i < MT; ++i) {
+        const int m = 16 * i + g + 8 * (v >> 1);
+        if (m < p.m) store_out(p, static_cast<int64_t>(m) * p.stride_o + n, acc[i][j][v] + bias);
+      }
+    }
+  }
+}
+
+template <int MT>
+cudaError_t launch(const Pq2MmaParams& p, cudaStream_t stream) {
+  const int smem = kStages * Stage<MT>::kBytes;
+  cudaError_t err = cudaFuncSetAttribute(pq2_mma_int8_kernel<MT>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((p.n + kTileN - 1) / kTileN, p.split, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = p.pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, pq2_mma_int8_kernel<MT>, p);
+}
+
+}  // namespace
+
+int pq2_mma_int8_default_split(int n, int k, int sm_count) {
+  const int ctas = (n + kTileN - 1) / kTileN;
+  const int n_kb = k / kBlockK;
+  int split = (2 * sm_count + ctas - 1) / ctas;
+  split = split < 1 ? 1 : split;
+  return split > n_kb ? n_kb : split;
+}
+
+cudaError_t pq2_mma_int8_launch(const Pq2MmaParams& p, cudaStream_t stream) {
+  if (p.m <= 0 || p.n <= 0) return cudaSuccess;
+  if (p.m > kPq2MmaMaxM || p.k % kBlockK != 0 || p.split < 1) return cudaErrorInvalidValue;
+  if (p.m <= 16) return launch<1>(p, stream);
+  if (p.m <= 32) return launch<2>(p, stream);
+  return launch<4>(p, stream);
+}
+
+}  // namespace vllm_prism
