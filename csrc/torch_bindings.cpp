@@ -9,7 +9,7 @@ TORCH_LIBRARY(_C_prism, m) {
   // Dequantize packed PQ2_0 rows (uint8 [rows, K/128*34]) to a dense [rows, K] tensor.
   m.def("pq2_dequantize(Tensor raw, ScalarType dtype) -> Tensor");
   m.impl("pq2_dequantize", c10::kCUDA, &pq2_dequantize);
-  // y [M, N] = W_st @ x for an int8 activation (M <= 64) on int8 tensor cores
+  // y [M, N] = W_st @ x for an int8 activation on int8 tensor cores
   // (csrc/pq2/mma_int8.cu); split_k <= 0 chooses the K split.
   m.def(
       "pq2_mma_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor qsum, "

@@ -279,7 +279,7 @@ def candidates(m: int) -> list[str]:
         return ["gemv_a8_rows", "mma_a8", "mma_a16", "mma_cuda"]
     if m <= 64:
         return ["mma_a8", "mma_a16", "mma_cuda"]
-    return ["gemm_a8", "gemm_a16"]
+    return ["gemm_a8", "gemm_a16", "mma_cuda"]
 
 
 def candidate_fn(name: str) -> Callable[[torch.Tensor, PQ2Weight], torch.Tensor]:

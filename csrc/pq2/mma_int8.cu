@@ -2,8 +2,9 @@
 // fragment decode. Torch-free (CI compiles it for sm_80 and sm_90 without a GPU); the torch
 // op is in mma_int8_op.cu.
 //
-// A CTA computes 128 weight rows (8 warps x 16 rows, two n8 tiles each) for all M rows of
-// the activation, over a K range (all of K, or one split). K advances in stages of 256
+// A CTA computes 128 weight rows (8 warps x 16 rows, two n8 tiles each) for 16, 32 or 64
+// activation rows (M <= 64: all of them; above: one 64-row tile per grid z), over a K range
+// (all of K, or one split). K advances in stages of 256
 // (two 128-groups): the stage's code words (128 rows x 64 B), fp16 scales, int8 activations
 // and activation group scales/sums go to shared memory through a 4-deep cp.async pipeline.
 // Per 32-wide chunk, each warp decodes its B fragments once (SHF + AND per four weights) and
@@ -146,22 +147,24 @@ __device__ __forceinline__ void load_weights(const Pq2MmaParams& p, char* st, in
   }
 }
 
-// Activations of stage `kb` (tokens past M read token M - 1) and their group scales/sums.
+// Activations of stage `kb` for tokens m_base.. (tokens past M read token M - 1) and their
+// group scales/sums.
 template <int MT>
-__device__ __forceinline__ void load_activations(const Pq2MmaParams& p, char* st, int kb) {
+__device__ __forceinline__ void load_activations(const Pq2MmaParams& p, char* st, int m_base,
+                                                 int kb) {
   const int tid = threadIdx.x;
 #pragma unroll
   for (int i = 0; i < MT; ++i) {  // 16 * MT tokens x 16 chunks of 16 B = MT * 256
     const int idx = tid + i * kThreads;
     const int tok = idx >> 4, j = idx & 15;
-    const int src_tok = min(tok, p.m - 1);
+    const int src_tok = min(m_base + tok, p.m - 1);
     cp_async16(st + Stage<MT>::kA + tok * kARowBytes + 16 * j,
                p.xq + src_tok * p.stride_x + kb * kBlockK + 16 * j);
   }
   constexpr int kTokens = Stage<MT>::kTokens;
   if (tid < 2 * kTokens) {
     const int tok = tid % kTokens;
-    const int src_tok = min(tok, p.m - 1);
+    const int src_tok = min(m_base + tok, p.m - 1);
     if (tid < kTokens) {
       cp_async8(st + Stage<MT>::kSX + 8 * tok, p.sx + src_tok * p.stride_g + 2 * kb);
     } else {
@@ -176,6 +179,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ __align__(16) char smem[];
   if (p.pdl) pdl_launch_dependents();
   const int row0 = blockIdx.x * kTileN;
+  const int m_base = blockIdx.z * Stage<MT>::kTokens;
   const int n_kb = p.k / kBlockK;
   const int per = (n_kb + p.split - 1) / p.split;
   const int kb_lo = blockIdx.y * per;
@@ -193,7 +197,7 @@ __global__ void __launch_bounds__(kThreads)
   if (p.pdl) pdl_wait();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (kb_lo + s < kb_hi) load_activations<MT>(p, smem + s * kSB, kb_lo + s);
+    if (kb_lo + s < kb_hi) load_activations<MT>(p, smem + s * kSB, m_base, kb_lo + s);
     cp_async_commit();
   }
 
@@ -208,7 +212,7 @@ __global__ void __launch_bounds__(kThreads)
     if (nk < kb_hi) {
       char* nst = smem + ((it + kStages - 1) % kStages) * kSB;
       load_weights<MT>(p, nst, row0, nk);
-      load_activations<MT>(p, nst, nk);
+      load_activations<MT>(p, nst, m_base, nk);
     }
     cp_async_commit();
 
@@ -283,7 +287,7 @@ __global__ void __launch_bounds__(kThreads)
       const float bias = add_bias ? load_as_float(p.bias, n, p.bias_dtype) : 0.f;
 #pragma unroll
       for (int i = 0; i < MT; ++i) {
-        const int m = 16 * i + g + 8 * (v >> 1);
+        const int m = m_base + 16 * i + g + 8 * (v >> 1);
         if (m < p.m) store_out(p, static_cast<int64_t>(m) * p.stride_o + n, acc[i][j][v] + bias);
       }
     }
@@ -297,7 +301,8 @@ cudaError_t launch(const Pq2MmaParams& p, cudaStream_t stream) {
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((p.n + kTileN - 1) / kTileN, p.split, 1);
+  cfg.gridDim = dim3((p.n + kTileN - 1) / kTileN, p.split,
+                     (p.m + Stage<MT>::kTokens - 1) / Stage<MT>::kTokens);
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -311,8 +316,9 @@ cudaError_t launch(const Pq2MmaParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-int pq2_mma_int8_default_split(int n, int k, int sm_count) {
-  const int ctas = (n + kTileN - 1) / kTileN;
+int pq2_mma_int8_default_split(int m, int n, int k, int sm_count) {
+  const int m_tiles = m <= 64 ? 1 : (m + 63) / 64;
+  const int ctas = (n + kTileN - 1) / kTileN * m_tiles;
   const int n_kb = k / kBlockK;
   int split = (2 * sm_count + ctas - 1) / ctas;
   split = split < 1 ? 1 : split;
@@ -321,7 +327,7 @@ int pq2_mma_int8_default_split(int n, int k, int sm_count) {
 
 cudaError_t pq2_mma_int8_launch(const Pq2MmaParams& p, cudaStream_t stream) {
   if (p.m <= 0 || p.n <= 0) return cudaSuccess;
-  if (p.m > kPq2MmaMaxM || p.k % kBlockK != 0 || p.split < 1) return cudaErrorInvalidValue;
+  if (p.k % kBlockK != 0 || p.split < 1 || (p.m + 63) / 64 > 65535) return cudaErrorInvalidValue;
   if (p.m <= 16) return launch<1>(p, stream);
   if (p.m <= 32) return launch<2>(p, stream);
   return launch<4>(p, stream);

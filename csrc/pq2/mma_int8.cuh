@@ -1,4 +1,5 @@
-// PQ2 linear for M = 1..64 rows on int8 tensor cores (mma.sync m16n8k32), torch-free.
+// PQ2 linear on int8 tensor cores (mma.sync m16n8k32), torch-free: any M, in tiles of up to
+// 64 activation rows.
 //
 // y[m, n] = sum_g d[n, g] * sx[m, g] * (sum_{k in g} c[n, k] * xq[m, k] - qsum[m, g]) (+ bias[n])
 // with c in 0..3 the 2-bit code (value c - 1), d the fp16 weight scale of the 128-group g,
@@ -32,13 +33,12 @@ struct Pq2MmaParams {
   bool pdl;              // programmatic dependent launch (sm_90+)
 };
 
-// Rows per CTA, K per pipeline stage: the caller's shape limits.
+// Rows per CTA, K per pipeline stage (K must be a multiple of it).
 constexpr int kPq2MmaTileN = 128;
 constexpr int kPq2MmaBlockK = 256;
-constexpr int kPq2MmaMaxM = 64;
 
 // K splits that fill the GPU: at least two CTAs per multiprocessor, at most one per stage.
-int pq2_mma_int8_default_split(int n, int k, int sm_count);
+int pq2_mma_int8_default_split(int m, int n, int k, int sm_count);
 
 // Launches the kernel on `stream`; returns the CUDA error of the launch.
 cudaError_t pq2_mma_int8_launch(const Pq2MmaParams& p, cudaStream_t stream);

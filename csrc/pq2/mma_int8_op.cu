@@ -1,4 +1,4 @@
-// The torch op around the int8 tensor-core PQ2 kernel (mma_int8.cu): checks, output
+// The torch op around the int8 tensor-core PQ2 kernel (any M) (mma_int8.cu): checks, output
 // allocation, the K split, the launch on the current stream.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -37,13 +37,11 @@ torch::Tensor pq2_mma_int8(const torch::Tensor& codes, const torch::Tensor& scal
   TORCH_CHECK(xq.size(1) == k, "pq2_mma_int8: xq has K = ", xq.size(1), ", codes have ", k);
   TORCH_CHECK(k % vllm_prism::kPq2MmaBlockK == 0, "pq2_mma_int8: K = ", k,
               " is not a multiple of ", vllm_prism::kPq2MmaBlockK);
-  TORCH_CHECK(m <= vllm_prism::kPq2MmaMaxM, "pq2_mma_int8: M = ", m, " > ",
-              vllm_prism::kPq2MmaMaxM);
-  TORCH_CHECK(n < (int64_t{1} << 31) && m * n < (int64_t{1} << 62), "pq2_mma_int8: too large");
+  TORCH_CHECK(n < (int64_t{1} << 31) && m < (int64_t{1} << 22), "pq2_mma_int8: too large");
   const c10::cuda::CUDAGuard guard(codes.device());
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int split = split_k > 0 ? static_cast<int>(split_k)
-                                : vllm_prism::pq2_mma_int8_default_split(n, k, sms);
+                                : vllm_prism::pq2_mma_int8_default_split(m, n, k, sms);
   auto opts = codes.options();
   torch::Tensor out = split > 1 ? torch::zeros({m, n}, opts.dtype(torch::kFloat32))
                                 : torch::empty({m, n}, opts.dtype(out_dtype));

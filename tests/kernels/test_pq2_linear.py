@@ -193,10 +193,11 @@ def _need_mma_cuda() -> None:
         pytest.skip(f"mma_cuda: {why}")
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 64])
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 64, 65, 128, 300])
 def test_mma_cuda_every_m(m: int) -> None:
     """The CUDA int8 tensor-core kernel (csrc/pq2/mma_int8.cu) at every m-tile count, with
-    rows past M in a tile; against the float reference and the exact integer reference."""
+    rows past M in a tile, and over several 64-row tiles; against the float reference and
+    the exact integer reference."""
     _need_mma_cuda()
     raw, q, d, signs, w = make_case(12288, 5120, 1024)
     x = torch.randn(m, 5120, device="cuda", generator=torch.Generator("cuda").manual_seed(m))
@@ -205,7 +206,7 @@ def test_mma_cuda_every_m(m: int) -> None:
 
 @pytest.mark.parametrize("shape", [(5120, 6144), (5120, 17408), (1024, 5120), (248320, 5120)],
                          ids=lambda s: f"{s[0]}x{s[1]}")
-@pytest.mark.parametrize("m", [1, 6, 64])
+@pytest.mark.parametrize("m", [1, 6, 64, 512])
 def test_mma_cuda_bonsai_shapes(shape: tuple[int, int], m: int) -> None:
     """Narrow outputs take a K split (fp32 atomics), the LM head does not."""
     _need_mma_cuda()

@@ -233,11 +233,11 @@ class GemmA8Kernel(GemmA16Kernel):
 
 
 class MmaCudaA8Kernel(PQ2LinearKernel):
-    """M = 1..64: int8 tensor-core kernel in CUDA C++ (csrc/pq2/mma_int8.cu, op
+    """Any M: int8 tensor-core kernel in CUDA C++ (csrc/pq2/mma_int8.cu, op
     ``torch.ops._C_prism.pq2_mma_int8``): the ternary codes decode straight into mma.sync
-    fragments, once per weight for every M. Needs vllm_prism._C; runs where
-    ``VLLM_PRISM_PQ2_KERNEL=mma_cuda`` asks for it until it is measured against the Triton
-    kernels."""
+    fragments, once per weight for up to 64 activation rows (a CTA per 64-row tile above).
+    Needs vllm_prism._C; runs where ``VLLM_PRISM_PQ2_KERNEL=mma_cuda`` asks for it until it
+    is measured against the Triton kernels."""
 
     name = "mma_cuda"
     act_kind = ActKind.Q8
@@ -256,8 +256,6 @@ class MmaCudaA8Kernel(PQ2LinearKernel):
 
     @classmethod
     def can_implement(cls, c):
-        if not 1 <= c.m <= MMA_MAX_M:
-            return False, f"M = {c.m} outside 1..{MMA_MAX_M}"
         if c.k % 256:
             return False, f"K = {c.k} is not a multiple of 256"
         return _pq2_only(c)
