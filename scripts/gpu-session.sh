@@ -33,9 +33,11 @@ pkill -f "vllm serve" 2>/dev/null && sleep 3
 has_ep='from importlib.metadata import entry_points as e; import sys
 sys.exit(not [x for x in e(group="vllm.general_plugins") if x.name == "prism"])'
 if ! python3 -c "$has_ep"; then
-  VLLM_PRISM_TARGET_DEVICE=${PRISM_BUILD:-cpu} python3 -m pip install -q --no-deps --no-build-isolation -e . \
-    >"$OUT/install.log" 2>&1
+  CUDA_ARCHS=${CUDA_ARCHS:-90} VLLM_PRISM_TARGET_DEVICE=${PRISM_BUILD:-cpu} \
+    python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1
   python3 -c "$has_ep" || echo "vllm-prism's entry point is not installed" >&2
+  python3 -c "from vllm_prism import _custom_ops as o; print('vllm_prism._C:',
+    o.has_compiled_ops(), 'pq2_mma_int8:', o.has_pq2_mma_int8())" 2>&1 | tail -1
 fi
 B27=/tmp/b27.gguf
 if [ ! -f $B27 ] && [ ! -f /tmp/b27.lock ]; then
