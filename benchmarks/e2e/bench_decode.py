@@ -3,6 +3,7 @@
     python benchmarks/e2e/bench_decode.py MODEL.gguf [--kv auto int8_per_token_head]
         [--mode default|eager] [--batches 1 8 32 64] [--context 1024] [--long-context 32768]
         [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 1 [0]]
+        [--pq2-kernel auto [mma_cuda]]
         [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
@@ -27,6 +28,8 @@ off, so every prompt is really prefilled. Prompts are random token ids, distinct
   records carry ``tp``.
 * ``--pdl 1 0`` runs each engine with ``VLLM_PRISM_PDL`` on, then off (programmatic dependent
   launch of the PQ2 kernels); records carry ``pdl``: whether the kernels really used it.
+* ``--pq2-kernel auto mma_cuda`` runs each engine with ``VLLM_PRISM_PQ2_KERNEL`` set to each
+  value (records carry ``pq2_kernel``; a kernel that cannot run a call falls back to auto).
 * profile (batch 1, first context): torch-profiler traces of two generate() calls of T/2 and T
   decode steps, whose difference gives per decode step the kernel time by family (PQ2
   linears, attention, Gated DeltaNet, norms/element-wise, sampler, other), the kernel count
@@ -228,7 +231,8 @@ def run_engine(args: argparse.Namespace) -> list[dict]:
     from vllm_prism.kernels.common import use_pdl
 
     base = {"kv": kv, "mode": args.mode, "tp": args.tp[0],
-            "pdl": int(use_pdl(torch.device("cuda")))}
+            "pdl": int(use_pdl(torch.device("cuda"))),
+            "pq2_kernel": os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto")}
     if args.spec_k:
         return [_verify_record(llm, args, base, vocab)]
     records = []
@@ -271,13 +275,18 @@ def _tiny_drafter(model: str) -> str:
     return make_tiny_drafter(Path(tempfile.mkdtemp(prefix="drafter-")), model)["path"]
 
 
+def _variant(r: dict) -> tuple:
+    """What distinguishes runs of one measurement: KV dtype, mode, TP size, PDL, PQ2 kernel."""
+    return (r["kv"], r["mode"], r.get("tp", 1), r.get("pdl", 0), r.get("pq2_kernel", "auto"))
+
+
 def _add_verify_ratios(records: list[dict]) -> None:
     """``ratio_to_plain`` of each verify record: over the plain batch-1 decode step of the same
     run, KV dtype, mode, tp and context."""
-    plain = {(r["kv"], r["mode"], r.get("tp", 1), r.get("pdl", 0), r["context"]):
-             r["ms_per_step"] for r in records if r["kind"] == "decode" and r["batch"] == 1}
+    plain = {_variant(r) + (r["context"],): r["ms_per_step"]
+             for r in records if r["kind"] == "decode" and r["batch"] == 1}
     for r in records:
-        base = plain.get((r["kv"], r["mode"], r.get("tp", 1), r.get("pdl", 0), r["context"]))
+        base = plain.get(_variant(r) + (r["context"],))
         if r["kind"] == "verify" and base:
             r["ratio_to_plain"] = r["ms_per_step"] / base
 
@@ -286,8 +295,8 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
                   records: list[dict]) -> Path:
     path = out_dir / f"e2e_{gpu}.json"
     old = json.loads(path.read_text())["records"] if path.is_file() else []
-    key = lambda r: (r["kind"], r["mode"], r["kv"], r["batch"], r["context"],  # noqa: E731
-                     r.get("tp", 1), r.get("q_tokens", 1), r.get("pdl", 0))
+    key = lambda r: (r["kind"], r["batch"], r["context"], r.get("q_tokens", 1),  # noqa: E731
+                     *_variant(r))
     new_keys = {key(r) for r in records}
     merged = [r for r in old if key(r) not in new_keys] + records
     doc = {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command,
@@ -302,19 +311,18 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
              "each run; `ceiling_frac` uses its own run's figure):", ""]
     lines += [f"- {d}: `{c}` ({g:.0f} GB/s; decode step from {t or 'request timestamps'})"
               for c, (d, g, t) in runs.items()]
-    lines += ["", "| kind | mode | kv | tp | pdl | batch | q_tokens | context | tok/s | ms/step | "
-              "ceiling_frac | gpu_busy_frac | verify / plain step |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| kind | mode | kv | tp | pdl | pq2 kernel | batch | q_tokens | context | "
+              "tok/s | ms/step | ceiling_frac | gpu_busy_frac | verify / plain step |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
-    for r in sorted(merged, key=lambda r: (r["kind"], r["mode"], r["kv"], r.get("tp", 1),
-                                           r.get("pdl", 0), r["context"], r["batch"],
+    for r in sorted(merged, key=lambda r: (r["kind"], *_variant(r), r["context"], r["batch"],
                                            r.get("q_tokens", 1))):
         mark = ""
         if r.get("unreliable"):
             notes.append(r["unreliable"])
             mark = " *"
         lines.append(f"| {r['kind']} | {r['mode']} | {r['kv']} | {r.get('tp', 1)} | "
-                     f"{r.get('pdl', 0)} | "
+                     f"{r.get('pdl', 0)} | {r.get('pq2_kernel', 'auto')} | "
                      f"{r['batch']} | {r.get('q_tokens', 1)} | "
                      f"{r['context']} | {r['tok_s']:.1f}{mark} | {r['ms_per_step']:.2f} | "
                      f"{r.get('ceiling_frac', float('nan')):.3f} | "
@@ -325,7 +333,7 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
     prof = [r for r in merged if "kernel_us_per_step" in r]
     for r in prof:
         lines += ["", f"Batch-1 decode step by kernel family ({r['mode']}, {r['kv']}, "
-                  f"pdl {r.get('pdl', 0)}, "
+                  f"pdl {r.get('pdl', 0)}, {r.get('pq2_kernel', 'auto')}, "
                   f"context {r['context']}): {r['kernels_per_step']:.0f} kernels, "
                   f"{r['busy_us_per_step']:.0f} us busy of {r['ms_per_step'] * 1e3:.0f} us", "",
                   "| family | us per step | share of step |", "|---|---|---|"]
@@ -356,6 +364,8 @@ def main() -> None:
                    "vllm-prism make-tiny-drafter for the model, in a temporary folder)")
     p.add_argument("--pdl", type=int, nargs="+", default=[1], choices=[0, 1],
                    help="VLLM_PRISM_PDL for the engines; 1 0: each engine with and without")
+    p.add_argument("--pq2-kernel", nargs="+", default=["auto"],
+                   help="VLLM_PRISM_PQ2_KERNEL for the engines, each in turn")
     p.add_argument("--out-dir", default=str(HERE.parent / "results"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -376,14 +386,15 @@ def main() -> None:
         drafter = args.drafter or _tiny_drafter(args.model)
         runs += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
                                drafter, "--batches", "1"]) for k in args.spec_k]
-    runs = [(kv, more, pdl) for pdl in args.pdl for kv, more in runs]
-    for kv, more, pdl in runs:
+    runs = [(kv, more, pdl, kern) for kern in args.pq2_kernel for pdl in args.pdl
+            for kv, more in runs]
+    for kv, more, pdl, kern in runs:
         cmd = [sys.executable, __file__, "--child", *sys.argv[1:], "--kv", kv, *more]
-        env = {**os.environ, "VLLM_PRISM_PDL": str(pdl)}
+        env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern}
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
         lines = [x for x in proc.stdout.splitlines() if x.startswith("RECORDS ")]
         if proc.returncode or not lines:
-            print(f"engine for kv={kv} {' '.join(more)} pdl={pdl} failed "
+            print(f"engine for kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} failed "
                   f"(exit {proc.returncode})",
                   file=sys.stderr)
             continue
