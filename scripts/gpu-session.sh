@@ -37,7 +37,8 @@ if ! python3 -c "$has_ep"; then
     python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1
   python3 -c "$has_ep" || echo "vllm-prism's entry point is not installed" >&2
   python3 -c "from vllm_prism import _custom_ops as o; print('vllm_prism._C:',
-    o.has_compiled_ops(), 'pq2_mma_int8:', o.has_pq2_mma_int8())" 2>&1 | tail -1
+    o.has_compiled_ops(), [n for n in ('pq2_mma_int8', 'pq2_gemv_int8')
+                           if o.has_compiled_op(n)])" 2>&1 | tail -1
 fi
 B27=/tmp/b27.gguf
 if [ ! -f $B27 ] && [ ! -f /tmp/b27.lock ]; then

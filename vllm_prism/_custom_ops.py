@@ -47,9 +47,10 @@ def has_compiled_ops() -> bool:
     return hasattr(torch.ops, "_C_prism") and hasattr(torch.ops._C_prism, "pq2_dequantize")
 
 
-def has_pq2_mma_int8() -> bool:
-    """Whether vllm_prism._C holds the int8 tensor-core PQ2 kernel (csrc/pq2/mma_int8.cu)."""
-    return has_compiled_ops() and hasattr(torch.ops._C_prism, "pq2_mma_int8")
+def has_compiled_op(name: str) -> bool:
+    """Whether vllm_prism._C holds the op ``torch.ops._C_prism.<name>`` (e.g. pq2_mma_int8,
+    pq2_gemv_int8 of csrc/pq2)."""
+    return has_compiled_ops() and hasattr(torch.ops._C_prism, name)
 
 
 def pq2_dequantize(raw: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

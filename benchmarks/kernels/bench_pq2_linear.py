@@ -274,7 +274,7 @@ class _pdl_off:
 def candidates(m: int) -> list[str]:
     """Other kernels timed at this M (end to end, producer included)."""
     if m == 1:
-        return ["gemv_a8", "gemv_a16", "mma_cuda"]
+        return ["gemv_a8", "gemv_a16", "gemv_cuda", "mma_cuda"]
     if m <= 8:
         return ["gemv_a8_rows", "mma_a8", "mma_a16", "mma_cuda"]
     if m <= 64:

@@ -14,8 +14,7 @@
 // griddepcontrol.wait, so they overlap the kernel that produces the activation.
 #include "mma_int8.cuh"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
+#include "pq2_device.cuh"
 
 namespace vllm_prism {
 namespace {
@@ -66,18 +65,6 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
-#endif
-}
-
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
@@ -94,29 +81,6 @@ __device__ __forceinline__ void mma_s8(int32_t (&c)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Exact int32 -> fp32 for |v| < 2^22: one integer and one float add.
-__device__ __forceinline__ float exact_float(int32_t v) {
-  return __int_as_float(v + 0x4B400000) - 12582912.0f;
-}
-
-__device__ __forceinline__ float load_as_float(const void* p, int64_t i, int dtype) {
-  if (dtype == 1) return __half2float(static_cast<const __half*>(p)[i]);
-  if (dtype == 2) return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-  return static_cast<const float*>(p)[i];
-}
-
-__device__ __forceinline__ void store_out(const Pq2MmaParams& p, int64_t i, float v) {
-  if (p.split > 1) {
-    atomicAdd(static_cast<float*>(p.out) + i, v);
-  } else if (p.out_dtype == 1) {
-    static_cast<__half*>(p.out)[i] = __float2half_rn(v);
-  } else if (p.out_dtype == 2) {
-    static_cast<__nv_bfloat16*>(p.out)[i] = __float2bfloat16_rn(v);
-  } else {
-    static_cast<float*>(p.out)[i] = v;
-  }
-}
-
 // Every element of a thread's [m-tile][n8 tile][fragment] accumulator set to `v`.
 template <typename T, int MT>
 __device__ __forceinline__ void fill(T (&a)[MT][2][4], T v) {
@@ -131,7 +95,7 @@ __device__ __forceinline__ void fill(T (&a)[MT][2][4], T v) {
 // Code words (and their two fp16 scales) of stage `kb` for the CTA's rows; rows past N read
 // row N - 1 (their results are not stored).
 template <int MT>
-__device__ __forceinline__ void load_weights(const Pq2MmaParams& p, char* st, int row0, int kb) {
+__device__ __forceinline__ void load_weights(const Pq2LinearParams& p, char* st, int row0, int kb) {
   const int tid = threadIdx.x;
 #pragma unroll
   for (int i = 0; i < (kTileN * 4) / kThreads; ++i) {
@@ -150,7 +114,7 @@ __device__ __forceinline__ void load_weights(const Pq2MmaParams& p, char* st, in
 // Activations of stage `kb` for tokens m_base.. (tokens past M read token M - 1) and their
 // group scales/sums.
 template <int MT>
-__device__ __forceinline__ void load_activations(const Pq2MmaParams& p, char* st, int m_base,
+__device__ __forceinline__ void load_activations(const Pq2LinearParams& p, char* st, int m_base,
                                                  int kb) {
   const int tid = threadIdx.x;
 #pragma unroll
@@ -175,7 +139,7 @@ __device__ __forceinline__ void load_activations(const Pq2MmaParams& p, char* st
 
 template <int MT>
 __global__ void __launch_bounds__(kThreads)
-    pq2_mma_int8_kernel(const __grid_constant__ Pq2MmaParams p) {
+    pq2_mma_int8_kernel(const __grid_constant__ Pq2LinearParams p) {
   extern __shared__ __align__(16) char smem[];
   if (p.pdl) pdl_launch_dependents();
   const int row0 = blockIdx.x * kTileN;
@@ -295,7 +259,7 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int MT>
-cudaError_t launch(const Pq2MmaParams& p, cudaStream_t stream) {
+cudaError_t launch(const Pq2LinearParams& p, cudaStream_t stream) {
   const int smem = kStages * Stage<MT>::kBytes;
   cudaError_t err = cudaFuncSetAttribute(pq2_mma_int8_kernel<MT>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -306,11 +270,8 @@ cudaError_t launch(const Pq2MmaParams& p, cudaStream_t stream) {
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = p.pdl ? 1 : 0;
+  cudaLaunchAttribute attr;
+  set_pdl(cfg, attr, p.pdl);
   return cudaLaunchKernelEx(&cfg, pq2_mma_int8_kernel<MT>, p);
 }
 
@@ -325,7 +286,7 @@ int pq2_mma_int8_default_split(int m, int n, int k, int sm_count) {
   return split > n_kb ? n_kb : split;
 }
 
-cudaError_t pq2_mma_int8_launch(const Pq2MmaParams& p, cudaStream_t stream) {
+cudaError_t pq2_mma_int8_launch(const Pq2LinearParams& p, cudaStream_t stream) {
   if (p.m <= 0 || p.n <= 0) return cudaSuccess;
   if (p.k % kBlockK != 0 || p.split < 1 || (p.m + 63) / 64 > 65535) return cudaErrorInvalidValue;
   if (p.m <= 16) return launch<1>(p, stream);

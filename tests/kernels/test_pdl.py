@@ -65,7 +65,7 @@ def _chain_weights(k: int, widths: list[int], block: int):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["auto", "mma_cuda"])
+@pytest.mark.parametrize("kernel", ["auto", "mma_cuda", "gemv_cuda,mma_cuda"])
 @pytest.mark.parametrize("m", [1, 3, 16, 200])
 def test_chained_linears_in_a_cuda_graph_equal_plain_launches(m: int, kernel: str,
                                                               monkeypatch) -> None:
@@ -83,9 +83,10 @@ def test_chained_linears_in_a_cuda_graph_equal_plain_launches(m: int, kernel: st
         pytest.skip("no programmatic dependent launch here (GPU before sm_90 or old Triton)")
     if kernel != "auto":
         cap = torch.cuda.get_device_capability()
-        ok, why = dispatch._BY_NAME[kernel].is_supported(cap)
-        if not ok:
-            pytest.skip(f"{kernel}: {why}")
+        for name in kernel.split(","):
+            ok, why = dispatch._BY_NAME[name].is_supported(cap)
+            if not ok:
+                pytest.skip(f"{name}: {why}")
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", kernel)
     ws = _chain_weights(1024, [4096, 1024, 3072, 1024], block=128)
 

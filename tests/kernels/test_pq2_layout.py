@@ -95,13 +95,32 @@ def test_dispatch_on_cpu_uses_torch_and_env_override(monkeypatch, caplog) -> Non
     dispatch._logged.clear()
     with caplog.at_level(logging.WARNING, logger="vllm_prism.kernels.pq2.dispatch"):
         assert dispatch.select_kernel(1, w, x.dtype).name == "torch"
-    assert "VLLM_PRISM_PQ2_KERNEL=gemv_a8 cannot run" in caplog.text
+    assert "VLLM_PRISM_PQ2_KERNEL: gemv_a8 cannot run" in caplog.text
     monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "nonsense")
     dispatch._select.cache_clear()
     with caplog.at_level(logging.WARNING, logger="vllm_prism.kernels.pq2.dispatch"):
         assert dispatch.select_kernel(1, w, x.dtype).name == "torch"
     assert "is not a kernel" in caplog.text
     dispatch._select.cache_clear()
+
+
+def test_env_override_tries_a_list_of_kernels_in_order(monkeypatch) -> None:
+    """``VLLM_PRISM_PQ2_KERNEL=a,b``: the first that can run the call (here under the Triton
+    interpreter: mma_a16 takes M >= 2, so M = 1 falls to gemv_a8; the CUDA C++ kernels need a
+    GPU), unknown names skipped, the automatic order last."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    gen = torch.Generator().manual_seed(3)
+    raw, _, _ = random_ternary(16, 256, "PQ2_0", gen)
+    w = PQ2Weight.from_raw(raw, random_signs(256, gen), 128)
+    monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "nonsense,mma_cuda,mma_a16,gemv_a8")
+    dispatch._select.cache_clear()
+    try:
+        assert dispatch.select_kernel(1, w, torch.bfloat16).name == "gemv_a8"
+        assert dispatch.select_kernel(5, w, torch.bfloat16).name == "mma_a16"
+        monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_cuda")
+        assert dispatch.select_kernel(1, w, torch.bfloat16).name == "gemv_a8"  # auto
+    finally:
+        dispatch._select.cache_clear()
 
 
 def test_ptq1_torch_path_matches_reference() -> None:

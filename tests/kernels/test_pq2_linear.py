@@ -31,8 +31,8 @@ BONSAI_SHAPES = [(1024, 5120), (12288, 5120), (10240, 5120), (6144, 5120), (1433
 ODD_SHAPES = [(37, 640, 128), (300, 2304, 256), (4097, 5120, 1024), (96, 384, None)]
 M_FULL = list(range(1, 17)) + [24, 32, 48, 64, 128, 512, 2048]
 TOL = {"gemv_a16": 4e-3, "mma_a16": 8e-3, "gemm_a16": 8e-3, "gemv_a8": 3e-2, "mma_a8": 3e-2,
-       "gemm_a8": 3e-2, "ptq1_gemv": 4e-3, "mma_cuda": 3e-2}
-A8 = {"gemv_a8", "mma_a8", "gemm_a8", "mma_cuda"}
+       "gemm_a8": 3e-2, "ptq1_gemv": 4e-3, "mma_cuda": 3e-2, "gemv_cuda": 3e-2}
+A8 = {"gemv_a8", "mma_a8", "gemm_a8", "mma_cuda", "gemv_cuda"}
 
 
 def kernels_for(m: int, n: int = 0) -> list[str]:
@@ -187,10 +187,33 @@ def test_hadamard_standalone(k: int, block: int, m: int) -> None:
                                forward_transform(xb, s, block).float(), rtol=0, atol=0)
 
 
-def _need_mma_cuda() -> None:
-    ok, why = dispatch._BY_NAME["mma_cuda"].is_supported(torch.cuda.get_device_capability())
+def _need_mma_cuda(name: str = "mma_cuda") -> None:
+    ok, why = dispatch._BY_NAME[name].is_supported(torch.cuda.get_device_capability())
     if not ok:
-        pytest.skip(f"mma_cuda: {why}")
+        pytest.skip(f"{name}: {why}")
+
+
+@pytest.mark.parametrize("shape", BONSAI_SHAPES + [(300, 2304), (8, 49152)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gemv_cuda(shape: tuple[int, int]) -> None:
+    """The CUDA GEMV (csrc/pq2/gemv_int8.cu) at M = 1: one and several warps per row (K up to
+    6144 and above), four- and eight-row warps (narrow and wide N), rows past N."""
+    _need_mma_cuda("gemv_cuda")
+    n, k = shape
+    raw, q, d, signs, w = make_case(n, k, 128)
+    x = torch.randn(1, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n))
+    check_kernel("gemv_cuda", x.bfloat16(), raw, q, d, signs, 128, w)
+
+
+def test_gemv_cuda_bias_fp16() -> None:
+    _need_mma_cuda("gemv_cuda")
+    n, k = 1000, 17408
+    gen = torch.Generator().manual_seed(12)
+    raw, q, d = random_ternary(n, k, "PQ2_0", gen, "cuda")
+    w = PQ2Weight.from_raw(raw)
+    x = torch.randn(1, k, generator=gen).to("cuda", torch.float16)
+    bias = torch.randn(n, generator=gen).to("cuda", torch.float16)
+    check_kernel("gemv_cuda", x, raw, q, d, None, None, w, bias=bias)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 64, 65, 128, 300])

@@ -4,8 +4,9 @@
 without signs) for x ``[..., K]``. Each kernel is a class with ``is_supported(capability)``
 and ``can_implement(config) -> (ok, reason)``; the first class in :data:`KERNELS` that
 accepts the call runs it, and every kernel passed over is logged once with its reason.
-``VLLM_PRISM_PQ2_KERNEL=<name>`` (see :mod:`vllm_prism.envs`) puts one kernel first; it falls
-back to the automatic order, with a warning, where that kernel cannot run the call.
+``VLLM_PRISM_PQ2_KERNEL=<name>[,<name>...]`` (see :mod:`vllm_prism.envs`) puts kernels first,
+in that order; where none of them can run a call it falls back to the automatic order, with a
+warning.
 
 Every kernel gets its activation from the Triton producer in :mod:`.hadamard`, which applies
 the signs and the block Hadamard in the same pass that writes the layout the kernel reads, so
@@ -232,7 +233,54 @@ class GemmA8Kernel(GemmA16Kernel):
     act_kind = ActKind.Q8
 
 
-class MmaCudaA8Kernel(PQ2LinearKernel):
+def _cuda_op_supported(capability: tuple[int, int] | None, op: str) -> tuple[bool, str]:
+    from vllm_prism._custom_ops import has_compiled_op
+
+    if capability is None:
+        return False, "not a CUDA device"
+    if capability < (8, 0):
+        return False, f"needs compute capability >= 8.0, this GPU is {capability}"
+    if not has_compiled_op(op):
+        return False, f"vllm_prism._C with {op} is not built"
+    return True, ""
+
+
+class _CudaOpKernel(PQ2LinearKernel):
+    """A kernel of vllm_prism._C (csrc/pq2) behind the op ``torch.ops._C_prism.<op>``, on
+    int8 activations."""
+
+    op: ClassVar[str] = ""
+    act_kind = ActKind.Q8
+
+    @classmethod
+    def is_supported(cls, capability):
+        return _cuda_op_supported(capability, cls.op)
+
+
+class GemvCudaA8Kernel(_CudaOpKernel):
+    """M = 1: int8 dp4a GEMV in CUDA C++ (csrc/pq2/gemv_int8.cu, op
+    ``torch.ops._C_prism.pq2_gemv_int8``): whole rows per warp, the activation in registers,
+    four rows' weight loads in flight. Needs vllm_prism._C; runs where
+    ``VLLM_PRISM_PQ2_KERNEL`` names it until it is measured against the Triton GEMV."""
+
+    name = "gemv_cuda"
+    op = "pq2_gemv_int8"
+
+    @classmethod
+    def can_implement(cls, c):
+        if c.m != 1:
+            return False, f"M = {c.m} (GEMV takes M = 1)"
+        if c.k % 64 or c.k > 49152:
+            return False, f"K = {c.k}: needs a multiple of 64, at most 49152"
+        return _pq2_only(c)
+
+    @classmethod
+    def run(cls, act, w, bias, out_dtype):
+        return torch.ops._C_prism.pq2_gemv_int8(w.codes, w.scales, act.data, act.group_scale,
+                                                bias, out_dtype, use_pdl(w.device))
+
+
+class MmaCudaA8Kernel(_CudaOpKernel):
     """Any M: int8 tensor-core kernel in CUDA C++ (csrc/pq2/mma_int8.cu, op
     ``torch.ops._C_prism.pq2_mma_int8``): the ternary codes decode straight into mma.sync
     fragments, once per weight for up to 64 activation rows (a CTA per 64-row tile above).
@@ -240,19 +288,7 @@ class MmaCudaA8Kernel(PQ2LinearKernel):
     is measured against the Triton kernels."""
 
     name = "mma_cuda"
-    act_kind = ActKind.Q8
-
-    @classmethod
-    def is_supported(cls, capability):
-        from vllm_prism._custom_ops import has_pq2_mma_int8
-
-        if capability is None:
-            return False, "not a CUDA device"
-        if capability < (8, 0):
-            return False, f"needs compute capability >= 8.0, this GPU is {capability}"
-        if not has_pq2_mma_int8():
-            return False, "vllm_prism._C with pq2_mma_int8 is not built"
-        return True, ""
+    op = "pq2_mma_int8"
 
     @classmethod
     def can_implement(cls, c):
@@ -299,11 +335,11 @@ class TorchKernel(PQ2LinearKernel):
 # GEMV at M <= 2 (4 on large N; the fp32 GEMV is issue-bound, see triton_gemv), then the
 # int8 tensor-core kernel (1.1-1.5x faster than bf16 at every M measured; same activation
 # quantization as the GEMV). The bf16/fp16 kernels (*_a16) stay for the reference precision:
-# VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16. The CUDA kernel (mma_cuda) comes
-# after them until it is measured: VLLM_PRISM_PQ2_KERNEL=mma_cuda.
+# VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16. The CUDA C++ kernels (gemv_cuda,
+# mma_cuda) come after them until they are measured: VLLM_PRISM_PQ2_KERNEL=gemv_cuda,mma_cuda.
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, GemvA8Kernel, GemvA16Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel,
-    GemmA16Kernel, MmaCudaA8Kernel, TorchKernel,
+    GemmA16Kernel, GemvCudaA8Kernel, MmaCudaA8Kernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 
@@ -331,24 +367,18 @@ def _accepts(kernel: type[PQ2LinearKernel], c: PQ2LinearConfig) -> tuple[bool, s
 
 @functools.lru_cache(maxsize=4096)
 def _select(c: PQ2LinearConfig, forced: str) -> type[PQ2LinearKernel]:
-    order = list(KERNELS)
-    if forced and forced != "auto":
-        if forced not in _BY_NAME:
-            _log_once(logging.WARNING, ("unknown", forced),
-                      "VLLM_PRISM_PQ2_KERNEL=%s is not a kernel; choose one of %s or auto",
-                      forced, ", ".join(_BY_NAME))
-        else:
-            kernel = _BY_NAME[forced]
-            ok, why = _accepts(kernel, c)
-            if ok:
-                _log_once(logging.INFO, ("forced", forced, c.m, c.n, c.k, c.fmt),
-                          "PQ2 linear %s M=%d N=%d K=%d: kernel %s (VLLM_PRISM_PQ2_KERNEL)",
-                          c.fmt, c.m, c.n, c.k, forced)
-                return kernel
-            _log_once(logging.WARNING, ("forced-no", forced, c.m, c.n, c.k, c.fmt),
-                      "VLLM_PRISM_PQ2_KERNEL=%s cannot run %s M=%d N=%d K=%d (%s); "
-                      "choosing automatically", forced, c.fmt, c.m, c.n, c.k, why)
-    for kernel in order:
+    for name in _forced_names(forced):
+        kernel = _BY_NAME[name]
+        ok, why = _accepts(kernel, c)
+        if ok:
+            _log_once(logging.INFO, ("forced", name, c.m, c.n, c.k, c.fmt),
+                      "PQ2 linear %s M=%d N=%d K=%d: kernel %s (VLLM_PRISM_PQ2_KERNEL)",
+                      c.fmt, c.m, c.n, c.k, name)
+            return kernel
+        _log_once(logging.WARNING, ("forced-no", name, c.m, c.n, c.k, c.fmt),
+                  "VLLM_PRISM_PQ2_KERNEL: %s cannot run %s M=%d N=%d K=%d (%s); trying the "
+                  "next choice", name, c.fmt, c.m, c.n, c.k, why)
+    for kernel in KERNELS:
         ok, why = _accepts(kernel, c)
         if ok:
             _log_once(logging.INFO, ("chosen", kernel.name, c.fmt, c.dtype, c.device_type,
@@ -359,6 +389,18 @@ def _select(c: PQ2LinearConfig, forced: str) -> type[PQ2LinearKernel]:
         _log_once(logging.DEBUG, ("skip", kernel.name, why),
                   "PQ2 linear: kernel %s passed over: %s", kernel.name, why)
     raise RuntimeError("no PQ2 linear kernel accepted the call")  # TorchKernel always does
+
+
+def _forced_names(forced: str) -> list[str]:
+    """The kernels ``VLLM_PRISM_PQ2_KERNEL`` names, in order (comma-separated; "auto" or
+    empty: none), unknown names dropped with a warning."""
+    names = [x.strip() for x in forced.split(",") if x.strip() and x.strip() != "auto"]
+    for name in names:
+        if name not in _BY_NAME:
+            _log_once(logging.WARNING, ("unknown", name),
+                      "VLLM_PRISM_PQ2_KERNEL names %s, which is not a kernel; choose from %s "
+                      "or auto", name, ", ".join(_BY_NAME))
+    return [x for x in names if x in _BY_NAME]
 
 
 def _m_bucket(m: int) -> int:

@@ -1,0 +1,56 @@
+// Shared argument checks and parameter filling of the PQ2 torch ops (mma_int8_op.cu,
+// gemv_int8_op.cu).
+#pragma once
+
+#include <optional>
+
+#include <torch/all.h>
+
+#include "pq2_params.cuh"
+
+namespace vllm_prism {
+
+inline int dtype_code(c10::ScalarType t, const char* op) {
+  if (t == torch::kFloat16) return 1;
+  if (t == torch::kBFloat16) return 2;
+  TORCH_CHECK(t == torch::kFloat32, op, ": dtype must be float32, float16 or bfloat16");
+  return 0;
+}
+
+inline void check_weight_planes(const char* op, const torch::Tensor& codes,
+                                const torch::Tensor& scales) {
+  TORCH_CHECK(codes.dtype() == torch::kInt32 && codes.dim() == 2 && codes.stride(1) == 1,
+              op, ": codes must be int32 [N, K/16] with unit column stride");
+  TORCH_CHECK(scales.dtype() == torch::kFloat16 && scales.dim() == 2 && scales.stride(1) == 1 &&
+                  scales.stride(0) % 2 == 0 && scales.size(0) == codes.size(0),
+              op, ": scales must be fp16 [N, G_pad] with an even row stride");
+}
+
+// Pointers, sizes, strides and dtypes every kernel reads (not split, pdl or qsum).
+inline void fill_common(Pq2LinearParams& p, const torch::Tensor& codes,
+                        const torch::Tensor& scales, const torch::Tensor& xq,
+                        const torch::Tensor& sx, const std::optional<torch::Tensor>& bias,
+                        const torch::Tensor& out) {
+  p.codes = codes.data_ptr<int32_t>();
+  p.scales = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
+  p.xq = xq.data_ptr<int8_t>();
+  p.sx = sx.data_ptr<float>();
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == codes.size(0),
+                "bias must be contiguous with N = ", codes.size(0), " values");
+    p.bias = bias->data_ptr();
+    p.bias_dtype = dtype_code(bias->scalar_type(), "bias");
+  }
+  p.out = out.data_ptr();
+  p.out_dtype = dtype_code(out.scalar_type(), "out");
+  p.m = static_cast<int>(xq.size(0));
+  p.n = static_cast<int>(codes.size(0));
+  p.k = static_cast<int>(codes.size(1) * 16);
+  p.stride_c = codes.stride(0);
+  p.stride_s = scales.stride(0);
+  p.stride_x = xq.stride(0);
+  p.stride_g = sx.stride(0);
+  p.stride_o = out.stride(0);
+}
+
+}  // namespace vllm_prism

@@ -1,0 +1,39 @@
+// The arguments every PQ2 linear kernel of csrc/pq2 takes, torch-free.
+//
+// y[m, n] = sum_g d[n, g] * sx[m, g] * (sum_{k in g} c[n, k] * xq[m, k] - qsum[m, g]) (+ bias[n])
+// with c in 0..3 the 2-bit code (value c - 1) of the prepared word layout (element 16w + 4q + b
+// at bits 8b + 2q of word w: kernels/pq2/layout.py), d the fp16 weight scale of the 128-group
+// g, xq the int8 activation, sx its fp32 group scale and qsum its int32 group sum.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace vllm_prism {
+
+// dtypes: 0 = float32, 1 = float16, 2 = bfloat16.
+struct Pq2LinearParams {
+  const int32_t* codes;    // [N, K/16], row stride stride_c (words)
+  const uint16_t* scales;  // fp16 [N, >= K/128], row stride stride_s (elements)
+  const int8_t* xq;        // [M, K], row stride stride_x (bytes)
+  const float* sx;         // [M, >= K/128], row stride stride_g
+  const int32_t* qsum;     // [M, >= K/128], row stride stride_g (kernels that need it)
+  const void* bias;        // [N] of bias_dtype, or nullptr
+  void* out;               // [M, N] of out_dtype, row stride stride_o; float32 when split > 1
+  int m, n, k;
+  int64_t stride_c, stride_s, stride_x, stride_g, stride_o;
+  int split;               // K splits (atomic fp32 adds into a zeroed out when > 1)
+  int out_dtype, bias_dtype;
+  bool pdl;                // programmatic dependent launch (sm_90+)
+};
+
+// The programmatic-dependent-launch attribute of a launch config, when `pdl` (`attr` must
+// outlive the launch).
+inline void set_pdl(cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr, bool pdl) {
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = &attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+}
+
+}  // namespace vllm_prism
