@@ -290,8 +290,24 @@ def candidate_fn(name: str) -> Callable[[torch.Tensor, PQ2Weight], torch.Tensor]
     return lambda x, w: kern.run(kern.make_activation(x, w), w, None, x.dtype)
 
 
+def merge_earlier(out_dir: Path, payload: dict) -> dict:
+    """The payload with the earlier run's records of (shape, M) pairs this run did not
+    measure (a run with --shapes / --m refreshes only its own rows); each record keeps the
+    date, command and read bandwidth of its run."""
+    path = out_dir / f"pq2_linear_{payload['gpu']}.json"
+    if not path.is_file():
+        return payload
+    old = json.loads(path.read_text())
+    mine = {(r["shape"], r["M"]) for r in payload["records"]}
+    kept = [{"date": old.get("date"), "command": old.get("command"),
+             "read_gbps": old.get("read_gbps"), **r}
+            for r in old.get("records", []) if (r["shape"], r["M"]) not in mine]
+    return {**payload, "records": kept + payload["records"]}
+
+
 def write_results(out_dir: Path, payload: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
+    payload = merge_earlier(out_dir, payload)
     stem = f"pq2_linear_{payload['gpu']}"
     (out_dir / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n")
     lines = [f"# PQ2 linear on {payload['gpu_name']} ({payload['date']})", "",
@@ -299,14 +315,16 @@ def write_results(out_dir: Path, payload: dict) -> None:
              f"Measured read bandwidth (fp32 sum of 4 GiB): {payload['read_gbps']:.0f} GB/s. "
              "Times: median per call inside CUDA graphs, weights rotated beyond 3x L2; "
              "`us` includes the Hadamard/quantize producer, `kernel` is the weight kernel alone.",
+             "Rows of an earlier run (a later run measured other shapes) name its date.",
              "", "| shape | M | kernel | us | us without PDL | kernel us | bw_frac | vs_bf16 | "
-             "vs_m1 | TFLOP/s | rel err | other kernels (us) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "vs_m1 | TFLOP/s | rel err | other kernels (us) | run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in payload["records"]:
         other = ", ".join(f"{k} {v}" for k, v in r.get("candidates_us", {}).items())
         lines.append(f"| {r['shape']} | {r['M']} | {r['kernel']} | {r['us']} | "
-                     f"{r.get('us_no_pdl') or '-'} | {r['us_kernel_only']} | {r['bw_frac']} | {r['vs_bf16']} | {r['vs_m1']} | "
-                     f"{r['tflops']} | {r['rel_err']} | {other} |")
+                     f"{r.get('us_no_pdl') or '-'} | {r['us_kernel_only']} | {r['bw_frac']} | "
+                     f"{r['vs_bf16']} | {r['vs_m1']} | {r['tflops']} | {r['rel_err']} | "
+                     f"{other} | {r.get('date') or payload['date']} |")
     (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
