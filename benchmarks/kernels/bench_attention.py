@@ -307,18 +307,21 @@ def main() -> None:
 
 
 G = SplitGeometry  # tile, programs/SM, max segs, min tiles/seg, warps, stages, bf16 partials,
-#                     hand prefetch, 64-row minimum
+#                     hand prefetch, 64-row minimum, INT8 operands as fp16 from their bits
 SWEEP = {
     ("decode", "int8"): [
         G(32, 2.0, 128, 4, 4, 1, prefetch=True), G(32, 3.0, 128, 4, 4, 1, prefetch=True),
         G(32, 4.0, 256, 4, 4, 1, prefetch=True), G(64, 2.0, 128, 2, 8, 1, prefetch=True),
         G(32, 2.0, 128, 4, 8, 1, prefetch=True), G(64, 2.0, 128, 2, 4, 3),
         G(32, 2.0, 128, 4, 4, 3, block_m_min=64), G(32, 3.0, 128, 4, 4, 3, block_m_min=64),
-        G(32, 2.0, 128, 4, 8, 1, prefetch=True, block_m_min=64)],
+        G(32, 2.0, 128, 4, 8, 1, prefetch=True, block_m_min=64),
+        G(64, 2.0, 128, 2, 4, 3, i8_f16=True), G(32, 2.0, 128, 4, 4, 3, i8_f16=True),
+        G(32, 2.0, 128, 4, 4, 3, block_m_min=64, i8_f16=True)],
     ("verify", "int8"): [
         G(32, 2.0, 64, 4, 4, 3, True), G(32, 3.0, 128, 4, 4, 3, True),
         G(32, 4.0, 128, 4, 4, 3, True), G(32, 2.0, 64, 4, 8, 1, True, prefetch=True),
-        G(32, 3.0, 128, 4, 8, 1, True, prefetch=True), G(64, 2.0, 64, 2, 8, 2, True)],
+        G(32, 3.0, 128, 4, 8, 1, True, prefetch=True), G(64, 2.0, 64, 2, 8, 2, True),
+        G(32, 2.0, 64, 4, 4, 3, True, i8_f16=True)],
     ("decode", "bf16"): [
         G(32, 2.0, 128, 4, 4, 3), G(32, 2.0, 128, 4, 4, 3, block_m_min=64),
         G(32, 3.0, 128, 4, 4, 3, block_m_min=64), G(32, 4.0, 128, 4, 4, 3, block_m_min=64),

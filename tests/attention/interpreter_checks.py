@@ -134,6 +134,32 @@ def _geometries():
     return "; ".join(msgs)
 
 
+F16 = SplitGeometry(32, 2.0, 8, 1, 4, 1, i8_f16=True)
+F16_PF = SplitGeometry(32, 2.0, 8, 2, 4, 1, prefetch=True, i8_f16=True)
+
+
+@check("int8_fp16_operands")
+def _int8_f16():
+    """INT8 cache with the K/V operands built as fp16 from their bits (``i8_f16``): decode
+    and verification, masked and prefetched tiles, against the fp32 reference. The int8
+    values are exact in fp16; Q and P are rounded to fp16 (the fp32 queries of these checks
+    otherwise run in fp32), hence fp16's tolerance, not the exact paths' (a wrong conversion
+    is off by far more: a code off by one is ~1e-2)."""
+    msgs = []
+    FP16 = 2e-3
+    b = make_batch([1, 33, 100, 130], [1] * 4, torch.int8, seed=12)
+    ref = ref_of(b)
+    for name, geom, segs in (("f16", F16, 3), ("f16 prefetch", F16_PF, None)):
+        out = poisoned_out(b.q, torch.float32)
+        decode_attention(b.q, b.cache, b.md, out=out, geometry=geom, num_segs=segs)
+        msgs.append(expect(rel_err(out, ref), FP16, f"decode {name}"))
+    b = make_batch([7, 70], [4, 8], torch.int8, seed=13)
+    out = poisoned_out(b.q, torch.float32)
+    verify_attention(b.q, b.cache, b.md, out=out, geometry=F16, num_segs=2)
+    msgs.append(expect(rel_err(out, ref_of(b)), FP16, "verify f16"))
+    return "; ".join(msgs)
+
+
 @check("int_qk_error")
 def _int_qk():
     b = make_batch([300, 77], [1, 1], torch.int8, seed=3, q_gain=1.0)

@@ -121,6 +121,8 @@ GEOMETRIES = [  # every kernel variant the geometry table can pick on this GPU
     SplitGeometry(32, 2.0, 128, 4, 4, 3, block_m_min=64),
     SplitGeometry(32, 2.0, 64, 4, 8, 1, partial_bf16=True, prefetch=True, block_m_min=64),
     SplitGeometry(64, 2.0, 128, 2, 4, 3, partial_bf16=True),
+    SplitGeometry(64, 2.0, 128, 2, 4, 3, i8_f16=True),
+    SplitGeometry(32, 2.0, 64, 4, 4, 3, partial_bf16=True, i8_f16=True),
 ]
 
 

@@ -36,12 +36,17 @@ class SplitGeometry:
     partial_bf16: bool = False  # store the per-segment partial outputs in bf16
     prefetch: bool = False  # hand-pipelined K/V loads (one tile ahead), Triton pipelining off
     block_m_min: int = 16  # 64: decode too runs the 64-row (warpgroup MMA) variant
+    # INT8 caches: build the K/V MMA operands as fp16 straight from the int8 bits (sign-extend,
+    # add 0x6480, reinterpret, subtract 1152: exact, no int->float conversion instructions), with
+    # Q and P in fp16 too (fp16 holds every bf16 query of normal range and P more precisely).
+    i8_f16: bool = False
 
     def short(self) -> str:
         return (f"tile{self.tile} pps{self.programs_per_sm:g} seg<={self.max_segments} "
                 f"min{self.min_tiles_per_segment} w{self.num_warps} st{self.num_stages}"
                 + (" bf16part" if self.partial_bf16 else "") + (" pf" if self.prefetch else "")
-                + (f" m{self.block_m_min}" if self.block_m_min > 16 else ""))
+                + (f" m{self.block_m_min}" if self.block_m_min > 16 else "")
+                + (" f16" if self.i8_f16 else ""))
 
 
 @dataclass(frozen=True)

@@ -70,12 +70,22 @@ INT_QK_ERROR = {
 if HAS_TRITON:
 
     @triton.jit
+    def _operand(x, CDT: tl.constexpr, I8_F16: tl.constexpr):
+        """An MMA operand of ``CDT`` from a cache tile. With ``I8_F16`` (INT8 cache, CDT fp16)
+        the int8 values become fp16 from their bits: ``v + 0x6480`` as int16 is the fp16 bit
+        pattern of ``1152 + v`` (exponent 2**10, mantissa ``128 + v``), so one integer add, a
+        reinterpretation and one fp16 subtraction give ``v`` exactly."""
+        if I8_F16:
+            return (x.to(tl.int16) + 0x6480).to(tl.float16, bitcast=True) - 1152.0
+        return x.to(CDT)
+
+    @triton.jit
     def _attend_tile(acc, m_i, l_i, q_op, q_scale, t_row, cache_ptr, bt_row_ptr, pos0, limit,
                      causal_base, kvh_off, stride_cb, stride_cn, block_size, qk_scale,
                      HEAD_DIM: tl.constexpr, TILE: tl.constexpr, K_OFF: tl.constexpr,
                      V_OFF: tl.constexpr, KS_OFF: tl.constexpr, VS_OFF: tl.constexpr,
                      IS_INT8: tl.constexpr, INT_QK: tl.constexpr, MASKED: tl.constexpr,
-                     ROW_ALIGN: tl.constexpr, CDT: tl.constexpr):
+                     ROW_ALIGN: tl.constexpr, CDT: tl.constexpr, I8_F16: tl.constexpr):
         offs_n = tl.arange(0, TILE)
         d = tl.arange(0, HEAD_DIM)
         pos = pos0 + offs_n
@@ -102,7 +112,7 @@ if HAS_TRITON:
             s = tl.dot(q_op, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
             s = s * (q_scale * qk_scale)[:, None] * ks[None, :]
         else:
-            s = tl.dot(q_op, tl.trans(k.to(CDT)))
+            s = tl.dot(q_op, tl.trans(_operand(k, CDT, I8_F16)))
             if IS_INT8:
                 s = s * ks[None, :]
             s = s * qk_scale
@@ -130,7 +140,7 @@ if HAS_TRITON:
             pv = (p * vs[None, :]).to(CDT)
         else:
             pv = p.to(CDT)
-        acc = acc * alpha[:, None] + tl.dot(pv, v.to(CDT))
+        acc = acc * alpha[:, None] + tl.dot(pv, _operand(v, CDT, I8_F16))
         return acc, m_new, l_i
 
     @triton.jit
@@ -164,13 +174,14 @@ if HAS_TRITON:
 
     @triton.jit
     def _attend_loaded(acc, m_i, l_i, q_op, q_scale, qk_scale, k, v, ks, vs,
-                       IS_INT8: tl.constexpr, INT_QK: tl.constexpr, CDT: tl.constexpr):
+                       IS_INT8: tl.constexpr, INT_QK: tl.constexpr, CDT: tl.constexpr,
+                       I8_F16: tl.constexpr):
         """Online-softmax update with a full (unmasked) tile already in registers."""
         if INT_QK:
             s = tl.dot(q_op, tl.trans(k), out_dtype=tl.int32).to(tl.float32)
             s = s * (q_scale * qk_scale)[:, None] * ks[None, :]
         else:
-            s = tl.dot(q_op, tl.trans(k.to(CDT)))
+            s = tl.dot(q_op, tl.trans(_operand(k, CDT, I8_F16)))
             if IS_INT8:
                 s = s * ks[None, :]
             s = s * qk_scale
@@ -182,7 +193,7 @@ if HAS_TRITON:
             pv = (p * vs[None, :]).to(CDT)
         else:
             pv = p.to(CDT)
-        acc = acc * alpha[:, None] + tl.dot(pv, v.to(CDT))
+        acc = acc * alpha[:, None] + tl.dot(pv, _operand(v, CDT, I8_F16))
         return acc, m_new, l_i
 
     @triton.jit
@@ -198,7 +209,8 @@ if HAS_TRITON:
                          KS_OFF: tl.constexpr, VS_OFF: tl.constexpr, IS_INT8: tl.constexpr,
                          INT_QK: tl.constexpr, ROW_ALIGN: tl.constexpr,
                          DIRECT_OUT: tl.constexpr, CDT: tl.constexpr,
-                         HAS_REQ_IDS: tl.constexpr, PREFETCH: tl.constexpr):
+                         HAS_REQ_IDS: tl.constexpr, PREFETCH: tl.constexpr,
+                         I8_F16: tl.constexpr = False):
         sel = tl.program_id(0)
         kvh = tl.program_id(1)
         seg = tl.program_id(2)
@@ -266,7 +278,7 @@ if HAS_TRITON:
                 row_n, ok_n = _tile_rows(bt_row, (ti + 2) * TILE, lim, kvh_off,
                                          stride_cb, stride_cn, block_size, TILE, ROW_ALIGN)
                 acc, m_i, l_i = _attend_loaded(acc, m_i, l_i, q_op, q_scale, qk_scale, k_c, v_c,
-                                               ks_c, vs_c, IS_INT8, INT_QK, CDT)
+                                               ks_c, vs_c, IS_INT8, INT_QK, CDT, I8_F16)
                 k_c, v_c, ks_c, vs_c = k_n, v_n, ks_n, vs_n
         else:
             for ti in range(t0, t_full):
@@ -274,7 +286,7 @@ if HAS_TRITON:
                     acc, m_i, l_i, q_op, q_scale, t_row, cache_ptr, bt_row, ti * TILE, prefix,
                     prefix, kvh_off, stride_cb, stride_cn, block_size, qk_scale,
                     HEAD_DIM, TILE, K_OFF, V_OFF, KS_OFF, VS_OFF, IS_INT8, INT_QK, False,
-                    ROW_ALIGN, CDT)
+                    ROW_ALIGN, CDT, I8_F16)
         if (t_full < t1) | is_tail:
             pos0 = tl.where(is_tail, prefix, t_full * TILE)
             limit = tl.where(is_tail, seq_len, prefix)
@@ -282,7 +294,7 @@ if HAS_TRITON:
                 acc, m_i, l_i, q_op, q_scale, t_row, cache_ptr, bt_row, pos0, limit,
                 prefix, kvh_off, stride_cb, stride_cn, block_size, qk_scale,
                 HEAD_DIM, TILE, K_OFF, V_OFF, KS_OFF, VS_OFF, IS_INT8, INT_QK, True,
-                ROW_ALIGN, CDT)
+                ROW_ALIGN, CDT, I8_F16)
 
         has = l_i > 0.0
         o = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -409,7 +421,8 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
                              device=q.device)
         part_lse = torch.empty(n_sel, max_q, q.shape[1], nseg_t, dtype=torch.float32,
                                device=q.device)
-    cdt = _tl_dtype(q.dtype)
+    i8_f16 = geom.i8_f16 and fmt.is_int8 and not int_qk
+    cdt = tl.float16 if i8_f16 else _tl_dtype(q.dtype)
     _split_kv_kernel[(n_sel, nkv, nseg_t)](
         q, kv_cache, md.block_table, md.seq_lens, md.query_start_loc, req_ids,
         out3, part_o, part_lse, scale * LOG2E,
@@ -422,7 +435,7 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
         HAS_TAIL=has_tail, K_OFF=fmt.k_off,
         V_OFF=fmt.v_off, KS_OFF=max(fmt.k_scale_off, 0), VS_OFF=max(fmt.v_scale_off, 0),
         IS_INT8=fmt.is_int8, INT_QK=int_qk, ROW_ALIGN=fmt.row_align, DIRECT_OUT=direct,
-        CDT=cdt, HAS_REQ_IDS=has_ids, PREFETCH=geom.prefetch, num_warps=warps,
+        CDT=cdt, HAS_REQ_IDS=has_ids, PREFETCH=geom.prefetch, I8_F16=i8_f16, num_warps=warps,
         num_stages=1 if geom.prefetch else geom.num_stages)
     if not direct:
         nseg_p2 = max(2, next_power_of_2(nseg_t))
