@@ -1,17 +1,18 @@
-// PQ2 linear for M = 1..64 on int8 tensor cores: see mma_int8.cuh for the formula and the
-// fragment decode. Torch-free (CI compiles it for sm_80 and sm_90 without a GPU); the torch
-// op is in mma_int8_op.cu.
+// PQ2 linear for any M on int8 tensor cores: see mma_int8.cuh for the fragment decode and
+// pq2_params.cuh for the formula. Torch-free (CI compiles it for sm_80 and sm_90 without a
+// GPU); the torch op is in mma_int8_op.cu.
 //
 // A CTA computes 128 weight rows (8 warps x 16 rows, two n8 tiles each) for 16, 32 or 64
-// activation rows (M <= 64: all of them; above: one 64-row tile per grid z), over a K range
-// (all of K, or one split). K advances in stages of 256
-// (two 128-groups): the stage's code words (128 rows x 64 B), fp16 scales, int8 activations
-// and activation group scales/sums go to shared memory through a 4-deep cp.async pipeline.
-// Per 32-wide chunk, each warp decodes its B fragments once (SHF + AND per four weights) and
-// runs one mma.sync per 16-token m-tile and n8 tile; at each group's end the int32 sums are
-// taken to fp32 exactly (magic-number add), offset by the activation sum and scaled.
-// With programmatic dependent launch the weight loads of the first stages are issued before
-// griddepcontrol.wait, so they overlap the kernel that produces the activation.
+// activation rows (M <= 64: all of them; above: one 64-row tile per grid z), over a K range:
+// all of K, or one split (the splits of a tile meet in a workspace, see reduce_split). K
+// advances in stages of 256 (two 128-groups): the stage's code words (128 rows x 64 B), fp16
+// scales, int8 activations and activation group scales/sums go to shared memory through a
+// 4-deep cp.async pipeline. Per 32-wide chunk, each warp decodes its B fragments once (SHF +
+// AND per four weights) and runs one mma.sync per 16-token m-tile and n8 tile; at each
+// group's end the int32 sums are taken to fp32 exactly (magic-number add), offset by the
+// activation sum and scaled. With programmatic dependent launch the weight loads of the first
+// stages are issued before griddepcontrol.wait, so they overlap the kernel that produces the
+// activation.
 #include "mma_int8.cuh"
 
 #include "pq2_device.cuh"
@@ -137,6 +138,51 @@ __device__ __forceinline__ void load_activations(const Pq2LinearParams& p, char*
   }
 }
 
+// K split: every CTA of a tile leaves its partial sums in the workspace; the last to arrive
+// (a counter per tile, reset by that CTA for the next launch) adds all of them up in split
+// order (deterministic) and goes on to store. Returns whether this CTA stores. Every thread of a CTA holds the same
+// (m, n) positions in every split, so the partials are read back by the thread that wrote
+// the matching ones.
+template <int MT>
+__device__ __forceinline__ bool reduce_split(const Pq2LinearParams& p, float (&acc)[MT][2][4]) {
+  constexpr int kValues = MT * 8;
+  __shared__ int is_last;
+  const int tile = blockIdx.x + gridDim.x * blockIdx.z;
+  const int64_t tiles = static_cast<int64_t>(gridDim.x) * gridDim.z;
+  auto slot = [&](int s) {
+    return p.workspace + ((s * tiles + tile) * kThreads + threadIdx.x) * kValues;
+  };
+  float* mine = slot(blockIdx.y);
+#pragma unroll
+  for (int i = 0; i < MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      *reinterpret_cast<float4*>(mine + (i * 2 + j) * 4) =
+          make_float4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]);
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) is_last = atomicAdd(p.counters + tile, 1) == p.split - 1;
+  __syncthreads();
+  if (!is_last) return false;
+  __threadfence();
+  fill(acc, 0.f);  // sum every split in order (its own too): the same result whichever is last
+  for (int s = 0; s < p.split; ++s) {
+    const float* other = slot(s);
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const float4 o = __ldcg(reinterpret_cast<const float4*>(other + (i * 2 + j) * 4));
+        acc[i][j][0] += o.x;
+        acc[i][j][1] += o.y;
+        acc[i][j][2] += o.z;
+        acc[i][j][3] += o.w;
+      }
+  }
+  if (threadIdx.x == 0) p.counters[tile] = 0;
+  return true;
+}
+
 template <int MT>
 __global__ void __launch_bounds__(kThreads)
     pq2_mma_int8_kernel(const __grid_constant__ Pq2LinearParams p) {
@@ -239,8 +285,9 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   cp_async_wait<0>();
+  if (p.split > 1 && !reduce_split(p, acc)) return;  // another split stores this tile
 
-  const bool add_bias = p.bias != nullptr && blockIdx.y == 0;
+  const bool add_bias = p.bias != nullptr;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
     const int n0 = row0 + 16 * warp + 8 * j + 2 * t;
@@ -286,9 +333,27 @@ int pq2_mma_int8_default_split(int m, int n, int k, int sm_count) {
   return split > n_kb ? n_kb : split;
 }
 
+namespace {
+
+int m_tile_count(int m) { return m <= 16 ? 1 : (m <= 32 ? 2 : 4); }
+
+}  // namespace
+
+int64_t pq2_mma_int8_tiles(int m, int n) {
+  const int tokens = 16 * m_tile_count(m);
+  return static_cast<int64_t>((n + kTileN - 1) / kTileN) * ((m + tokens - 1) / tokens);
+}
+
+int64_t pq2_mma_int8_workspace_floats(int m, int n, int split) {
+  return split <= 1 ? 0 : split * pq2_mma_int8_tiles(m, n) * kThreads * 8 * m_tile_count(m);
+}
+
 cudaError_t pq2_mma_int8_launch(const Pq2LinearParams& p, cudaStream_t stream) {
   if (p.m <= 0 || p.n <= 0) return cudaSuccess;
   if (p.k % kBlockK != 0 || p.split < 1 || (p.m + 63) / 64 > 65535) return cudaErrorInvalidValue;
+  if (p.split > 1 && (p.workspace == nullptr || p.counters == nullptr)) {
+    return cudaErrorInvalidValue;
+  }
   if (p.m <= 16) return launch<1>(p, stream);
   if (p.m <= 32) return launch<2>(p, stream);
   return launch<4>(p, stream);

@@ -19,6 +19,10 @@ constexpr int kPq2MmaBlockK = 256;
 // K splits that fill the GPU: at least two CTAs per multiprocessor, at most one per stage.
 int pq2_mma_int8_default_split(int m, int n, int k, int sm_count);
 
+// Output tiles of a launch (one split counter each), and the fp32 workspace a K split needs.
+int64_t pq2_mma_int8_tiles(int m, int n);
+int64_t pq2_mma_int8_workspace_floats(int m, int n, int split);
+
 // Launches the kernel on `stream`; returns the CUDA error of the launch.
 cudaError_t pq2_mma_int8_launch(const Pq2LinearParams& p, cudaStream_t stream);
 

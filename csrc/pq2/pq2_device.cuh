@@ -33,9 +33,7 @@ __device__ __forceinline__ float load_as_float(const void* p, int64_t i, int dty
 }
 
 __device__ __forceinline__ void store_out(const Pq2LinearParams& p, int64_t i, float v) {
-  if (p.split > 1) {
-    atomicAdd(static_cast<float*>(p.out) + i, v);
-  } else if (p.out_dtype == 1) {
+  if (p.out_dtype == 1) {
     static_cast<__half*>(p.out)[i] = __float2half_rn(v);
   } else if (p.out_dtype == 2) {
     static_cast<__nv_bfloat16*>(p.out)[i] = __float2bfloat16_rn(v);

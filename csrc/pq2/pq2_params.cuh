@@ -19,10 +19,13 @@ struct Pq2LinearParams {
   const float* sx;         // [M, >= K/128], row stride stride_g
   const int32_t* qsum;     // [M, >= K/128], row stride stride_g (kernels that need it)
   const void* bias;        // [N] of bias_dtype, or nullptr
-  void* out;               // [M, N] of out_dtype, row stride stride_o; float32 when split > 1
+  void* out;               // [M, N] of out_dtype, row stride stride_o
   int m, n, k;
   int64_t stride_c, stride_s, stride_x, stride_g, stride_o;
-  int split;               // K splits (atomic fp32 adds into a zeroed out when > 1)
+  int split;               // K splits: partial sums meet in `workspace`, the last CTA of a
+                           // tile (counted in `counters`) adds them up and stores
+  float* workspace;        // split > 1: [split, tiles, threads, values per thread]
+  int* counters;           // split > 1: one per tile, zero before the launch and after it
   int out_dtype, bias_dtype;
   bool pdl;                // programmatic dependent launch (sm_90+)
 };

@@ -231,7 +231,8 @@ def test_mma_cuda_every_m(m: int) -> None:
                          ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("m", [1, 6, 64, 512])
 def test_mma_cuda_bonsai_shapes(shape: tuple[int, int], m: int) -> None:
-    """Narrow outputs take a K split (fp32 atomics), the LM head does not."""
+    """Narrow outputs take a K split (partials reduced by each tile's last CTA), the LM head
+    does not."""
     _need_mma_cuda()
     n, k = shape
     raw, q, d, signs, w = make_case(n, k, 1024)
@@ -259,3 +260,31 @@ def test_mma_cuda_odd_rows_bias_fp16_and_split(split: int) -> None:
     y16 = kern.run(act, w, bias, torch.float16)
     assert y16.dtype == torch.float16
     assert rel_err(y16, reference_linear(x, raw, "PQ2_0", signs, 256, bias)) < 3e-2
+
+
+def test_mma_cuda_split_counters_reset_across_launches_and_graph_replays() -> None:
+    """A K split's tile counters are left at zero by every launch: back-to-back launches, two
+    m-tiles (grid z) and CUDA-graph replays all give the first launch's result bit for bit."""
+    _need_mma_cuda()
+    n, k, m = 640, 5120, 70
+    gen = torch.Generator().manual_seed(21)
+    raw, q, d = random_ternary(n, k, "PQ2_0", gen, "cuda")
+    w = PQ2Weight.from_raw(raw)
+    x = torch.randn(m, k, generator=gen).to("cuda", torch.bfloat16)
+    act = dispatch._BY_NAME["mma_cuda"].make_activation(x, w)
+
+    def run() -> torch.Tensor:
+        return torch.ops._C_prism.pq2_mma_int8(w.codes, w.scales, act.data, act.group_scale,
+                                               act.group_sum, None, torch.float32, 4, False)
+
+    first = run()
+    assert rel_err(first, integer_reference(act.data.int(), act.group_scale, q, d)) < 2e-5
+    for _ in range(4):
+        assert torch.equal(run(), first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+    for _ in range(4):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, first)
