@@ -68,13 +68,49 @@ def _include_dirs(tmp: Path) -> list[str]:
             f"-I{sysconfig.get_paths()['include']}", f"-I{ROOT / 'csrc'}"]
 
 
-@pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
+@pytest.fixture(scope="module")
+def op_objects(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
+    """Every op source compiled once: ``{source: (returncode, stderr, object)}``."""
+    if NVCC is None:
+        pytest.skip("no CUDA toolkit (nvcc) on this machine")
+    tmp = tmp_path_factory.mktemp("ops")
+    inc = _include_dirs(tmp)
+    out = {}
+    for source in OP_SOURCES + TORCH_FREE:
+        obj = tmp / (Path(source).name + ".o")
+        res = subprocess.run([NVCC, "-c", "-std=c++17", "-x", "cu", "-arch=sm_90", *inc,
+                              str(ROOT / source), "-o", str(obj)],
+                             capture_output=True, text=True, timeout=900)
+        out[source] = (res.returncode, res.stderr, obj)
+    return out
+
+
 @pytest.mark.parametrize("source", OP_SOURCES)
-def test_op_wrapper_compiles(source: str, tmp_path: Path) -> None:
+def test_op_wrapper_compiles(source: str, op_objects) -> None:
     """The torch ops (argument checks, allocation, launch) and their registration compile
     against the installed torch's headers, so a signature mismatch with the kernels or the
     schema shows in CI, not at the GPU machine's build."""
-    res = subprocess.run([NVCC, "-c", "-std=c++17", "-x", "cu", "-arch=sm_90",
-                          *_include_dirs(tmp_path), str(ROOT / source), "-o",
-                          str(tmp_path / "o.o")], capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-4000:]
+    rc, err, _ = op_objects[source]
+    assert rc == 0, err[-4000:]
+
+
+def test_every_symbol_of_ours_is_defined(op_objects) -> None:
+    """What one object file calls of ours (the ops, the kernel launchers) another defines,
+    so the extension links."""
+    nm = shutil.which("nm")
+    if nm is None or any(rc for rc, _, _ in op_objects.values()):
+        pytest.skip("nm missing, or a source did not compile (its own test fails)")
+    undefined, defined = set(), set()
+    for _, _, obj in op_objects.values():
+        for line in subprocess.run([nm, "-C", str(obj)], capture_output=True,
+                                   text=True).stdout.splitlines():
+            # "<address> <kind> <name>", or "<spaces> U <name>" for an undefined symbol
+            parts = line.split(maxsplit=1 if line[:1].isspace() else 2)
+            if len(parts) < 2:
+                continue
+            kind, name = parts[-2:] if len(parts) == 3 else parts
+            if "pq2_" not in name and "vllm_prism::" not in name:
+                continue
+            (undefined if kind == "U" else defined).add(name)
+    assert undefined, "no cross-file calls found: the symbol scan is broken"
+    assert undefined <= defined, sorted(undefined - defined)
