@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine of the `device` tool, after ../shared/tools/vllm-on-gpu staged vLLM there:
 # install this tree and run one stage of the GPU checks, writing logs and results under $OUT.
+#   PRISM_BUILD=cuda bash scripts/gpu-session.sh build   install with vllm_prism._C (first call)
 #   bash scripts/gpu-session.sh tests ARGS   GPU tests (pytest ARGS; log: $OUT/${TESTLOG:-tests}.log)
 #   bash scripts/gpu-session.sh bench KV     e2e benchmark of the 27B-shaped file, one KV dtype
 #   bash scripts/gpu-session.sh kbench ARGS  PQ2 kernel benchmark (bench_pq2_linear.py ARGS)
@@ -49,6 +50,9 @@ if [ ! -f $B27 ] && [ ! -f /tmp/b27.lock ]; then
 fi
 wait_b27() { while [ ! -f $B27 ]; do sleep 2; done; }
 case $stage in
+  build)  # the install above is all: PRISM_BUILD=cuda bash scripts/gpu-session.sh build
+    cat "$OUT/install.log" 2>/dev/null | tail -20
+    ;;
   tests)
     shift
     # Each engine run's log lands under $OUT/runs as it is written (tests/e2e/test_llm.py),
