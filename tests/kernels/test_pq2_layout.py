@@ -138,3 +138,26 @@ def test_reference_codec_roundtrip_sanity() -> None:
     raw, q, d = random_ternary(3, 256, "PQ2_0", torch.Generator().manual_seed(9))
     q2, d2 = codecs_torch.unpack_blocks(raw, GGMLType.PQ2_0)
     assert torch.equal(q, q2) and torch.equal(d, d2)
+
+
+def test_ptq1_rows_transcode_to_the_same_planes_in_chunks() -> None:
+    """PQ2Weight.from_ptq1_raw (what loading a PTQ1_0 file does, a few rows at a time) gives
+    the planes of the PQ2_0 encoding of the same values, whatever the chunk."""
+    gen = torch.Generator().manual_seed(9)
+    raw, q, d = random_ternary(37, 384, "PTQ1_0", gen)
+    s = random_signs(384, gen)
+    want = PQ2Weight.from_raw(codecs_torch.pack_blocks(q, d, GGMLType.PQ2_0), s, 128)
+    for chunk in (1, 5, 37, 8192):
+        got = PQ2Weight.from_ptq1_raw(raw, s, 128, chunk_rows=chunk)
+        assert torch.equal(got.codes, want.codes) and torch.equal(got.scales, want.scales)
+        assert torch.equal(got.signs, want.signs) and got.hadamard_block == 128
+    assert torch.equal(got.dequantize(), dense(raw, "PTQ1_0", torch.float32))
+
+
+def test_pq2_planes_of_more_rows_than_a_chunk() -> None:
+    gen = torch.Generator().manual_seed(10)
+    raw, q, d = random_ternary(8192 + 37, 256, "PQ2_0", gen)
+    w = PQ2Weight.from_raw(raw)
+    assert torch.equal(w.to_raw(), raw)
+    uq, ud = w.unpack()
+    assert torch.equal(uq, q) and torch.equal(ud, d)

@@ -22,6 +22,7 @@ The optional Hadamard fold travels with the weight: ``signs`` (float32 ``[K]``, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -94,6 +95,25 @@ def _transpose_rows(code_bytes: torch.Tensor, chunk: int = 8192) -> torch.Tensor
     return out
 
 
+def _pq2_planes(n: int, groups: int, device: torch.device,
+                rows_of: Callable[[int, int], torch.Tensor],
+                chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int32 codes ``[N, K/16]`` and fp16 scales ``[N, G_pad]`` of PQ2_0 rows, both
+    allocated first and filled ``chunk`` rows at a time from ``rows_of(r0, r1)`` (uint8
+    ``[r1 - r0, G*34]``), so that no full-size temporary exists: the load peak stays one
+    chunk above the planes and the caching allocator is left without weight-sized holes."""
+    codes = torch.empty(n, groups * 8, dtype=torch.int32, device=device)
+    scales = torch.zeros(n, _round_up(groups, _SCALE_ALIGN), dtype=torch.float16, device=device)
+    for r0 in range(0, n, chunk):
+        r1 = min(n, r0 + chunk)
+        blocks = rows_of(r0, r1).reshape(r1 - r0, groups, PQ2_BLOCK_BYTES)
+        scales[r0:r1, :groups] = blocks[..., :2].contiguous().view(torch.float16).reshape(
+            r1 - r0, groups)
+        code_bytes = _transpose_fields(blocks[..., 2:].reshape(r1 - r0, groups * 32))
+        codes[r0:r1] = code_bytes.contiguous().view(torch.int32).reshape(r1 - r0, groups * 8)
+    return codes, scales
+
+
 def _scale_plane(d: torch.Tensor) -> torch.Tensor:
     """fp16 [N, G] -> fp16 [N, G_pad] with a 16-byte aligned row stride."""
     n, g = d.shape
@@ -131,14 +151,28 @@ class PQ2Weight:
         signs, block = _check_transform(k, signs, hadamard_block)
         if device is not None:
             raw = raw.to(device)
-        blocks = raw.reshape(n, g, PQ2_BLOCK_BYTES)
-        d = blocks[..., :2].contiguous().view(torch.float16).reshape(n, g)
-        code_bytes = _transpose_rows(blocks[..., 2:].reshape(n, k // 4))
-        codes = _packed(code_bytes).view(torch.int32).reshape(n, k // 16)
+        codes, scales = _pq2_planes(n, g, raw.device, lambda r0, r1: raw[r0:r1])
         if signs is not None:
             signs = signs.to(device=raw.device, dtype=torch.float32).contiguous()
-        return cls(codes=codes, scales=_scale_plane(d), n=n, k=k, signs=signs,
-                   hadamard_block=block)
+        return cls(codes=codes, scales=scales, n=n, k=k, signs=signs, hadamard_block=block)
+
+    @classmethod
+    def from_ptq1_raw(cls, raw: torch.Tensor, signs: torch.Tensor | None = None,
+                      hadamard_block: int | None = None, chunk_rows: int = 8192) -> PQ2Weight:
+        """The planes of uint8 PTQ1_0 rows ``[N, K/128*28]`` (a lossless transcode, a chunk of
+        rows at a time: no PTQ1 or PQ2 copy of the whole matrix is made)."""
+        n, g = _check_raw(raw, PTQ1_BLOCK_BYTES, "PTQ1_0")
+        k = g * GROUP
+        signs, block = _check_transform(k, signs, hadamard_block)
+
+        def rows_of(r0: int, r1: int) -> torch.Tensor:
+            q, d = codecs_torch.unpack_blocks(raw[r0:r1], GGMLType.PTQ1_0)
+            return codecs_torch.pack_blocks(q, d, GGMLType.PQ2_0)
+
+        codes, scales = _pq2_planes(n, g, raw.device, rows_of, chunk_rows)
+        if signs is not None:
+            signs = signs.to(device=raw.device, dtype=torch.float32).contiguous()
+        return cls(codes=codes, scales=scales, n=n, k=k, signs=signs, hadamard_block=block)
 
     @classmethod
     def of_planes(cls, codes: torch.Tensor, scales: torch.Tensor,
@@ -255,11 +289,11 @@ class PTQ1Weight:
         PTQ1 bytes on the device.
         """
         if self._pq2 is None:
-            parts = []
-            for r0 in range(0, self.n, chunk_rows):
-                q, d = self.unpack(slice(r0, r0 + chunk_rows))
-                parts.append(codecs_torch.pack_blocks(q, d, GGMLType.PQ2_0))
-            raw = torch.cat(parts) if parts else torch.empty(
-                0, self.groups * PQ2_BLOCK_BYTES, dtype=torch.uint8, device=self.device)
-            self._pq2 = PQ2Weight.from_raw(raw, self.signs, self.hadamard_block)
+            def rows_of(r0: int, r1: int) -> torch.Tensor:
+                q, d = self.unpack(slice(r0, r1))
+                return codecs_torch.pack_blocks(q, d, GGMLType.PQ2_0)
+
+            codes, scales = _pq2_planes(self.n, self.groups, self.device, rows_of, chunk_rows)
+            self._pq2 = PQ2Weight(codes=codes, scales=scales, n=self.n, k=self.k,
+                                  signs=self.signs, hadamard_block=self.hadamard_block)
         return self._pq2

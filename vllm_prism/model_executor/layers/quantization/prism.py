@@ -238,12 +238,12 @@ def _prepare_planes(layer: torch.nn.Module, config: PrismConfig) -> bool:
     nothing is built on a later call. Returns False (the torch reference path) for block
     types without planes (legacy Q2_0 with 64-element groups).
     """
-    from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
+    from vllm_prism.kernels.pq2.layout import PQ2Weight
 
     raw = layer.weight.data
     if config.ggml_type == GGMLType.PTQ1_0:
-        w = PTQ1Weight.from_raw(raw, signs=layer.prism_signs,
-                                hadamard_block=config.hadamard_block).as_pq2()
+        w = PQ2Weight.from_ptq1_raw(raw, signs=layer.prism_signs,
+                                    hadamard_block=config.hadamard_block)
     elif config.layout.type_size == 34:
         w = PQ2Weight.from_raw(raw, signs=layer.prism_signs,
                                hadamard_block=config.hadamard_block)
