@@ -1,6 +1,7 @@
 """Helpers shared by every kernel of vllm-prism (PQ2 linears, attention): Triton's
 availability and where it can run, the GPU's capability and multiprocessor count, and small
-integer helpers. One copy of each; free of vLLM."""
+integer helpers, and the programmatic-dependent-launch entry of the Triton kernels. One copy
+of each; free of vLLM."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import functools
 import os
 
 import torch
+
+from vllm_prism import envs
 
 try:  # Triton is optional: CPU installs without it use the torch reference path.
     import triton  # noqa: F401
@@ -18,7 +21,7 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
     HAS_TRITON = False
 
 __all__ = ["HAS_TRITON", "interpreting", "triton_can_run", "device_capability", "device_name",
-           "sm_count", "cdiv", "next_power_of_2", "use_pdl", "pdl_launch"]
+           "sm_count", "cdiv", "next_power_of_2", "use_pdl", "pdl_launch", "pdl_enter"]
 
 
 def interpreting() -> bool:
@@ -83,9 +86,7 @@ def _triton_has_pdl() -> bool:
 def use_pdl(device: torch.device) -> bool:
     """Whether the PQ2 kernels on ``device`` run with programmatic dependent launch: a CUDA
     GPU of compute capability 9.0 or newer (``griddepcontrol``), a Triton that supports it,
-    not the interpreter, and ``VLLM_PRISM_PDL`` on (the default)."""
-    from vllm_prism import envs
-
+    not the interpreter, and ``VLLM_PRISM_PDL`` on (off by default)."""
     cap = device_capability(device)
     return (cap is not None and cap >= (9, 0) and not interpreting() and _triton_has_pdl()
             and envs.VLLM_PRISM_PDL)
@@ -95,6 +96,17 @@ def pdl_launch(pdl: bool) -> dict:
     """The launch options of a kernel that takes a ``PDL`` constexpr: ``launch_pdl`` only when
     on (older Triton and the interpreter do not know the option)."""
     return {"launch_pdl": True} if pdl else {}
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def pdl_enter(PDL: tl.constexpr):
+        """Start of a kernel launched with ``pdl_launch``: let the next kernel launch, then
+        wait until this one's inputs are complete. Nothing without ``PDL``."""
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+            tl.extra.cuda.gdc_wait()
 
 
 def cdiv(a: int, b: int) -> int:

@@ -43,6 +43,19 @@ class VllmPatch:
         return any(fnmatch.fnmatch(version, p) for p in self.vllm_versions)
 
 
+def is_patched(fn: object) -> bool:
+    """Whether ``fn`` is already one of our wrappers (a patch applies once per process)."""
+    return bool(getattr(fn, "_prism_patched", False))
+
+
+def mark_patched(wrapper: Callable, original: Callable) -> Callable:
+    """Mark ``wrapper`` as our replacement of ``original`` (``__wrapped__`` keeps the original
+    reachable, as functools.wraps does); returns the wrapper."""
+    wrapper._prism_patched = True  # type: ignore[attr-defined]
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    return wrapper
+
+
 def apply_patches() -> list[str]:
     """Apply the patches that match the installed vLLM; the names of those applied."""
     import vllm

@@ -46,7 +46,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from vllm_prism.patches import VllmPatch
+from vllm_prism.patches import VllmPatch, is_patched, mark_patched
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def apply() -> bool:
 
     inner = kcu._get_kv_cache_groups_uniform_page_size
     outer = kcu.get_kv_cache_groups
-    if getattr(inner, "_prism_patched", False):
+    if is_patched(inner):
         return False
 
     def uniform_page_size_groups(kv_cache_spec: dict) -> list:
@@ -151,11 +151,8 @@ def apply() -> bool:
         finally:
             _CONFIG.reset(token)
 
-    for fn, original in ((uniform_page_size_groups, inner), (get_kv_cache_groups, outer)):
-        fn._prism_patched = True  # type: ignore[attr-defined]
-        fn.__wrapped__ = original  # type: ignore[attr-defined]
-    kcu._get_kv_cache_groups_uniform_page_size = uniform_page_size_groups
-    kcu.get_kv_cache_groups = get_kv_cache_groups
+    kcu._get_kv_cache_groups_uniform_page_size = mark_patched(uniform_page_size_groups, inner)
+    kcu.get_kv_cache_groups = mark_patched(get_kv_cache_groups, outer)
     return True
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from vllm_prism.patches import VllmPatch
+from vllm_prism.patches import VllmPatch, is_patched, mark_patched
 
 logger = logging.getLogger(__name__)
 
@@ -57,16 +57,14 @@ def apply() -> bool:
     import vllm.v1.attention.backends.utils as utils
 
     original = utils.resolve_kv_cache_layout
-    if getattr(original, "_prism_patched", False):
+    if is_patched(original):
         return False
 
     def resolve_kv_cache_layout(vllm_config: Any, supported_layouts: list[list[str]],
                                 kv_cache_specs: Any = None) -> Any:
         return original(vllm_config, common_layouts(supported_layouts), kv_cache_specs)
 
-    resolve_kv_cache_layout._prism_patched = True  # type: ignore[attr-defined]
-    resolve_kv_cache_layout.__wrapped__ = original  # type: ignore[attr-defined]
-    utils.resolve_kv_cache_layout = resolve_kv_cache_layout
+    utils.resolve_kv_cache_layout = mark_patched(resolve_kv_cache_layout, original)
     # The engine core imports it by name: rebind it there if that module is already loaded
     # (a later import binds the patched function).
     core = sys.modules.get("vllm.v1.engine.core")

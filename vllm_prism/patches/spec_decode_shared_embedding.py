@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from vllm_prism.patches import VllmPatch
+from vllm_prism.patches import VllmPatch, is_patched, mark_patched
 
 TARGET = "vllm.v1.spec_decode.llm_base_proposer.SpecDecodeBaseProposer._maybe_share_embeddings"
 
@@ -52,7 +52,7 @@ def apply() -> bool:
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
 
     original = SpecDecodeBaseProposer._maybe_share_embeddings
-    if getattr(original, "_prism_patched", False):
+    if is_patched(original):
         return False
 
     def _maybe_share_embeddings(self: Any, target_language_model: Any) -> None:
@@ -67,9 +67,8 @@ def apply() -> bool:
         finally:
             embed.weight = packed
 
-    _maybe_share_embeddings._prism_patched = True  # type: ignore[attr-defined]
-    _maybe_share_embeddings.__wrapped__ = original  # type: ignore[attr-defined]
-    SpecDecodeBaseProposer._maybe_share_embeddings = _maybe_share_embeddings
+    SpecDecodeBaseProposer._maybe_share_embeddings = mark_patched(_maybe_share_embeddings,
+                                                                  original)
     return True
 
 

@@ -233,18 +233,6 @@ class GemmA8Kernel(GemmA16Kernel):
     act_kind = ActKind.Q8
 
 
-def _cuda_op_supported(capability: tuple[int, int] | None, op: str) -> tuple[bool, str]:
-    from vllm_prism._custom_ops import has_compiled_op
-
-    if capability is None:
-        return False, "not a CUDA device"
-    if capability < (8, 0):
-        return False, f"needs compute capability >= 8.0, this GPU is {capability}"
-    if not has_compiled_op(op):
-        return False, f"vllm_prism._C with {op} is not built"
-    return True, ""
-
-
 class _CudaOpKernel(PQ2LinearKernel):
     """A kernel of vllm_prism._C (csrc/pq2) behind the op ``torch.ops._C_prism.<op>``, on
     int8 activations."""
@@ -254,7 +242,15 @@ class _CudaOpKernel(PQ2LinearKernel):
 
     @classmethod
     def is_supported(cls, capability):
-        return _cuda_op_supported(capability, cls.op)
+        from vllm_prism._custom_ops import has_compiled_op
+
+        if capability is None:
+            return False, "not a CUDA device"
+        if capability < (8, 0):
+            return False, f"needs compute capability >= 8.0, this GPU is {capability}"
+        if not has_compiled_op(cls.op):
+            return False, f"vllm_prism._C with {cls.op} is not built"
+        return True, ""
 
 
 class GemvCudaA8Kernel(_CudaOpKernel):

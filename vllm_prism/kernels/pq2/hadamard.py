@@ -37,6 +37,9 @@ import torch
 from vllm_prism.kernels.common import HAS_TRITON, pdl_launch, triton_can_run, use_pdl
 
 if HAS_TRITON:
+    from vllm_prism.kernels.common import pdl_enter
+
+if HAS_TRITON:
     import triton
     import triton.language as tl
 
@@ -135,9 +138,7 @@ if HAS_TRITON:
                     RMS_GROUP: tl.constexpr, GLU: tl.constexpr, HAS_RES: tl.constexpr,
                     HAS_GATE: tl.constexpr, GATE_SIGMOID: tl.constexpr, MODE: tl.constexpr,
                     PDL: tl.constexpr = False):
-        if PDL:  # let the next kernel launch; our inputs are complete past the wait
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+        pdl_enter(PDL)  # let the next kernel launch; our inputs are complete past here
         m = tl.program_id(0).to(tl.int64)
         seg = tl.program_id(1)
         NG: tl.constexpr = SEG // 128

@@ -54,10 +54,11 @@ def _check_raw(raw: torch.Tensor, block_bytes: int, fmt: str) -> tuple[int, int]
     return int(n), row_bytes // block_bytes
 
 
-def _check_transform(k: int, signs: torch.Tensor | None,
-                     hadamard_block: int | None) -> tuple[torch.Tensor | None, int | None]:
-    """Validate the optional fold; returns (signs, block), both None without signs (a
-    weight that is not folded: ``hadamard_block`` alone is ignored)."""
+def _check_transform(k: int, signs: torch.Tensor | None, hadamard_block: int | None,
+                     device: torch.device) -> tuple[torch.Tensor | None, int | None]:
+    """Validate the optional fold; returns (signs as contiguous float32 on ``device``, block),
+    both None without signs (a weight that is not folded: ``hadamard_block`` alone is
+    ignored)."""
     if signs is None:
         return None, None
     if hadamard_block is None:
@@ -68,7 +69,13 @@ def _check_transform(k: int, signs: torch.Tensor | None,
     signs = torch.as_tensor(signs).reshape(-1)
     if signs.numel() != k:
         raise ValueError(f"signs has {signs.numel()} values, expected K = {k}")
-    return signs, block
+    return signs.to(device=device, dtype=torch.float32).contiguous(), block
+
+
+def _ptq1_rows_as_pq2(rows: torch.Tensor) -> torch.Tensor:
+    """PTQ1_0 rows re-encoded as PQ2_0 rows (the same values: a lossless transcode)."""
+    q, d = codecs_torch.unpack_blocks(rows, GGMLType.PTQ1_0)
+    return codecs_torch.pack_blocks(q, d, GGMLType.PQ2_0)
 
 
 def _packed(t: torch.Tensor) -> torch.Tensor:
@@ -148,12 +155,10 @@ class PQ2Weight:
         """Prepare uint8 ``[N, K/128*34]`` GGUF rows (optionally moving them to ``device``)."""
         n, g = _check_raw(raw, PQ2_BLOCK_BYTES, "PQ2_0")
         k = g * GROUP
-        signs, block = _check_transform(k, signs, hadamard_block)
         if device is not None:
             raw = raw.to(device)
+        signs, block = _check_transform(k, signs, hadamard_block, raw.device)
         codes, scales = _pq2_planes(n, g, raw.device, lambda r0, r1: raw[r0:r1])
-        if signs is not None:
-            signs = signs.to(device=raw.device, dtype=torch.float32).contiguous()
         return cls(codes=codes, scales=scales, n=n, k=k, signs=signs, hadamard_block=block)
 
     @classmethod
@@ -163,15 +168,9 @@ class PQ2Weight:
         rows at a time: no PTQ1 or PQ2 copy of the whole matrix is made)."""
         n, g = _check_raw(raw, PTQ1_BLOCK_BYTES, "PTQ1_0")
         k = g * GROUP
-        signs, block = _check_transform(k, signs, hadamard_block)
-
-        def rows_of(r0: int, r1: int) -> torch.Tensor:
-            q, d = codecs_torch.unpack_blocks(raw[r0:r1], GGMLType.PTQ1_0)
-            return codecs_torch.pack_blocks(q, d, GGMLType.PQ2_0)
-
-        codes, scales = _pq2_planes(n, g, raw.device, rows_of, chunk_rows)
-        if signs is not None:
-            signs = signs.to(device=raw.device, dtype=torch.float32).contiguous()
+        signs, block = _check_transform(k, signs, hadamard_block, raw.device)
+        codes, scales = _pq2_planes(n, g, raw.device,
+                                    lambda r0, r1: _ptq1_rows_as_pq2(raw[r0:r1]), chunk_rows)
         return cls(codes=codes, scales=scales, n=n, k=k, signs=signs, hadamard_block=block)
 
     @classmethod
@@ -239,15 +238,13 @@ class PTQ1Weight:
         """Prepare uint8 ``[N, K/128*28]`` GGUF rows."""
         n, g = _check_raw(raw, PTQ1_BLOCK_BYTES, "PTQ1_0")
         k = g * GROUP
-        signs, block = _check_transform(k, signs, hadamard_block)
         if device is not None:
             raw = raw.to(device)
+        signs, block = _check_transform(k, signs, hadamard_block, raw.device)
         blocks = raw.reshape(n, g, PTQ1_BLOCK_BYTES)
         qs = _packed(blocks[..., :24]).view(torch.int32).reshape(n, g * 6)
         qh = blocks[..., 24:26].contiguous().reshape(n, g * 2)
         d = _packed(blocks[..., 26:]).view(torch.float16).reshape(n, g)
-        if signs is not None:
-            signs = signs.to(device=raw.device, dtype=torch.float32).contiguous()
         return cls(qs=qs, qh=qh, scales=_scale_plane(d), n=n, k=k, signs=signs,
                    hadamard_block=block)
 
@@ -289,11 +286,9 @@ class PTQ1Weight:
         PTQ1 bytes on the device.
         """
         if self._pq2 is None:
-            def rows_of(r0: int, r1: int) -> torch.Tensor:
-                q, d = self.unpack(slice(r0, r1))
-                return codecs_torch.pack_blocks(q, d, GGMLType.PQ2_0)
-
-            codes, scales = _pq2_planes(self.n, self.groups, self.device, rows_of, chunk_rows)
+            codes, scales = _pq2_planes(
+                self.n, self.groups, self.device,
+                lambda r0, r1: _ptq1_rows_as_pq2(self.to_raw(slice(r0, r1))), chunk_rows)
             self._pq2 = PQ2Weight(codes=codes, scales=scales, n=self.n, k=self.k,
                                   signs=self.signs, hadamard_block=self.hadamard_block)
         return self._pq2

@@ -14,6 +14,9 @@ from __future__ import annotations
 import torch
 
 from vllm_prism.kernels.common import HAS_TRITON, cdiv, pdl_launch, use_pdl
+
+if HAS_TRITON:
+    from vllm_prism.kernels.common import pdl_enter
 from vllm_prism.kernels.pq2.hadamard import ActKind, PQ2Activation
 from vllm_prism.kernels.pq2.layout import PTQ1Weight
 
@@ -37,9 +40,7 @@ if HAS_TRITON:
                           N, G, stride_qs, stride_qh, stride_sn,
                           BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, HAS_BIAS: tl.constexpr,
                           PDL: tl.constexpr = False):
-        if PDL:  # let the next kernel launch; our inputs are complete past the wait
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+        pdl_enter(PDL)  # let the next kernel launch; our inputs are complete past here
         pid = tl.program_id(0)
         rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
         rmask = rows < N

@@ -28,6 +28,9 @@ from dataclasses import dataclass
 import torch
 
 from vllm_prism.kernels.common import HAS_TRITON, cdiv, interpreting, pdl_launch, use_pdl
+
+if HAS_TRITON:
+    from vllm_prism.kernels.common import pdl_enter
 from vllm_prism.kernels.pq2.hadamard import ActKind, PQ2Activation
 from vllm_prism.kernels.pq2.layout import PQ2Weight
 
@@ -124,9 +127,7 @@ if HAS_TRITON:
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ATOMIC: tl.constexpr,
                        A8: tl.constexpr, FOLD_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
                        DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
-        if PDL:  # let the next kernel launch; our inputs are complete past the wait
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+        pdl_enter(PDL)  # let the next kernel launch; our inputs are complete past here
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_k = tl.program_id(2)
