@@ -34,7 +34,9 @@ mkdir -p "$OUT"
 pkill -f "vllm serve" 2>/dev/null && sleep 3
 has_ep='from importlib.metadata import entry_points as e; import sys
 sys.exit(not [x for x in e(group="vllm.general_plugins") if x.name == "prism"])'
-if ! python3 -c "$has_ep"; then
+has_c='from vllm_prism import _custom_ops as o; import sys; sys.exit(not o.has_compiled_ops())'
+# (re)install: the first call, or PRISM_BUILD=cuda on a machine whose install has no _C
+if ! python3 -c "$has_ep" || { [ "${PRISM_BUILD:-}" = cuda ] && ! python3 -c "$has_c" 2>/dev/null; }; then
   CUDA_ARCHS=${CUDA_ARCHS:-90} VLLM_PRISM_TARGET_DEVICE=${PRISM_BUILD:-cpu} \
     python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1
   python3 -c "$has_ep" || echo "vllm-prism's entry point is not installed" >&2
@@ -58,19 +60,19 @@ case $stage in
     # Each engine run's log lands under $OUT/runs as it is written (tests/e2e/test_llm.py),
     # so a run cut off by the call's time limit still shows where it was.
     export PRISM_TEST_LOG_DIR=${PRISM_TEST_LOG_DIR:-$OUT/runs}
-    timeout 560 python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 \
+    timeout ${PRISM_TIMEOUT:-560} python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 \
       | tee "$OUT/${TESTLOG:-tests}.log"
     ;;
   bench)
     kv=${2:?kv}; shift 2
     wait_b27
-    timeout 560 python3 benchmarks/e2e/bench_decode.py $B27 --kv "$kv" "$@" 2>&1 \
+    timeout ${PRISM_TIMEOUT:-560} python3 benchmarks/e2e/bench_decode.py $B27 --kv "$kv" "$@" 2>&1 \
       | tee "$OUT/bench-$kv.log" | grep -v "^INFO\|^DEBUG\|^WARNING"
     cp benchmarks/results/e2e_*.json benchmarks/results/e2e_*.md "$OUT"/ 2>/dev/null
     ;;
   kbench)
     shift
-    timeout 560 python3 benchmarks/kernels/bench_pq2_linear.py "$@" 2>&1 | tee "$OUT/kbench.log"
+    timeout ${PRISM_TIMEOUT:-560} python3 benchmarks/kernels/bench_pq2_linear.py "$@" 2>&1 | tee "$OUT/kbench.log"
     cp benchmarks/results/pq2_linear_*.json benchmarks/results/pq2_linear_*.md "$OUT"/ 2>/dev/null
     ;;
   quality)

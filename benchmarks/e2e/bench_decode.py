@@ -225,6 +225,7 @@ def run_engine(args: argparse.Namespace) -> list[dict]:
               max_num_batched_tokens=max([8192, *args.prefill]), seed=0,
               tensor_parallel_size=args.tp[0],
               disable_log_stats=False, **extra)  # per-request timestamps for the step time
+    print(json.dumps({"engine": "ready", "kv": kv}), flush=True)  # progress for the parent
     vocab = llm.llm_engine.model_config.get_vocab_size()
     import torch
 
@@ -391,11 +392,11 @@ def main() -> None:
     for kv, more, pdl, kern in runs:
         cmd = [sys.executable, __file__, "--child", *sys.argv[1:], "--kv", kv, *more]
         env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern}
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
-        lines = [x for x in proc.stdout.splitlines() if x.startswith("RECORDS ")]
-        if proc.returncode or not lines:
+        returncode, lines = _run_child(cmd, env, f"kv={kv} {' '.join(more)} pdl={pdl} "
+                                       f"kernel={kern}")
+        if returncode or not lines:
             print(f"engine for kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} failed "
-                  f"(exit {proc.returncode})",
+                  f"(exit {returncode})",
                   file=sys.stderr)
             continue
         for r in json.loads(lines[-1][len("RECORDS "):]):
@@ -405,9 +406,32 @@ def main() -> None:
             r.update(read_gbps=read_gbps, command=command, date=datetime.date.today().isoformat(),
                      step_timing="request timestamps")
             records.append(r)
-    _add_verify_ratios(records)
-    path = write_results(Path(args.out_dir), gpu_slug(), command, read_gbps, records)
-    print(path.with_suffix(".md").read_text())
+        # written after every engine: a run cut off by a time limit keeps what it measured
+        _add_verify_ratios(records)
+        path = write_results(Path(args.out_dir), gpu_slug(), command, read_gbps, records)
+    if records:
+        print(path.with_suffix(".md").read_text())
+
+
+def _run_child(cmd: list[str], env: dict[str, str], label: str) -> tuple[int, list[str]]:
+    """Run one engine's child process; echo each measurement as it comes (with the seconds
+    since the start, so a run cut off shows how far it got) and return its exit status and
+    RECORDS lines."""
+    t0 = time.perf_counter()
+    print(f"[{0:6.1f} s] engine {label}: starting", file=sys.stderr, flush=True)
+    lines = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("RECORDS "):
+                lines.append(line.rstrip("\n"))
+            elif line.startswith("{"):
+                print(f"[{time.perf_counter() - t0:6.1f} s] {line.rstrip()}", file=sys.stderr,
+                      flush=True)
+        returncode = proc.wait()
+    print(f"[{time.perf_counter() - t0:6.1f} s] engine {label}: exit {returncode}",
+          file=sys.stderr, flush=True)
+    return returncode, lines
 
 
 if __name__ == "__main__":

@@ -234,8 +234,8 @@ def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gb
             t1 = us
         cands = {}
         for name in candidates(m):
-            fn = candidate_fn(name)
             try:
+                fn = candidate_fn(name)
                 cands[name] = round(time_graph([lambda i=i: fn(x, ws[i % len(ws)])
                                                 for i in range(calls)]), 2)
             except Exception as e:  # report and go on
@@ -287,6 +287,10 @@ def candidate_fn(name: str) -> Callable[[torch.Tensor, PQ2Weight], torch.Tensor]
         kern = dispatch._BY_NAME["gemv_a8"]
         return lambda x, w: gemv_a8(kern.make_activation(x, w), w)
     kern = dispatch._BY_NAME[name]
+    # is_supported loads vllm_prism._C for the CUDA C++ kernels (their ops live there)
+    ok, why = kern.is_supported(torch.cuda.get_device_capability())
+    if not ok:
+        raise RuntimeError(f"{name} cannot run here: {why}")
     return lambda x, w: kern.run(kern.make_activation(x, w), w, None, x.dtype)
 
 

@@ -70,9 +70,11 @@ def _chain_weights(k: int, widths: list[int], block: int):
 def test_chained_linears_in_a_cuda_graph_equal_plain_launches(m: int, kernel: str,
                                                               monkeypatch) -> None:
     """Linears that feed each other (producer, weight kernel, producer, ...), captured in one
-    CUDA graph with programmatic dependent launch and replayed on new inputs, give bit for bit
-    what ordinary launches give: a kernel that read its input before the previous kernel
-    finished writing it would differ on some replay."""
+    CUDA graph with programmatic dependent launch and replayed on new inputs, give what
+    ordinary launches give: a kernel that read its input before the previous kernel finished
+    writing it would differ on some replay. The CUDA C++ kernels are deterministic (bit for
+    bit); the Triton tensor-core kernel's K split adds with atomics in any order, so "auto"
+    is held to a bf16 rounding bound instead (a stale input is off by its whole size)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     from vllm_prism.kernels.pq2 import dispatch
@@ -112,6 +114,15 @@ def test_chained_linears_in_a_cuda_graph_equal_plain_launches(m: int, kernel: st
         graph.replay()
         torch.cuda.synchronize()
         assert torch.isfinite(out).all()
-        assert torch.equal(out, ref)
+        _assert_same(out, ref, exact=kernel != "auto")
     for x, ref in zip(inputs, want):  # and as ordinary stream launches with PDL
-        assert torch.equal(chain(x), ref)
+        _assert_same(chain(x), ref, exact=kernel != "auto")
+
+
+def _assert_same(out: torch.Tensor, ref: torch.Tensor, exact: bool) -> None:
+    if exact:
+        assert torch.equal(out, ref)
+        return
+    err = (out.float() - ref.float()).abs().max().item()
+    scale = ref.float().abs().max().item()
+    assert err <= 2e-2 * scale, f"max |diff| {err:.4g} against max |ref| {scale:.4g}"

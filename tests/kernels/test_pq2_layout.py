@@ -104,21 +104,47 @@ def test_dispatch_on_cpu_uses_torch_and_env_override(monkeypatch, caplog) -> Non
     dispatch._select.cache_clear()
 
 
+def _interpreted_weight(monkeypatch, kernel_env: str) -> PQ2Weight:
+    """A small PQ2 weight for dispatch tests under the Triton interpreter, with
+    ``VLLM_PRISM_PQ2_KERNEL`` set and the choice cache cleared (callers clear it again)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", kernel_env)
+    gen = torch.Generator().manual_seed(3)
+    raw, _, _ = random_ternary(16, 256, "PQ2_0", gen)
+    dispatch._select.cache_clear()
+    return PQ2Weight.from_raw(raw, random_signs(256, gen), 128)
+
+
 def test_env_override_tries_a_list_of_kernels_in_order(monkeypatch) -> None:
     """``VLLM_PRISM_PQ2_KERNEL=a,b``: the first that can run the call (here under the Triton
     interpreter: mma_a16 takes M >= 2, so M = 1 falls to gemv_a8; the CUDA C++ kernels need a
     GPU), unknown names skipped, the automatic order last."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    gen = torch.Generator().manual_seed(3)
-    raw, _, _ = random_ternary(16, 256, "PQ2_0", gen)
-    w = PQ2Weight.from_raw(raw, random_signs(256, gen), 128)
-    monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "nonsense,mma_cuda,mma_a16,gemv_a8")
-    dispatch._select.cache_clear()
+    w = _interpreted_weight(monkeypatch, "nonsense,mma_cuda,mma_a16,gemv_a8")
     try:
         assert dispatch.select_kernel(1, w, torch.bfloat16).name == "gemv_a8"
         assert dispatch.select_kernel(5, w, torch.bfloat16).name == "mma_a16"
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_cuda")
         assert dispatch.select_kernel(1, w, torch.bfloat16).name == "gemv_a8"  # auto
+    finally:
+        dispatch._select.cache_clear()
+
+
+def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
+    """Where vllm_prism._C holds the CUDA C++ kernels (pretended here), the automatic choice
+    keeps the Triton GEMV at M = 1 (gemv_cuda only where named), takes mma_cuda for M up to
+    64 past the GEMV's rows and the Triton GEMM above; naming mma_cuda runs it at any M."""
+    monkeypatch.setattr(dispatch._CudaOpKernel, "is_supported",
+                        classmethod(lambda cls, cap: (True, "")))
+    w = _interpreted_weight(monkeypatch, "auto")
+    try:
+        chosen = {m: dispatch.select_kernel(m, w, torch.bfloat16).name
+                  for m in (1, 8, 64, 65, 512)}
+        assert chosen == {1: "gemv_a8", 8: "mma_cuda", 64: "mma_cuda", 65: "gemm_a8",
+                          512: "gemm_a8"}
+        monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "mma_cuda")
+        assert dispatch.select_kernel(512, w, torch.bfloat16).name == "mma_cuda"
+        monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_cuda")
+        assert dispatch.select_kernel(1, w, torch.bfloat16).name == "gemv_cuda"
     finally:
         dispatch._select.cache_clear()
 

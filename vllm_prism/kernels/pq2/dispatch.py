@@ -80,6 +80,10 @@ class PQ2LinearKernel:
     name: ClassVar[str] = ""
     act_kind: ClassVar[ActKind] = ActKind.FLOAT
     act_fp32: ClassVar[bool] = False  # FLOAT activation in fp32 instead of x's dtype
+    # The automatic choice: whether it considers this kernel, and up to which M (None: any
+    # M can_implement takes). VLLM_PRISM_PQ2_KERNEL can still name it for any M.
+    in_auto: ClassVar[bool] = True
+    auto_max_m: ClassVar[int | None] = None
 
     @classmethod
     def is_supported(cls, capability: tuple[int, int] | None) -> tuple[bool, str]:
@@ -256,11 +260,13 @@ class _CudaOpKernel(PQ2LinearKernel):
 class GemvCudaA8Kernel(_CudaOpKernel):
     """M = 1: int8 dp4a GEMV in CUDA C++ (csrc/pq2/gemv_int8.cu, op
     ``torch.ops._C_prism.pq2_gemv_int8``): whole rows per warp, the activation in registers,
-    four rows' weight loads in flight. Needs vllm_prism._C; runs where
-    ``VLLM_PRISM_PQ2_KERNEL`` names it until it is measured against the Triton GEMV."""
+    four rows' weight loads in flight. Needs vllm_prism._C; runs only where
+    ``VLLM_PRISM_PQ2_KERNEL`` names it: through vLLM on the H200 it was slower than the
+    Triton GEMV (141.9 against 166.4 tok/s at batch 1, benchmarks/results/e2e_h200.md)."""
 
     name = "gemv_cuda"
     op = "pq2_gemv_int8"
+    in_auto = False
 
     @classmethod
     def can_implement(cls, c):
@@ -280,11 +286,14 @@ class MmaCudaA8Kernel(_CudaOpKernel):
     """Any M: int8 tensor-core kernel in CUDA C++ (csrc/pq2/mma_int8.cu, op
     ``torch.ops._C_prism.pq2_mma_int8``): the ternary codes decode straight into mma.sync
     fragments, once per weight for up to 64 activation rows (a CTA per 64-row tile above).
-    Needs vllm_prism._C; runs where ``VLLM_PRISM_PQ2_KERNEL=mma_cuda`` asks for it until it
-    is measured against the Triton kernels."""
+    Needs vllm_prism._C. The automatic choice for 2 <= M <= 64 past the GEMV's rows: through
+    vLLM on the H200, 8 streams ran at 865.7 tok/s against 551.4 with the Triton kernel
+    (benchmarks/results/e2e_h200.md); prefill stays on the Triton GEMM (4K tokens: 5,446
+    against 6,086 tok/s). ``VLLM_PRISM_PQ2_KERNEL=mma_cuda`` runs it at any M."""
 
     name = "mma_cuda"
     op = "pq2_mma_int8"
+    auto_max_m = MMA_MAX_M
 
     @classmethod
     def can_implement(cls, c):
@@ -330,12 +339,14 @@ class TorchKernel(PQ2LinearKernel):
 # Automatic order (H200 measurements in benchmarks/results/pq2_linear_h200.md): the int8
 # GEMV at M <= 2 (4 on large N; the fp32 GEMV is issue-bound, see triton_gemv), then the
 # int8 tensor-core kernel (1.1-1.5x faster than bf16 at every M measured; same activation
-# quantization as the GEMV). The bf16/fp16 kernels (*_a16) stay for the reference precision:
-# VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16. The CUDA C++ kernels (gemv_cuda,
-# mma_cuda) come after them until they are measured: VLLM_PRISM_PQ2_KERNEL=gemv_cuda,mma_cuda.
+# quantization as the GEMV). Where vllm_prism._C is built, the CUDA C++ tensor-core kernel
+# (mma_cuda) takes M = 2..64 before the Triton one (measured through vLLM, see its class).
+# The bf16/fp16 kernels (*_a16) stay for the reference precision:
+# VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the CUDA C++ GEMV (gemv_cuda) only
+# where named.
 KERNELS: list[type[PQ2LinearKernel]] = [
-    PTQ1GemvKernel, GemvA8Kernel, GemvA16Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel,
-    GemmA16Kernel, GemvCudaA8Kernel, MmaCudaA8Kernel, TorchKernel,
+    PTQ1GemvKernel, GemvA8Kernel, GemvA16Kernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel,
+    GemmA8Kernel, GemmA16Kernel, GemvCudaA8Kernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 
@@ -375,6 +386,8 @@ def _select(c: PQ2LinearConfig, forced: str) -> type[PQ2LinearKernel]:
                   "VLLM_PRISM_PQ2_KERNEL: %s cannot run %s M=%d N=%d K=%d (%s); trying the "
                   "next choice", name, c.fmt, c.m, c.n, c.k, why)
     for kernel in KERNELS:
+        if not kernel.in_auto or (kernel.auto_max_m is not None and c.m > kernel.auto_max_m):
+            continue
         ok, why = _accepts(kernel, c)
         if ok:
             _log_once(logging.INFO, ("chosen", kernel.name, c.fmt, c.dtype, c.device_type,
