@@ -7,6 +7,7 @@
 #   bash scripts/gpu-session.sh kbench ARGS  PQ2 kernel benchmark (bench_pq2_linear.py ARGS)
 #   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
 #   bash scripts/gpu-session.sh ptq1mem      weight memory of the 27B-shaped PQ2_0 and PTQ1_0 files
+#   bash scripts/gpu-session.sh ncu ARGS     Nsight Compute: what bounds each PQ2 kernel
 # Examples (the bench stage passes its extra arguments to bench_decode.py):
 #   bash scripts/gpu-session.sh bench auto --batches 1 --long-context 0 --prefill \
 #        --no-profile --spec-k 3 5 7                   verify / plain step ratio (DFlash)
@@ -74,6 +75,12 @@ case $stage in
     shift
     timeout ${PRISM_TIMEOUT:-560} python3 benchmarks/kernels/bench_pq2_linear.py "$@" 2>&1 | tee "$OUT/kbench.log"
     cp benchmarks/results/pq2_linear_*.json benchmarks/results/pq2_linear_*.md "$OUT"/ 2>/dev/null
+    ;;
+  ncu)  # what bounds each PQ2 kernel (Nsight Compute); ARGS go to profile_pq2_ncu.py
+    shift
+    timeout ${PRISM_TIMEOUT:-560} python3 benchmarks/kernels/profile_pq2_ncu.py "$@" 2>&1 \
+      | tee "$OUT/ncu.log" | tail -80
+    cp benchmarks/results/pq2_ncu_*.json benchmarks/results/pq2_ncu_*.md "$OUT"/ 2>/dev/null
     ;;
   quality)
     shift
