@@ -25,7 +25,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Programmatic dependent launch of the PQ2 linear kernels on Hopper and newer GPUs
     # (kernels/common.py use_pdl): each kernel lets the next one launch early and waits for its
     # inputs in the kernel; the GEMV loads its first weight tile before that wait. "1" turns it
-    # on; off by default until it is verified and measured on a GPU. Read per launch; it
+    # on; off by default until its gain through vLLM is measured. Read per launch; it
     # changes no traced graph.
     "VLLM_PRISM_PDL": lambda: os.getenv("VLLM_PRISM_PDL", "0").strip().lower() in ("1", "true",
                                                                                      "on"),

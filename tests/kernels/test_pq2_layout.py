@@ -132,17 +132,17 @@ def test_env_override_tries_a_list_of_kernels_in_order(monkeypatch) -> None:
 def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
     """Where vllm_prism._C holds the CUDA C++ kernels (pretended here), the automatic choice
     keeps the Triton GEMV at M = 1 (gemv_cuda only where named), takes mma_cuda for M up to
-    64 past the GEMV's rows and the Triton GEMM above; naming mma_cuda runs it at any M."""
+    512 past the GEMV's rows and the Triton GEMM above; naming mma_cuda runs it at any M."""
     monkeypatch.setattr(dispatch._CudaOpKernel, "is_supported",
                         classmethod(lambda cls, cap: (True, "")))
     w = _interpreted_weight(monkeypatch, "auto")
     try:
         chosen = {m: dispatch.select_kernel(m, w, torch.bfloat16).name
-                  for m in (1, 8, 64, 65, 512)}
-        assert chosen == {1: "gemv_a8", 8: "mma_cuda", 64: "mma_cuda", 65: "gemm_a8",
-                          512: "gemm_a8"}
+                  for m in (1, 8, 64, 65, 512, 513, 4096)}
+        assert chosen == {1: "gemv_a8", 8: "mma_cuda", 64: "mma_cuda", 65: "mma_cuda",
+                          512: "mma_cuda", 513: "gemm_a8", 4096: "gemm_a8"}
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "mma_cuda")
-        assert dispatch.select_kernel(512, w, torch.bfloat16).name == "mma_cuda"
+        assert dispatch.select_kernel(4096, w, torch.bfloat16).name == "mma_cuda"
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_cuda")
         assert dispatch.select_kernel(1, w, torch.bfloat16).name == "gemv_cuda"
     finally:

@@ -43,8 +43,10 @@ def test_patched_resolution_takes_the_common_layout() -> None:
 def test_engine_core_resolves_through_the_patch() -> None:
     import vllm.v1.engine.core as core
 
+    from vllm_prism.patches import is_patched
+
     patch.apply()
-    assert getattr(core.resolve_kv_cache_layout, "_prism_patched", False)
+    assert is_patched(core.resolve_kv_cache_layout)
 
 
 @pytest.mark.slow

@@ -39,6 +39,9 @@ __all__ = ["PQ2LinearConfig", "PQ2LinearKernel", "KERNELS", "select_kernel", "pq
 Weight = PQ2Weight | PTQ1Weight
 _FLOAT_ACT = (torch.bfloat16, torch.float16)
 MMA_MAX_M = 64
+# The largest M the automatic choice gives the CUDA C++ tensor-core kernel (mma_cuda): the
+# largest measured faster than the Triton GEMM through vLLM (MmaCudaA8Kernel).
+MMA_CUDA_AUTO_MAX_M = 512
 
 
 @dataclass(frozen=True)
@@ -286,14 +289,16 @@ class MmaCudaA8Kernel(_CudaOpKernel):
     """Any M: int8 tensor-core kernel in CUDA C++ (csrc/pq2/mma_int8.cu, op
     ``torch.ops._C_prism.pq2_mma_int8``): the ternary codes decode straight into mma.sync
     fragments, once per weight for up to 64 activation rows (a CTA per 64-row tile above).
-    Needs vllm_prism._C. The automatic choice for 2 <= M <= 64 past the GEMV's rows: through
-    vLLM on the H200, 8 streams ran at 865.7 tok/s against 551.4 with the Triton kernel
-    (benchmarks/results/e2e_h200.md); prefill stays on the Triton GEMM (4K tokens: 5,446
-    against 6,086 tok/s). ``VLLM_PRISM_PQ2_KERNEL=mma_cuda`` runs it at any M."""
+    Needs vllm_prism._C. The automatic choice for M past the GEMV's rows up to
+    ``MMA_CUDA_AUTO_MAX_M``: through vLLM on the H200 (benchmarks/results/e2e_h200.md), 8
+    streams ran at 865.7 tok/s against 551.4 with the Triton kernel and a 512-token prefill
+    (M = 512) at 3,025 against 2,805 tok/s; a 4K-token prefill was slower (5,446 against
+    6,086), so larger M stays on the Triton GEMM. ``VLLM_PRISM_PQ2_KERNEL=mma_cuda`` runs it
+    at any M."""
 
     name = "mma_cuda"
     op = "pq2_mma_int8"
-    auto_max_m = MMA_MAX_M
+    auto_max_m = MMA_CUDA_AUTO_MAX_M
 
     @classmethod
     def can_implement(cls, c):
@@ -340,7 +345,7 @@ class TorchKernel(PQ2LinearKernel):
 # GEMV at M <= 2 (4 on large N; the fp32 GEMV is issue-bound, see triton_gemv), then the
 # int8 tensor-core kernel (1.1-1.5x faster than bf16 at every M measured; same activation
 # quantization as the GEMV). Where vllm_prism._C is built, the CUDA C++ tensor-core kernel
-# (mma_cuda) takes M = 2..64 before the Triton one (measured through vLLM, see its class).
+# (mma_cuda) takes M = 2..512 before the Triton ones (measured through vLLM, see its class).
 # The bf16/fp16 kernels (*_a16) stay for the reference precision:
 # VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the CUDA C++ GEMV (gemv_cuda) only
 # where named.
