@@ -95,6 +95,10 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 GEMV_A8_CONFIGS = [GemvConfig(8, 8, 2), GemvConfig(16, 8, 4), GemvConfig(16, 16, 4),
                    GemvConfig(32, 8, 4)]
+# More weight tiles in flight per program, their scales with them (issue 11: the M = 1 GEMV
+# reaches 30-50 % of the read bandwidth on the mid-size shapes; latency-bound is the guess).
+GEMV_A8_CONFIGS += [GemvConfig(c.block_n, c.block_g, c.num_warps, depth=d, prefetch_scales=True)
+                    for c in GEMV_A8_CONFIGS for d in (1, 2, 3)]
 GEMV_A16_CONFIGS = [GemvConfig(16, 8, 4)]
 GEMV_M = [2, 4, 8, 16]
 MMA_M = [16, 32, 64]
@@ -161,7 +165,8 @@ def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
                             lambda a, w, c: gemv_a16(a, w, config=c), 1e-2, ref)
         if m <= 16:
             for c0 in GEMV_A8_CONFIGS:
-                cfg = GemvConfig(c0.block_n, c0.block_g, c0.num_warps, 1 << (m - 1).bit_length())
+                cfg = GemvConfig(c0.block_n, c0.block_g, c0.num_warps, 1 << (m - 1).bit_length(),
+                                 depth=c0.depth, prefetch_scales=c0.prefetch_scales)
                 run_variant("gemv_a8", m, cfg, aq,
                             lambda a, w, c: gemv_a8(a, w, config=c), 3e-2, ref)
             if m < 16:

@@ -161,6 +161,23 @@ def _ragged():
     expect(rel_err(y, forward_transform(x.double(), signs, 128) @ wd.T) < 1e-5, "a16")
 
 
+@check("gemv-prefetch-depths")
+def _gemv_depths():
+    """Tiles in flight 1..3 ahead, scales with them or not, over 9 groups in tiles of 2 (a
+    ragged last tile, prefetches past the end): each tile must be reduced once, in order."""
+    from vllm_prism.kernels.pq2.triton_gemv import GemvConfig
+
+    raw, q, d, signs, w = case(19, 1152, 128)
+    x = torch.randn(3, 1152).to(torch.bfloat16)
+    a8 = transform_activation(x, signs, 128, ActKind.Q8)
+    ref = integer_reference(q8_of(a8), a8.group_scale, q, d)
+    for depth in (1, 2, 3):
+        for ahead in (False, True):
+            cfg = GemvConfig(8, 2, 2, block_m=4, depth=depth, prefetch_scales=ahead)
+            y = gemv_a8(a8, w, None, torch.float32, cfg)
+            expect(rel_err(y, ref) < 1e-5, f"{cfg}: {rel_err(y, ref):.1e}")
+
+
 @check("ptq1-gemv")
 def _ptq1():
     for n, k, block in ((37, 640, 128), (16, 1024, 1024)):

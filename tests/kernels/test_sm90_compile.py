@@ -72,7 +72,8 @@ def test_gemv_a8_compiles_with_pdl(pdl: int) -> None:
            "qsum_ptr": "*i32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
            **{k: "i32" for k in ("M", "N", "G", "stride_cn", "stride_sn", "stride_xm",
                                  "stride_gm", "stride_om")}}
-    consts = dict(BLOCK_N=32, BLOCK_G=8, BLOCK_M=1, USE_ASM=1, HAS_BIAS=0, EVEN_G=1, PDL=pdl)
+    consts = dict(BLOCK_N=32, BLOCK_G=8, BLOCK_M=1, USE_ASM=1, HAS_BIAS=0, EVEN_G=1, PDL=pdl,
+                  DEPTH=1, SCALES_AHEAD=0)
     ptx = _ptx(triton_gemv._gemv_a8_kernel, sig, consts)
     if not pdl:
         assert "griddepcontrol" not in ptx
@@ -81,6 +82,28 @@ def test_gemv_a8_compiles_with_pdl(pdl: int) -> None:
     assert ptx.index("griddepcontrol.launch_dependents") < wait
     # the first weight tile's load is issued before the wait (so it overlaps the producer)
     assert "ld.global" in ptx[:wait]
+
+
+def _gemv_loads_before_wait(depth: int, scales_ahead: int) -> int:
+    sig = {"codes_ptr": "*i32", "scales_ptr": "*fp16", "xq_ptr": "*i32", "sx_ptr": "*fp32",
+           "qsum_ptr": "*i32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
+           **{k: "i32" for k in ("M", "N", "G", "stride_cn", "stride_sn", "stride_xm",
+                                 "stride_gm", "stride_om")}}
+    consts = dict(BLOCK_N=32, BLOCK_G=8, BLOCK_M=1, USE_ASM=1, HAS_BIAS=0, EVEN_G=1, PDL=1,
+                  DEPTH=depth, SCALES_AHEAD=scales_ahead)
+    ptx = _ptx(triton_gemv._gemv_a8_kernel, sig, consts)
+    return ptx[:ptx.index("griddepcontrol.wait")].count("ld.global")
+
+
+def test_gemv_a8_prefetch_variants_compile() -> None:
+    """The GEMV with more weight tiles in flight (and their scales with them) lowers for
+    sm_90 with PDL, and every tile loaded ahead of the loop is issued before the wait:
+    depth d issues d times the code loads of depth 1, scales ahead add their own."""
+    base = _gemv_loads_before_wait(1, 0)
+    for depth in (1, 2, 3):
+        codes_only = _gemv_loads_before_wait(depth, 0)
+        assert codes_only == depth * base, (depth, codes_only, base)
+        assert _gemv_loads_before_wait(depth, 1) > codes_only
 
 
 def test_tensor_core_kernel_compiles_with_pdl() -> None:

@@ -45,17 +45,27 @@ GEMV_SMALL_N_MAX_M = 2
 
 
 class GemvConfig:
-    """Tile of a GEMV program: rows, groups of 128 per step, warps, activation rows."""
+    """Tile of a GEMV program: rows, groups of 128 per step, warps, activation rows, and (int8
+    GEMV) how many weight tiles are in flight ahead of the one being reduced (``depth``, 1..3)
+    and whether each tile's fp16 scales travel with its codes (``prefetch_scales``) instead
+    of being loaded in the step that uses them."""
 
-    def __init__(self, block_n: int, block_g: int, num_warps: int, block_m: int = 1) -> None:
+    def __init__(self, block_n: int, block_g: int, num_warps: int, block_m: int = 1,
+                 depth: int = 1, prefetch_scales: bool = False) -> None:
+        if depth not in (1, 2, 3):
+            raise ValueError(f"GemvConfig depth = {depth}: takes 1, 2 or 3 tiles ahead")
         self.block_n = block_n
         self.block_g = block_g
         self.num_warps = num_warps
         self.block_m = block_m
+        self.depth = depth
+        self.prefetch_scales = prefetch_scales
 
     def __repr__(self) -> str:
+        extra = f", depth={self.depth}" if self.depth != 1 else ""
+        extra += ", scales ahead" if self.prefetch_scales else ""
         return (f"GemvConfig(n={self.block_n}, g={self.block_g}, w={self.num_warps}, "
-                f"m={self.block_m})")
+                f"m={self.block_m}{extra})")
 
 
 def gemv_max_m(n: int) -> int:
@@ -114,11 +124,23 @@ if HAS_TRITON:
         return tl.load(c_rows + wo[None, :, :], mask=(gg < G)[None, :, None], other=0)
 
     @triton.jit
+    def _load_codes(c_rows, gg, wj, G):
+        """The code words [BN, BG, 8] of groups ``gg`` (zero past G)."""
+        return tl.load(c_rows + (gg[:, None] * 8 + wj[None, :])[None, :, :],
+                       mask=(gg < G)[None, :, None], other=0)
+
+    @triton.jit
+    def _load_scales(s_rows, gg, G):
+        """The fp16 scales [BN, BG] of groups ``gg`` (zero past G)."""
+        return tl.load(s_rows + gg[None, :], mask=(gg < G)[None, :], other=0.0)
+
+    @triton.jit
     def _gemv_a8_kernel(codes_ptr, scales_ptr, xq_ptr, sx_ptr, qsum_ptr, bias_ptr, out_ptr,
                         M, N, G, stride_cn, stride_sn, stride_xm, stride_gm, stride_om,
                         BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
                         USE_ASM: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_G: tl.constexpr,
-                        PDL: tl.constexpr = False):
+                        PDL: tl.constexpr = False, DEPTH: tl.constexpr = 1,
+                        SCALES_AHEAD: tl.constexpr = False):
         if PDL:  # the next kernel may launch now (it waits for our output itself)
             tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
@@ -133,21 +155,36 @@ if HAS_TRITON:
         s_rows = scales_ptr + rows[:, None] * stride_sn
         mi = tl.arange(0, BLOCK_M)
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_G], dtype=tl.float32)
+        # DEPTH weight tiles in flight: the current one and DEPTH - 1 ahead, plus the one each
+        # step issues for DEPTH steps later (with SCALES_AHEAD their scales travel with them)
         words = _load_words(c_rows, gi[:, None] * 8 + wj[None, :], gi, G, EVEN_G)
-        if PDL:  # the first weight tile is on its way; the activation is complete past here
+        if SCALES_AHEAD:
+            d_cur = _load_scales(s_rows, gi, G)
+        if DEPTH >= 2:
+            words1 = _load_codes(c_rows, gi + BLOCK_G, wj, G)
+            if SCALES_AHEAD:
+                d1 = _load_scales(s_rows, gi + BLOCK_G, G)
+        if DEPTH >= 3:
+            words2 = _load_codes(c_rows, gi + 2 * BLOCK_G, wj, G)
+            if SCALES_AHEAD:
+                d2 = _load_scales(s_rows, gi + 2 * BLOCK_G, G)
+        if PDL:  # the first weight tiles are on their way; the activation is complete past here
             tl.extra.cuda.gdc_wait()
         for g0 in range(0, G, BLOCK_G):
             gg = g0 + gi
             gm = gg < G
             wo = gg[:, None] * 8 + wj[None, :]  # [BG, 8] word offsets
-            nxt = gg + BLOCK_G  # prefetch the next tile's words (masked past the end)
-            words_next = tl.load(c_rows + (nxt[:, None] * 8 + wj[None, :])[None, :, :],
-                                 mask=(nxt < G)[None, :, None], other=0)
+            nxt = gg + DEPTH * BLOCK_G  # the tile DEPTH steps ahead (masked past the end)
+            words_next = _load_codes(c_rows, nxt, wj, G)
+            if SCALES_AHEAD:
+                d_next = _load_scales(s_rows, nxt, G)
             t0 = words & 0x03030303
             t1 = (words >> 2) & 0x03030303
             t2 = (words >> 4) & 0x03030303
             t3 = (words >> 6) & 0x03030303
-            if EVEN_G:
+            if SCALES_AHEAD:
+                d = d_cur.to(tl.float32)
+            elif EVEN_G:
                 d = tl.load(s_rows + gg[None, :]).to(tl.float32)
             else:
                 d = tl.load(s_rows + gg[None, :], mask=gm[None, :], other=0.0).to(tl.float32)
@@ -173,7 +210,25 @@ if HAS_TRITON:
                     acc += contrib[None, :, :]
                 else:
                     acc += tl.where(mi[:, None, None] == r, contrib[None, :, :], 0.0)
-            words = words_next
+            if DEPTH == 1:
+                words = words_next
+            elif DEPTH == 2:
+                words = words1
+                words1 = words_next
+            else:
+                words = words1
+                words1 = words2
+                words2 = words_next
+            if SCALES_AHEAD:
+                if DEPTH == 1:
+                    d_cur = d_next
+                elif DEPTH == 2:
+                    d_cur = d1
+                    d1 = d_next
+                else:
+                    d_cur = d1
+                    d1 = d2
+                    d2 = d_next
         y = tl.sum(acc, axis=2)  # [BM, BN]
         if HAS_BIAS:
             y += tl.load(bias_ptr + rows).to(tl.float32)[None, :]
@@ -257,7 +312,8 @@ def gemv_a8(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = None,
         w.scales.stride(0), xq.stride(0), act.group_sum.stride(0), out.stride(0),
         BLOCK_N=cfg.block_n, BLOCK_G=cfg.block_g, BLOCK_M=cfg.block_m,
         USE_ASM=not interpreting(), HAS_BIAS=bias is not None, EVEN_G=g % cfg.block_g == 0,
-        PDL=pdl, num_warps=cfg.num_warps, **pdl_launch(pdl))
+        PDL=pdl, DEPTH=cfg.depth, SCALES_AHEAD=cfg.prefetch_scales, num_warps=cfg.num_warps,
+        **pdl_launch(pdl))
     return out
 
 
