@@ -284,7 +284,8 @@ def candidates(m: int) -> list[str]:
         return ["gemv_a8_rows", "mma_a8", "mma_a16", "mma_cuda"]
     if m <= 64:
         return ["mma_a8", "mma_a16", "mma_cuda"]
-    return ["gemm_a8", "gemm_a16", "mma_cuda"]
+    return ["gemm_a8", "gemm_a16", "mma_cuda"] + (["gemm_dq"] if m >= dispatch.GEMM_DQ_MIN_M
+                                                  else [])
 
 
 def candidate_fn(name: str) -> Callable[[torch.Tensor, PQ2Weight], torch.Tensor]:

@@ -31,7 +31,7 @@ BONSAI_SHAPES = [(1024, 5120), (12288, 5120), (10240, 5120), (6144, 5120), (1433
 ODD_SHAPES = [(37, 640, 128), (300, 2304, 256), (4097, 5120, 1024), (96, 384, None)]
 M_FULL = list(range(1, 17)) + [24, 32, 48, 64, 128, 512, 2048]
 TOL = {"gemv_a16": 4e-3, "mma_a16": 8e-3, "gemm_a16": 8e-3, "gemv_a8": 3e-2, "mma_a8": 3e-2,
-       "gemm_a8": 3e-2, "ptq1_gemv": 4e-3, "mma_cuda": 3e-2, "gemv_cuda": 3e-2}
+       "gemm_a8": 3e-2, "ptq1_gemv": 4e-3, "mma_cuda": 3e-2, "gemv_cuda": 3e-2, "gemm_dq": 1e-2}
 A8 = {"gemv_a8", "mma_a8", "gemm_a8", "mma_cuda", "gemv_cuda"}
 
 
@@ -42,7 +42,7 @@ def kernels_for(m: int, n: int = 0) -> list[str]:
         return ["gemv_a8", "gemv_a16"]
     if m <= dispatch.MMA_MAX_M:
         return (["gemv_a8"] if m <= gemv_max_m(n) else []) + ["mma_a16", "mma_a8"]
-    return ["gemm_a16", "gemm_a8"]
+    return ["gemm_a16", "gemm_a8"] + (["gemm_dq"] if m >= dispatch.GEMM_DQ_MIN_M else [])
 
 
 _CACHE: dict[tuple, tuple] = {}

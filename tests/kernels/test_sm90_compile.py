@@ -14,7 +14,8 @@ import pytest
 
 triton = pytest.importorskip("triton")
 
-from vllm_prism.kernels.pq2 import hadamard, triton_gemv, triton_mma  # noqa: E402
+from vllm_prism.kernels.pq2 import (hadamard, triton_dequant, triton_gemv,  # noqa: E402
+                                    triton_mma)
 
 PROLOGUES = {
     "glu": dict(GLU=1, HAS_RES=0, HAS_RMS=0, RMS_GROUP=0, HAS_GATE=0, GATE_SIGMOID=0),
@@ -115,3 +116,23 @@ def test_tensor_core_kernel_compiles_with_pdl() -> None:
                   DOT_F32=0, PDL=1)
     ptx = _ptx(triton_mma._pq2_tc_kernel, sig, consts)
     assert "griddepcontrol.wait" in ptx
+
+
+def test_dequantize_kernel_compiles_to_wide_accesses() -> None:
+    """gemm_dq's one-pass dequantization lowers for sm_90 (bf16 out) and, with the 16-aligned
+    pointers, word count and strides a launch specializes on, reads the codes and writes the
+    dense rows 16 bytes at a time (the whole matrix goes through these stores)."""
+    ast_source, target = _target()
+    consts = dict(BLOCK_N=8, BLOCK_W=64)
+    sig = {"codes_ptr": "*i32", "scales_ptr": "*fp16", "out_ptr": "*bf16",
+           **{k: "i32" for k in ("N", "W", "stride_cn", "stride_sn", "stride_on")},
+           **{k: "constexpr" for k in consts}}
+    # pointers, W (K/16 words: 320, 384, 1088 at Bonsai's K) and the strides
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 6, 7)}
+    kernel = triton.compile(ast_source(triton_dequant._pq2_dequant_kernel, sig,
+                                       constexprs=consts, attrs=aligned),
+                            target=target, options={"num_warps": 4})
+    ptx = kernel.asm["ptx"]
+    assert "ld.global.v4.b32" in ptx, "code words not read 16 bytes at a time"
+    stores = [line for line in ptx.splitlines() if "st.global" in line]
+    assert stores and all(".v4." in line for line in stores), stores[:4]

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from vllm_prism import envs
 from vllm_prism.kernels.common import (HAS_TRITON, device_capability, interpreting, sm_count,
@@ -39,6 +40,8 @@ __all__ = ["PQ2LinearConfig", "PQ2LinearKernel", "KERNELS", "select_kernel", "pq
 Weight = PQ2Weight | PTQ1Weight
 _FLOAT_ACT = (torch.bfloat16, torch.float16)
 MMA_MAX_M = 64
+# The smallest M gemm_dq takes: below it the dequantization outweighs the GEMM it enables.
+GEMM_DQ_MIN_M = 128
 # The largest M the automatic choice gives the CUDA C++ tensor-core kernel (mma_cuda): the
 # largest measured faster than the Triton GEMM through vLLM (MmaCudaA8Kernel).
 MMA_CUDA_AUTO_MAX_M = 512
@@ -240,6 +243,31 @@ class GemmA8Kernel(GemmA16Kernel):
     act_kind = ActKind.Q8
 
 
+class GemmDqKernel(PQ2LinearKernel):
+    """Prefill (M >= ``GEMM_DQ_MIN_M``): the weight dequantized to the activation's dtype in one
+    pass (triton_dequant), then ``F.linear`` (cuBLAS) on the rotated bf16/fp16 activation.
+    Runs only where ``VLLM_PRISM_PQ2_KERNEL`` names it until a GPU run has timed it against
+    the int8 kernels; a temporary of the whole matrix in 16 bits lives for the call."""
+
+    name = "gemm_dq"
+    in_auto = False
+
+    @classmethod
+    def can_implement(cls, c):
+        if c.m < GEMM_DQ_MIN_M:
+            return False, f"M = {c.m} < {GEMM_DQ_MIN_M} (a prefill path)"
+        if c.dtype not in _FLOAT_ACT:
+            return False, f"activation dtype {c.dtype} (needs bf16 or fp16)"
+        return _pq2_only(c)
+
+    @classmethod
+    def run(cls, act, w, bias, out_dtype):
+        from vllm_prism.kernels.pq2.triton_dequant import dequantize_pq2
+        dense = dequantize_pq2(w, act.data.dtype)
+        bias = None if bias is None else bias.to(act.data.dtype)
+        return F.linear(act.data, dense, bias).to(out_dtype)
+
+
 class _CudaOpKernel(PQ2LinearKernel):
     """A kernel of vllm_prism._C (csrc/pq2) behind the op ``torch.ops._C_prism.<op>``, on
     int8 activations."""
@@ -351,7 +379,7 @@ class TorchKernel(PQ2LinearKernel):
 # where named.
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, GemvA8Kernel, GemvA16Kernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel,
-    GemmA8Kernel, GemmA16Kernel, GemvCudaA8Kernel, TorchKernel,
+    GemmA8Kernel, GemmA16Kernel, GemmDqKernel, GemvCudaA8Kernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 
