@@ -30,8 +30,9 @@ off, so every prompt is really prefilled. Prompts are random token ids, distinct
   launch of the PQ2 kernels); records carry ``pdl``: whether the kernels really used it.
 * ``--pq2-kernel auto mma_cuda`` runs each engine with ``VLLM_PRISM_PQ2_KERNEL`` set to each
   value (records carry ``pq2_kernel``; a kernel that cannot run a call falls back to auto).
-* profile (batch 1, first context): torch-profiler traces of two generate() calls of T/2 and T
-  decode steps, whose difference gives per decode step the kernel time by family (PQ2
+* profile (batch 1, or each of ``--profile-batches``; first context): torch-profiler traces
+  of two generate() calls of T/2 and T decode steps, whose difference gives per decode step
+  the kernel time by family (PQ2
   linears, attention, Gated DeltaNet, norms/element-wise, sampler, other), the kernel count
   and the GPU-busy share: the union of kernel intervals over the step time measured without
   the profiler. (The first runs attributed one trace to decode by a wall-clock ratio.)
@@ -243,7 +244,7 @@ def run_engine(args: argparse.Namespace) -> list[dict]:
         step = _decode_step_s(llm, prompts, steps, reps=3 if b <= 8 else 1)
         rec = {**base, "kind": "decode", "batch": b, "context": args.context,
                "ms_per_step": step * 1e3, "tok_s": b / step}
-        if b == 1 and args.profile:
+        if args.profile and b in args.profile_batches:
             rec.update(_profile(llm, prompts, steps, step))
         records.append(rec)
         print(json.dumps(rec), flush=True)
@@ -333,7 +334,7 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
         lines += ["", f"\\* Not a measurement to rely on: {notes[0]}."]
     prof = [r for r in merged if "kernel_us_per_step" in r]
     for r in prof:
-        lines += ["", f"Batch-1 decode step by kernel family ({r['mode']}, {r['kv']}, "
+        lines += ["", f"Batch-{r['batch']} decode step by kernel family ({r['mode']}, {r['kv']}, "
                   f"pdl {r.get('pdl', 0)}, {r.get('pq2_kernel', 'auto')}, "
                   f"context {r['context']}): {r['kernels_per_step']:.0f} kernels, "
                   f"{r['busy_us_per_step']:.0f} us busy of {r['ms_per_step'] * 1e3:.0f} us", "",
@@ -357,6 +358,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=64)
     p.add_argument("--gpu-memory", type=float, default=0.85)
     p.add_argument("--no-profile", dest="profile", action="store_false")
+    p.add_argument("--profile-batches", type=int, nargs="+", default=[1],
+                   help="the batch sizes whose decode step is profiled by kernel family")
     p.add_argument("--tp", type=int, nargs="+", default=[1],
                    help="tensor_parallel_size; several: one engine each, in the same run")
     p.add_argument("--spec-k", type=int, nargs="*", default=[],
