@@ -8,6 +8,7 @@
 #   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
 #   bash scripts/gpu-session.sh ptq1mem      weight memory of the 27B-shaped PQ2_0 and PTQ1_0 files
 #   bash scripts/gpu-session.sh ncu ARGS     Nsight Compute: what bounds each PQ2 kernel
+#        (add --attention 4096,32768,131072 for the decode and verify attention)
 # Examples (the bench stage passes its extra arguments to bench_decode.py):
 #   bash scripts/gpu-session.sh bench auto --batches 1 --long-context 0 --prefill \
 #        --no-profile --spec-k 3 5 7                   verify / plain step ratio (DFlash)

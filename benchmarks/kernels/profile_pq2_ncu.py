@@ -1,16 +1,20 @@
-"""What bounds each PQ2 kernel: Nsight Compute counters for every kernel at the Bonsai shapes.
+"""What bounds each PQ2 and attention kernel: Nsight Compute counters at the Bonsai shapes.
 
-For each shape, batch size M and kernel (the automatic choice and the candidates), the kernel
+For each shape, batch size M and kernel (the automatic choice and the candidates), the linear
 runs once inside a profiler range on an activation prepared before it (caches flushed by ncu
-before each kernel, clocks left alone), and ncu reads its duration, DRAM throughput, SM
-throughput, achieved and theoretical occupancy, issue-slot use, registers, grid and the warp
-stall reasons. The activation producer (``_act_kernel``: prologue, signs, Hadamard, int8
-layout) is profiled once per (shape, M) as its own row. Each row gets a "bound by" verdict
-from those counters (the rules are in :func:`verdict`), written to
-benchmarks/results/pq2_ncu_<gpu>.md / .json.
+before each kernel, clocks left alone), and ncu reads every kernel the call launches: its
+duration, DRAM throughput, SM throughput, achieved and theoretical occupancy, issue-slot use,
+registers, grid and the warp stall reasons. The activation producer (``_act_kernel``:
+prologue, signs, Hadamard, int8 layout) is profiled once per (shape, M) as its own case. With
+``--attention``, the PRISM decode and verification attention (Bonsai 2 27B's full-attention
+layer: 24 query heads, 4 KV heads, head dim 256) at each context, BF16 and INT8 caches. A
+marker kernel opens each case in the trace, so a call of several kernels (split and merge)
+keeps them together. Each kernel row gets a "bound by" verdict from its counters (the rules
+are in :func:`verdict`), written to benchmarks/results/pq2_ncu_<gpu>.md / .json.
 
     python benchmarks/kernels/profile_pq2_ncu.py                      # default shapes and M
     python benchmarks/kernels/profile_pq2_ncu.py --shapes 12288x5120 --m 1,8 --kernels mma_cuda
+    python benchmarks/kernels/profile_pq2_ncu.py --shapes none --attention 32768,131072
 
 Needs ``ncu`` (Nsight Compute) with access to the hardware counters; the child process
 (``--child``) is what ncu runs.
@@ -32,9 +36,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-# Kernels of ours that ncu profiles (function names; everything else, e.g. a zero fill, is not).
-KERNEL_REGEX = ("regex:^(_act_kernel|_gemv_a8_kernel|_gemv_a16_kernel|_pq2_tc_kernel|"
-                "pq2_gemv_int8_kernel|pq2_mma_int8_kernel)")
+from vllm_prism.kernels.common import HAS_TRITON  # noqa: E402
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+MARKER = "_ncu_case_marker"  # the kernel that opens each case in the trace
+HQ, HKV, HS, BLOCK = 24, 4, 256, 16  # Bonsai 2 27B full attention; vLLM's block size
 SHAPES = [(12288, 5120), (34816, 5120), (5120, 6144), (5120, 17408), (1024, 5120),
           (248320, 5120)]
 M_LIST = [1, 8, 16, 64, 512]
@@ -60,10 +69,19 @@ METRICS = {
 
 # ------------------------------------------------------------------------- the child
 
+if HAS_TRITON:
+
+    @triton.jit
+    def _ncu_case_marker(ptr):
+        """Opens a case in the trace (one program, one store)."""
+        tl.store(ptr, 1)
+
+
 
 def child_cases(shapes: list[tuple[int, int]], m_list: list[int],
                 kernels: list[str] | None) -> list[dict]:
-    """Run every case once inside a profiler range; return the cases in launch order."""
+    """Run every linear case once inside a profiler range; return the cases in launch
+    order."""
     import torch
 
     from bench_pq2_linear import random_weight
@@ -72,7 +90,7 @@ def child_cases(shapes: list[tuple[int, int]], m_list: list[int],
     gen = torch.Generator(device="cuda").manual_seed(0)
     cap = torch.cuda.get_device_capability()
     cudart = torch.cuda.cudart()
-    cases = []
+    cases: list[dict] = []
     for n, k in shapes:
         w = random_weight(n, k, gen)
         for m in m_list:
@@ -112,11 +130,46 @@ def _candidates(m: int) -> list[str]:
     return ["gemm_a8", "mma_cuda"]
 
 
-def _profiled(cudart, fn) -> None:
+def attention_cases(contexts: list[int], verify_q: int) -> list[dict]:
+    """Decode (one query token) and verification (``verify_q`` tokens) attention at each
+    context, BF16 and INT8 caches, one request on a shuffled block table."""
     import torch
 
+    from vllm_prism.attention.ops import (AttentionMetadata, decode_attention, make_kv_cache,
+                                          verify_attention)
+
+    cudart = torch.cuda.cudart()
+    cases: list[dict] = []
+    for kv_name, dtype in (("bf16", torch.bfloat16), ("int8", torch.int8)):
+        for ctx in contexts:
+            blocks = -(-ctx // BLOCK)
+            cache = make_kv_cache(blocks + 1, HKV, BLOCK, HS, dtype, "NHD", "cuda",
+                                  fill="random")
+            table = torch.randperm(blocks, generator=torch.Generator().manual_seed(ctx))
+            table = table.to(torch.int32).unsqueeze(0).cuda()
+            for q_len, fn in ((1, decode_attention), (verify_q, verify_attention)):
+                md = AttentionMetadata.build(table, [ctx], [q_len])
+                q = torch.randn(q_len, HQ, HS, device="cuda", dtype=torch.bfloat16)
+                out = torch.empty_like(q)
+                for _ in range(2):  # compile and warm up outside the profiled range
+                    fn(q, cache, md, out=out)
+                _profiled(cudart, lambda: fn(q, cache, md, out=out))
+                cases.append({"shape": f"attention {kv_name} ctx {ctx}", "M": q_len,
+                              "kernel": "decode" if q_len == 1 else "verify", "auto": True})
+            del cache
+            torch.cuda.empty_cache()
+    return cases
+
+
+def _profiled(cudart, fn) -> None:
+    """``fn`` inside a profiler range, after the case marker."""
+    import torch
+
+    flag = torch.zeros(1, dtype=torch.int32, device="cuda")
+    _ncu_case_marker[(1,)](flag)  # compiled outside the range
     torch.cuda.synchronize()
     cudart.cudaProfilerStart()
+    _ncu_case_marker[(1,)](flag)
     fn()
     torch.cuda.synchronize()
     cudart.cudaProfilerStop()
@@ -216,17 +269,18 @@ def write_results(out_dir: Path, gpu: str, command: str, records: list[dict]) ->
              "One launch per row, caches flushed before it, clocks not locked "
              "(`ncu --clock-control none`). `auto`: the automatic choice at that M. "
              "Stalls: warps stalled per issued instruction.", "",
-             "| shape | M | kernel | auto | us | DRAM % | SM % | issue % | occupancy % "
-             "(theor.) | regs | grid | bound by |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| shape | M | kernel | launched | auto | us | DRAM % | SM % | issue % | "
+             "occupancy % (theor.) | regs | grid | bound by |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if "skipped" in r:
-            lines.append(f"| {r['shape']} | {r['M']} | {r['kernel']} | | | | | | | | | "
+            lines.append(f"| {r['shape']} | {r['M']} | {r['kernel']} | | | | | | | | | | "
                          f"not run: {r['skipped']} |")
             continue
         f = lambda key, d=1: ("-" if r.get(key) is None  # noqa: E731
                               else f"{r[key]:.{d}f}")
-        lines.append(f"| {r['shape']} | {r['M']} | {r['kernel']} | "
+        launched = r.get("ncu_kernel", "").split("(")[0][:40]
+        lines.append(f"| {r['shape']} | {r['M']} | {r['kernel']} | `{launched}` | "
                      f"{'yes' if r.get('auto') else ''} | {f('us', 2)} | {f('dram_pct')} | "
                      f"{f('sm_pct')} | {f('issue_pct')} | {f('occupancy_pct')} "
                      f"({f('theoretical_occupancy_pct', 0)}) | {f('registers', 0)} | "
@@ -235,21 +289,36 @@ def write_results(out_dir: Path, gpu: str, command: str, records: list[dict]) ->
     return path
 
 
+def group_by_marker(rows: list[dict]) -> list[list[dict]]:
+    """The kernel rows of each case: a marker row opens a case; rows before the first marker
+    (none expected) are dropped."""
+    groups: list[list[dict]] = []
+    for r in rows:
+        if MARKER in r.get("ncu_kernel", ""):
+            groups.append([])
+        elif groups:
+            groups[-1].append(r)
+    return groups
+
+
 def merge(cases: list[dict], rows: list[dict], sms: int) -> list[dict]:
-    """Pair each profiled case with its ncu row, in launch order."""
+    """One record per kernel a profiled case launched (the case's fields, the kernel's
+    counters, a verdict), in launch order; skipped cases keep one record with the reason."""
     run = [c for c in cases if "skipped" not in c]
-    if len(run) != len(rows):
-        raise SystemExit(f"ncu returned {len(rows)} kernel rows for {len(run)} profiled "
-                         "cases: the kernel-name filter and the cases disagree")
-    it = iter(rows)
+    groups = group_by_marker(rows)
+    if len(run) != len(groups):
+        raise SystemExit(f"ncu returned {len(groups)} marked cases for {len(run)} profiled "
+                         "cases (were the hardware counters readable?)")
+    it = iter(groups)
     out = []
     for c in cases:
         if "skipped" in c:
             out.append(c)
             continue
-        rec = {**c, **next(it)}
-        rec["bound_by"] = verdict(rec, sms)
-        out.append(rec)
+        for row in next(it):
+            rec = {**c, **row}
+            rec["bound_by"] = verdict(rec, sms)
+            out.append(rec)
     return out
 
 
@@ -269,22 +338,30 @@ def main() -> None:
     p.add_argument("--m", default=",".join(map(str, M_LIST)), help="batch sizes")
     p.add_argument("--kernels", help="kernels besides the automatic choice (default: the "
                    "Triton and CUDA C++ candidates of each M)")
+    p.add_argument("--attention", default="", help="contexts for the attention cases, e.g. "
+                   "4096,32768,131072 (none by default)")
+    p.add_argument("--verify-q", type=int, default=6, help="query tokens of a verify step")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     p.add_argument("--ncu", default=_find_ncu())
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
-    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
+    shapes = ([] if args.shapes == "none"
+              else [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")])
     m_list = [int(v) for v in args.m.split(",")]
     kernels = args.kernels.split(",") if args.kernels else None
+    contexts = [int(v) for v in args.attention.split(",") if v]
     if args.child:
-        print("CASES " + json.dumps(child_cases(shapes, m_list, kernels)), flush=True)
+        cases = child_cases(shapes, m_list, kernels)
+        cases += attention_cases(contexts, args.verify_q) if contexts else []
+        print("CASES " + json.dumps(cases), flush=True)
         return
     import torch
 
     from timing import gpu_slug
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    child = [sys.executable, __file__, "--child", "--shapes", args.shapes, "--m", args.m]
+    child = [sys.executable, __file__, "--child", "--shapes", args.shapes, "--m", args.m,
+             "--attention", args.attention, "--verify-q", str(args.verify_q)]
     if args.kernels:
         child += ["--kernels", args.kernels]
     # every metric first; where this ncu rejects a name, those it lists; then no stalls
@@ -292,8 +369,8 @@ def main() -> None:
     tries = [METRICS, filtered, {k: v for k, v in filtered.items() if "stall" not in k}]
     for metrics in tries:
         proc = subprocess.run([args.ncu, "--clock-control", "none", "--profile-from-start",
-                               "off", "--kernel-name", KERNEL_REGEX, "--metrics",
-                               ",".join(metrics.values()), "--csv", "--page", "raw", *child],
+                               "off", "--metrics", ",".join(metrics.values()), "--csv",
+                               "--page", "raw", *child],
                               capture_output=True, text=True,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
         cases = [json.loads(line[len("CASES "):]) for line in proc.stdout.splitlines()

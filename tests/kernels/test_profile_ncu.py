@@ -54,17 +54,23 @@ def test_verdict_rules(rec: dict, expect: str) -> None:
     assert prof.verdict(rec, sms=132).startswith(expect)
 
 
-def test_merge_pairs_cases_with_rows_and_refuses_a_count_mismatch() -> None:
+def test_merge_groups_rows_by_marker_and_refuses_a_count_mismatch() -> None:
+    """Each case's kernels are the rows between its marker and the next: the producer case
+    one kernel, the attention case two (split and merge); a skipped case keeps its reason."""
     cases = [{"shape": "8x256", "M": 1, "kernel": "producer (gemv_a8)"},
              {"shape": "8x256", "M": 1, "kernel": "gemv_cuda", "skipped": "not built"},
-             {"shape": "8x256", "M": 1, "kernel": "gemv_a8"}]
-    rows = [{"ncu_kernel": "_act_kernel", "dram_pct": 80.0},
-            {"ncu_kernel": "_gemv_a8_kernel", "dram_pct": 10.0, "grid": 4}]
+             {"shape": "attention bf16 ctx 4096", "M": 1, "kernel": "decode"}]
+    marker = {"ncu_kernel": prof.MARKER, "dram_pct": 0.1, "grid": 1}
+    rows = [marker, {"ncu_kernel": "_act_kernel", "dram_pct": 80.0},
+            marker, {"ncu_kernel": "_split_kv_kernel", "dram_pct": 75.0, "grid": 400},
+            {"ncu_kernel": "_merge_kernel", "dram_pct": 5.0, "grid": 24}]
     out = prof.merge(cases, rows, sms=132)
-    assert [r.get("ncu_kernel") for r in out] == ["_act_kernel", None, "_gemv_a8_kernel"]
-    assert out[0]["bound_by"].startswith("DRAM") and out[2]["bound_by"].startswith("too few")
-    with pytest.raises(SystemExit, match="2 profiled cases"):
-        prof.merge(cases, rows[:1], sms=132)
+    assert [(r["kernel"], r.get("ncu_kernel")) for r in out] == [
+        ("producer (gemv_a8)", "_act_kernel"), ("gemv_cuda", None),
+        ("decode", "_split_kv_kernel"), ("decode", "_merge_kernel")]
+    assert out[0]["bound_by"].startswith("DRAM") and out[3]["bound_by"].startswith("too few")
+    with pytest.raises(SystemExit, match="1 marked cases for 2 profiled"):
+        prof.merge(cases, rows[:2], sms=132)
 
 
 def test_wanted_metrics_keeps_known_base_names() -> None:
@@ -75,8 +81,9 @@ def test_wanted_metrics_keeps_known_base_names() -> None:
 
 def test_write_results_table(tmp_path: Path) -> None:
     records = [{"shape": "8x256", "M": 1, "kernel": "gemv_a8", "auto": True, "us": 3.25,
-                "dram_pct": 80.0, "grid": 4, "bound_by": "DRAM bandwidth (80 %)"},
+                "dram_pct": 80.0, "grid": 4, "bound_by": "DRAM bandwidth (80 %)",
+                "ncu_kernel": "_gemv_a8_kernel"},
                {"shape": "8x256", "M": 1, "kernel": "gemv_cuda", "skipped": "not built"}]
     md = prof.write_results(tmp_path, "h200", "cmd", records).with_suffix(".md").read_text()
-    assert "| 8x256 | 1 | gemv_a8 | yes | 3.25 | 80.0 |" in md
+    assert "| 8x256 | 1 | gemv_a8 | `_gemv_a8_kernel` | yes | 3.25 | 80.0 |" in md
     assert "not run: not built" in md
