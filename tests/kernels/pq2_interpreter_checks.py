@@ -177,6 +177,29 @@ def _dequant():
     expect(((got - want).abs() <= want.abs() * 2 ** -7).all(), "bf16 off by more than a step")
 
 
+@check("gemv-split-k")
+def _gemv_split():
+    """K split over programs (ragged: 9 groups in 3 splits of 4, 4, 1; even: 16 in 4), with
+    bias, 3 rows, prefetch on and off: the partials of every tile are added once, by its last
+    program, which resets its counter (a second call must give the same result)."""
+    from vllm_prism.kernels.pq2.triton_gemv import GemvConfig, _split_counters
+
+    for k, split in ((1152, 3), (2048, 4)):
+        raw, q, d, signs, w = case(19, k, 128)
+        x = torch.randn(3, k).to(torch.bfloat16)
+        bias = torch.randn(19)
+        a8 = transform_activation(x, signs, 128, ActKind.Q8)
+        ref = integer_reference(q8_of(a8), a8.group_scale, q, d, bias)
+        for depth, ahead in ((1, False), (2, True)):
+            cfg = GemvConfig(8, 2, 2, block_m=4, depth=depth, prefetch_scales=ahead,
+                             split_k=split)
+            for call in range(2):
+                y = gemv_a8(a8, w, bias, torch.float32, cfg)
+                expect(rel_err(y, ref) < 1e-5, f"K={k} {cfg} call {call}: "
+                       f"{rel_err(y, ref):.1e}")
+            expect(not _split_counters(w.device).any(), f"K={k} {cfg}: counters not reset")
+
+
 @check("gemv-prefetch-depths")
 def _gemv_depths():
     """Tiles in flight 1..3 ahead, scales with them or not, over 9 groups in tiles of 2 (a

@@ -288,3 +288,31 @@ def test_mma_cuda_split_counters_reset_across_launches_and_graph_replays() -> No
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, first)
+
+
+@pytest.mark.parametrize("shape", [(5120, 17408), (5120, 6144), (1024, 5120)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("split,depth", [(2, 1), (4, 2), (3, 3)])
+def test_gemv_a8_split_k_exact_and_replayable(shape: tuple[int, int], split: int,
+                                              depth: int) -> None:
+    """The K-split int8 GEMV (a sweep variant): exact against the integer reference, and a
+    CUDA graph of it replays to the same bits (each tile's last program resets its counter;
+    a stale counter would skip or double a tile's sum)."""
+    from vllm_prism.kernels.pq2.triton_gemv import GemvConfig, _split_counters, gemv_a8
+
+    n, k = shape
+    raw, q, d, signs, w = make_case(n, k, 1024)
+    x = torch.randn(1, k, device="cuda", generator=torch.Generator("cuda").manual_seed(split))
+    act = dispatch._BY_NAME["gemv_a8"].make_activation(x.bfloat16(), w)
+    cfg = GemvConfig(16, 8, 4, depth=depth, prefetch_scales=depth > 1, split_k=split)
+    y = gemv_a8(act, w, None, torch.float32, cfg)
+    iref = integer_reference(act.data.int(), act.group_scale, q, d)
+    assert rel_err(y, iref) < 2e-5
+    assert not _split_counters(w.device).any()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemv_a8(act, w, None, torch.float32, cfg)
+    for _ in range(3):
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, y)

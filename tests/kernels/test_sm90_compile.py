@@ -70,11 +70,12 @@ def _ptx(fn, sig: dict, consts: dict) -> str:
 @pytest.mark.parametrize("pdl", [0, 1])
 def test_gemv_a8_compiles_with_pdl(pdl: int) -> None:
     sig = {"codes_ptr": "*i32", "scales_ptr": "*fp16", "xq_ptr": "*i32", "sx_ptr": "*fp32",
-           "qsum_ptr": "*i32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
-           **{k: "i32" for k in ("M", "N", "G", "stride_cn", "stride_sn", "stride_xm",
+           "qsum_ptr": "*i32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32",
+           "cnt_ptr": "*i32",
+           **{k: "i32" for k in ("M", "N", "G", "G_PER", "stride_cn", "stride_sn", "stride_xm",
                                  "stride_gm", "stride_om")}}
     consts = dict(BLOCK_N=32, BLOCK_G=8, BLOCK_M=1, USE_ASM=1, HAS_BIAS=0, EVEN_G=1, PDL=pdl,
-                  DEPTH=1, SCALES_AHEAD=0)
+                  DEPTH=1, SCALES_AHEAD=0, SPLIT=1)
     ptx = _ptx(triton_gemv._gemv_a8_kernel, sig, consts)
     if not pdl:
         assert "griddepcontrol" not in ptx
@@ -85,14 +86,17 @@ def test_gemv_a8_compiles_with_pdl(pdl: int) -> None:
     assert "ld.global" in ptx[:wait]
 
 
-def _gemv_loads_before_wait(depth: int, scales_ahead: int) -> int:
+def _gemv_loads_before_wait(depth: int, scales_ahead: int, split: int = 1) -> int:
     sig = {"codes_ptr": "*i32", "scales_ptr": "*fp16", "xq_ptr": "*i32", "sx_ptr": "*fp32",
-           "qsum_ptr": "*i32", "bias_ptr": "*bf16", "out_ptr": "*bf16",
-           **{k: "i32" for k in ("M", "N", "G", "stride_cn", "stride_sn", "stride_xm",
+           "qsum_ptr": "*i32", "bias_ptr": "*bf16", "out_ptr": "*bf16", "ws_ptr": "*fp32",
+           "cnt_ptr": "*i32",
+           **{k: "i32" for k in ("M", "N", "G", "G_PER", "stride_cn", "stride_sn", "stride_xm",
                                  "stride_gm", "stride_om")}}
     consts = dict(BLOCK_N=32, BLOCK_G=8, BLOCK_M=1, USE_ASM=1, HAS_BIAS=0, EVEN_G=1, PDL=1,
-                  DEPTH=depth, SCALES_AHEAD=scales_ahead)
+                  DEPTH=depth, SCALES_AHEAD=scales_ahead, SPLIT=split)
     ptx = _ptx(triton_gemv._gemv_a8_kernel, sig, consts)
+    if split > 1:  # the tile count is an acquire-release atomic, after a CTA barrier
+        assert "atom.global.acq_rel" in ptx.replace(".gpu", "") and "bar.sync" in ptx
     return ptx[:ptx.index("griddepcontrol.wait")].count("ld.global")
 
 
@@ -105,6 +109,7 @@ def test_gemv_a8_prefetch_variants_compile() -> None:
         codes_only = _gemv_loads_before_wait(depth, 0)
         assert codes_only == depth * base, (depth, codes_only, base)
         assert _gemv_loads_before_wait(depth, 1) > codes_only
+    assert _gemv_loads_before_wait(2, 1, split=4) == _gemv_loads_before_wait(2, 1)
 
 
 def test_tensor_core_kernel_compiles_with_pdl() -> None:

@@ -46,24 +46,30 @@ GEMV_SMALL_N_MAX_M = 2
 
 class GemvConfig:
     """Tile of a GEMV program: rows, groups of 128 per step, warps, activation rows, and (int8
-    GEMV) how many weight tiles are in flight ahead of the one being reduced (``depth``, 1..3)
-    and whether each tile's fp16 scales travel with its codes (``prefetch_scales``) instead
-    of being loaded in the step that uses them."""
+    GEMV) how many weight tiles are in flight ahead of the one being reduced (``depth``, 1..3),
+    whether each tile's fp16 scales travel with its codes (``prefetch_scales``) instead of
+    being loaded in the step that uses them, and over how many programs each row's K is split
+    (``split_k``: more programs for narrow outputs; the last program of a tile adds the
+    partials)."""
 
     def __init__(self, block_n: int, block_g: int, num_warps: int, block_m: int = 1,
-                 depth: int = 1, prefetch_scales: bool = False) -> None:
+                 depth: int = 1, prefetch_scales: bool = False, split_k: int = 1) -> None:
         if depth not in (1, 2, 3):
             raise ValueError(f"GemvConfig depth = {depth}: takes 1, 2 or 3 tiles ahead")
+        if not 1 <= split_k <= 16:
+            raise ValueError(f"GemvConfig split_k = {split_k}: takes 1..16")
         self.block_n = block_n
         self.block_g = block_g
         self.num_warps = num_warps
         self.block_m = block_m
         self.depth = depth
         self.prefetch_scales = prefetch_scales
+        self.split_k = split_k
 
     def __repr__(self) -> str:
         extra = f", depth={self.depth}" if self.depth != 1 else ""
         extra += ", scales ahead" if self.prefetch_scales else ""
+        extra += f", split={self.split_k}" if self.split_k != 1 else ""
         return (f"GemvConfig(n={self.block_n}, g={self.block_g}, w={self.num_warps}, "
                 f"m={self.block_m}{extra})")
 
@@ -136,11 +142,12 @@ if HAS_TRITON:
 
     @triton.jit
     def _gemv_a8_kernel(codes_ptr, scales_ptr, xq_ptr, sx_ptr, qsum_ptr, bias_ptr, out_ptr,
-                        M, N, G, stride_cn, stride_sn, stride_xm, stride_gm, stride_om,
+                        ws_ptr, cnt_ptr,
+                        M, N, G, G_PER, stride_cn, stride_sn, stride_xm, stride_gm, stride_om,
                         BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_M: tl.constexpr,
                         USE_ASM: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_G: tl.constexpr,
                         PDL: tl.constexpr = False, DEPTH: tl.constexpr = 1,
-                        SCALES_AHEAD: tl.constexpr = False):
+                        SCALES_AHEAD: tl.constexpr = False, SPLIT: tl.constexpr = 1):
         if PDL:  # the next kernel may launch now (it waits for our output itself)
             tl.extra.cuda.gdc_launch_dependents()
         pid = tl.program_id(0)
@@ -155,29 +162,36 @@ if HAS_TRITON:
         s_rows = scales_ptr + rows[:, None] * stride_sn
         mi = tl.arange(0, BLOCK_M)
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_G], dtype=tl.float32)
+        if SPLIT == 1:
+            g_lo = 0
+            g_hi = G
+        else:  # this program's share of the groups (a K split)
+            g_lo = tl.program_id(2) * G_PER
+            g_hi = tl.minimum(G, g_lo + G_PER)
         # DEPTH weight tiles in flight: the current one and DEPTH - 1 ahead, plus the one each
         # step issues for DEPTH steps later (with SCALES_AHEAD their scales travel with them)
-        words = _load_words(c_rows, gi[:, None] * 8 + wj[None, :], gi, G, EVEN_G)
+        words = _load_words(c_rows, (g_lo + gi)[:, None] * 8 + wj[None, :], g_lo + gi, g_hi,
+                            EVEN_G)
         if SCALES_AHEAD:
-            d_cur = _load_scales(s_rows, gi, G)
+            d_cur = _load_scales(s_rows, g_lo + gi, g_hi)
         if DEPTH >= 2:
-            words1 = _load_codes(c_rows, gi + BLOCK_G, wj, G)
+            words1 = _load_codes(c_rows, g_lo + gi + BLOCK_G, wj, g_hi)
             if SCALES_AHEAD:
-                d1 = _load_scales(s_rows, gi + BLOCK_G, G)
+                d1 = _load_scales(s_rows, g_lo + gi + BLOCK_G, g_hi)
         if DEPTH >= 3:
-            words2 = _load_codes(c_rows, gi + 2 * BLOCK_G, wj, G)
+            words2 = _load_codes(c_rows, g_lo + gi + 2 * BLOCK_G, wj, g_hi)
             if SCALES_AHEAD:
-                d2 = _load_scales(s_rows, gi + 2 * BLOCK_G, G)
+                d2 = _load_scales(s_rows, g_lo + gi + 2 * BLOCK_G, g_hi)
         if PDL:  # the first weight tiles are on their way; the activation is complete past here
             tl.extra.cuda.gdc_wait()
-        for g0 in range(0, G, BLOCK_G):
+        for g0 in range(g_lo, g_hi, BLOCK_G):
             gg = g0 + gi
-            gm = gg < G
+            gm = gg < g_hi
             wo = gg[:, None] * 8 + wj[None, :]  # [BG, 8] word offsets
             nxt = gg + DEPTH * BLOCK_G  # the tile DEPTH steps ahead (masked past the end)
-            words_next = _load_codes(c_rows, nxt, wj, G)
+            words_next = _load_codes(c_rows, nxt, wj, g_hi)
             if SCALES_AHEAD:
-                d_next = _load_scales(s_rows, nxt, G)
+                d_next = _load_scales(s_rows, nxt, g_hi)
             t0 = words & 0x03030303
             t1 = (words >> 2) & 0x03030303
             t2 = (words >> 4) & 0x03030303
@@ -230,11 +244,30 @@ if HAS_TRITON:
                     d1 = d2
                     d2 = d_next
         y = tl.sum(acc, axis=2)  # [BM, BN]
-        if HAS_BIAS:
-            y += tl.load(bias_ptr + rows).to(tl.float32)[None, :]
         omask = ((m0 + mi) < M)[:, None] & rmask[None, :]
         optrs = out_ptr + (m0 + mi).to(tl.int64)[:, None] * stride_om + rows[None, :]
-        tl.store(optrs, y.to(out_ptr.dtype.element_ty), mask=omask)
+        if SPLIT == 1:
+            if HAS_BIAS:
+                y += tl.load(bias_ptr + rows).to(tl.float32)[None, :]
+            tl.store(optrs, y.to(out_ptr.dtype.element_ty), mask=omask)
+        else:
+            # partial sums meet in the workspace [SPLIT, M, N]; the tile's last program (its
+            # counter, reset by it) adds them in split order and stores: deterministic, and no
+            # launch of its own
+            ws_rows = (m0 + mi).to(tl.int64)[:, None] * N + rows[None, :]
+            tl.store(ws_ptr + tl.program_id(2).to(tl.int64) * M * N + ws_rows, y, mask=omask)
+            tl.debug_barrier()  # every thread's partial is written before the count
+            tile = tl.program_id(1) * tl.num_programs(0) + pid
+            done = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+            if done == SPLIT - 1:
+                tot = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+                for sp in tl.static_range(SPLIT):
+                    tot += tl.load(ws_ptr + sp * M * N + ws_rows, mask=omask, other=0.0,
+                                   cache_modifier=".cg")
+                if HAS_BIAS:
+                    tot += tl.load(bias_ptr + rows).to(tl.float32)[None, :]
+                tl.store(optrs, tot.to(out_ptr.dtype.element_ty), mask=omask)
+                tl.atomic_xchg(cnt_ptr + tile, 0)
 
     @triton.jit
     def _gemv_a16_kernel(codes_ptr, scales_ptr, xp_ptr, xsum_ptr, bias_ptr, out_ptr,
@@ -306,15 +339,42 @@ def gemv_a8(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = None,
     g = w.groups
     xq = act.data.view(torch.int32)  # [M, K/4]
     pdl = use_pdl(w.device)
-    _gemv_a8_kernel[(cdiv(w.n, cfg.block_n), cdiv(m, cfg.block_m))](
+    grid_n, grid_m = cdiv(w.n, cfg.block_n), cdiv(m, cfg.block_m)
+    g_per = cdiv(cdiv(g, cfg.split_k), cfg.block_g) * cfg.block_g  # whole tiles per split
+    split = cdiv(g, g_per)
+    if split > 1 and grid_n * grid_m > SPLIT_COUNTERS:
+        split, g_per = 1, g
+    if split > 1:
+        ws = torch.empty(split, m, w.n, dtype=torch.float32, device=w.device)
+        counters = _split_counters(w.device)
+        even = g % g_per == 0
+    else:
+        g_per, ws, counters, even = g, out, xq, g % cfg.block_g == 0
+    _gemv_a8_kernel[(grid_n, grid_m, split)](
         w.codes, w.scales, xq, act.group_scale, act.group_sum,
-        bias if bias is not None else out, out, m, w.n, g, w.codes.stride(0),
-        w.scales.stride(0), xq.stride(0), act.group_sum.stride(0), out.stride(0),
-        BLOCK_N=cfg.block_n, BLOCK_G=cfg.block_g, BLOCK_M=cfg.block_m,
-        USE_ASM=not interpreting(), HAS_BIAS=bias is not None, EVEN_G=g % cfg.block_g == 0,
-        PDL=pdl, DEPTH=cfg.depth, SCALES_AHEAD=cfg.prefetch_scales, num_warps=cfg.num_warps,
-        **pdl_launch(pdl))
+        bias if bias is not None else out, out, ws, counters, m, w.n, g, g_per,
+        w.codes.stride(0), w.scales.stride(0), xq.stride(0), act.group_sum.stride(0),
+        out.stride(0), BLOCK_N=cfg.block_n, BLOCK_G=cfg.block_g, BLOCK_M=cfg.block_m,
+        USE_ASM=not interpreting(), HAS_BIAS=bias is not None, EVEN_G=even, PDL=pdl,
+        DEPTH=cfg.depth, SCALES_AHEAD=cfg.prefetch_scales, SPLIT=split,
+        num_warps=cfg.num_warps, **pdl_launch(pdl))
     return out
+
+
+# Tiles a split GEMV can count (one int32 each, zero between launches: the last program of a
+# tile resets its counter); a grid with more tiles runs unsplit.
+SPLIT_COUNTERS = 8192
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device) -> torch.Tensor:
+    """The per-device tile counters of the split GEMV. One set per device: the model's
+    linears run one at a time on its stream (a concurrent split GEMV on another stream of the
+    same device would share them)."""
+    t = _COUNTERS.get(device)
+    if t is None:
+        t = _COUNTERS[device] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
+    return t
 
 
 def gemv_a16(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = None,
