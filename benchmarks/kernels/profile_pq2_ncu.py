@@ -99,7 +99,11 @@ def child_cases(shapes: list[tuple[int, int]], m_list: list[int],
             names = [auto.name] + [c for c in (kernels or _candidates(m)) if c != auto.name]
             producer_done = False
             for name in names:
-                kern = dispatch._BY_NAME[name]
+                kern = dispatch._BY_NAME.get(name)
+                if kern is None:
+                    cases.append({"shape": f"{n}x{k}", "M": m, "kernel": name,
+                                  "skipped": "no such kernel"})
+                    continue
                 ok, why = kern.is_supported(cap)
                 if ok:
                     ok, why = kern.can_implement(dispatch.PQ2LinearConfig.of(m, w, x.dtype))
