@@ -124,3 +124,11 @@ def test_relative_model_path_is_resolved(tiny: Path, tmp_path: Path, monkeypatch
     prepare_gguf_engine_args(args)
     assert args.model == str(tiny.resolve()) and Path(args.model).is_absolute()
     assert args.served_model_name == tiny.name  # what the user called it
+
+
+def test_bad_gemv_tuning_is_refused_before_the_engine(tiny: Path, monkeypatch) -> None:
+    """VLLM_PRISM_GEMV_TUNING is parsed when the engine arguments are prepared: a bad value
+    names the variable there, not at the first GEMV inside the engine."""
+    monkeypatch.setenv("VLLM_PRISM_GEMV_TUNING", "depth=2,speed=9")
+    with pytest.raises(ValueError, match="VLLM_PRISM_GEMV_TUNING=.*'speed=9'"):
+        prepare_gguf_engine_args(_args(str(tiny), tokenizer="/my/tokenizer"))

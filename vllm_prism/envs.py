@@ -29,6 +29,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # changes no traced graph.
     "VLLM_PRISM_PDL": lambda: os.getenv("VLLM_PRISM_PDL", "0").strip().lower() in ("1", "true",
                                                                                      "on"),
+    # Tile overrides for the int8 GEMV (kernels/pq2/triton_gemv.py), to measure a variant
+    # through vLLM: comma-separated key=value among n (rows per program), g (groups per step),
+    # w (warps), depth (tiles in flight, 1..3), scales (1: scales travel with their tile),
+    # split (programs per row's K). Empty (default): the tuned defaults.
+    "VLLM_PRISM_GEMV_TUNING": lambda: os.getenv("VLLM_PRISM_GEMV_TUNING", "").strip().lower(),
     # Patches to vLLM (vllm_prism/patches) not to apply, by name, comma-separated: to measure
     # what one changes, or to rule it out. Empty (default): every patch for this vLLM.
     "VLLM_PRISM_DISABLED_PATCHES": lambda: [x.strip() for x in os.getenv(

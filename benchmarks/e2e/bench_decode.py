@@ -2,9 +2,9 @@
 
     python benchmarks/e2e/bench_decode.py MODEL.gguf [--kv auto int8_per_token_head]
         [--mode default|eager] [--batches 1 8 32 64] [--context 1024] [--long-context 32768]
-        [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 1 [0]]
-        [--pq2-kernel auto [mma_cuda]]
-        [--out-dir benchmarks/results]
+        [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 0 [1]]
+        [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
+        [--profile-batches 1 [8]] [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
 (torch.compile and CUDA graphs; ``--mode eager`` adds ``enforce_eager``) and prefix caching
@@ -29,7 +29,9 @@ off, so every prompt is really prefilled. Prompts are random token ids, distinct
 * ``--pdl 1 0`` runs each engine with ``VLLM_PRISM_PDL`` on, then off (programmatic dependent
   launch of the PQ2 kernels); records carry ``pdl``: whether the kernels really used it.
 * ``--pq2-kernel auto mma_cuda`` runs each engine with ``VLLM_PRISM_PQ2_KERNEL`` set to each
-  value (records carry ``pq2_kernel``; a kernel that cannot run a call falls back to auto).
+  value (records carry ``pq2_kernel``; a kernel that cannot run a call falls back to auto);
+  ``--gemv-tuning 'depth=2,scales=1' split=4`` likewise with ``VLLM_PRISM_GEMV_TUNING`` (the
+  int8 GEMV's tile overrides, shown in brackets after the kernel).
 * profile (batch 1, or each of ``--profile-batches``; first context): torch-profiler traces
   of two generate() calls of T/2 and T decode steps, whose difference gives per decode step
   the kernel time by family (PQ2
@@ -234,7 +236,7 @@ def run_engine(args: argparse.Namespace) -> list[dict]:
 
     base = {"kv": kv, "mode": args.mode, "tp": args.tp[0],
             "pdl": int(use_pdl(torch.device("cuda"))),
-            "pq2_kernel": os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto")}
+            "pq2_kernel": _kernel_label()}
     if args.spec_k:
         return [_verify_record(llm, args, base, vocab)]
     records = []
@@ -275,6 +277,14 @@ def _tiny_drafter(model: str) -> str:
     from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
 
     return make_tiny_drafter(Path(tempfile.mkdtemp(prefix="drafter-")), model)["path"]
+
+
+def _kernel_label() -> str:
+    """The PQ2 kernel choice of this engine: VLLM_PRISM_PQ2_KERNEL, with the GEMV tile
+    overrides in brackets when VLLM_PRISM_GEMV_TUNING sets any."""
+    kern = os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto") or "auto"
+    tune = os.environ.get("VLLM_PRISM_GEMV_TUNING", "").strip()
+    return f"{kern} [gemv {tune}]" if tune else kern
 
 
 def _variant(r: dict) -> tuple:
@@ -366,10 +376,14 @@ def main() -> None:
                    help="verify-step records with a DFlash drafter, one engine per k")
     p.add_argument("--drafter", help="the DFlash drafter folder for --spec-k (default: "
                    "vllm-prism make-tiny-drafter for the model, in a temporary folder)")
-    p.add_argument("--pdl", type=int, nargs="+", default=[1], choices=[0, 1],
-                   help="VLLM_PRISM_PDL for the engines; 1 0: each engine with and without")
+    p.add_argument("--pdl", type=int, nargs="+", default=[0], choices=[0, 1],
+                   help="VLLM_PRISM_PDL for the engines (default 0, as served); 1 0: each "
+                   "engine with and without")
     p.add_argument("--pq2-kernel", nargs="+", default=["auto"],
                    help="VLLM_PRISM_PQ2_KERNEL for the engines, each in turn")
+    p.add_argument("--gemv-tuning", nargs="+", default=[""],
+                   help="VLLM_PRISM_GEMV_TUNING for the engines, each in turn (e.g. "
+                   "'depth=2,scales=1' 'split=4'; '' for the defaults)")
     p.add_argument("--out-dir", default=str(HERE.parent / "results"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -390,13 +404,14 @@ def main() -> None:
         drafter = args.drafter or _tiny_drafter(args.model)
         runs += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
                                drafter, "--batches", "1"]) for k in args.spec_k]
-    runs = [(kv, more, pdl, kern) for kern in args.pq2_kernel for pdl in args.pdl
-            for kv, more in runs]
-    for kv, more, pdl, kern in runs:
+    runs = [(kv, more, pdl, kern, tune) for tune in args.gemv_tuning for kern in args.pq2_kernel
+            for pdl in args.pdl for kv, more in runs]
+    for kv, more, pdl, kern, tune in runs:
         cmd = [sys.executable, __file__, "--child", *sys.argv[1:], "--kv", kv, *more]
-        env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern}
+        env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern,
+               "VLLM_PRISM_GEMV_TUNING": tune}
         returncode, lines = _run_child(cmd, env, f"kv={kv} {' '.join(more)} pdl={pdl} "
-                                       f"kernel={kern}")
+                                       f"kernel={kern} gemv={tune or 'default'}")
         if returncode or not lines:
             print(f"engine for kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} failed "
                   f"(exit {returncode})",

@@ -149,6 +149,22 @@ def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
         dispatch._select.cache_clear()
 
 
+def test_gemv_tuning_overrides_the_defaults(monkeypatch) -> None:
+    """VLLM_PRISM_GEMV_TUNING replaces only the fields it names; empty keeps the defaults."""
+    from vllm_prism.kernels.pq2.triton_gemv import GemvConfig, tuned
+
+    base = GemvConfig(32, 8, 4, block_m=2)
+    monkeypatch.setenv("VLLM_PRISM_GEMV_TUNING", "")
+    assert tuned(base) is base
+    monkeypatch.setenv("VLLM_PRISM_GEMV_TUNING", "depth=3, scales=1,split=4,n=16")
+    t = tuned(base)
+    assert (t.block_n, t.block_g, t.num_warps, t.block_m, t.depth, t.prefetch_scales,
+            t.split_k) == (16, 8, 4, 2, 3, True, 4)
+    monkeypatch.setenv("VLLM_PRISM_GEMV_TUNING", "depth=7")
+    with pytest.raises(ValueError, match="VLLM_PRISM_GEMV_TUNING='depth=7'.*depth = 7"):
+        tuned(base)
+
+
 def test_ptq1_torch_path_matches_reference() -> None:
     gen = torch.Generator().manual_seed(4)
     raw, _, _ = random_ternary(8, 384, "PTQ1_0", gen)

@@ -175,6 +175,15 @@ def _check_tensor_parallel(args: Any, path: str) -> None:
                          f"that keeps every block on one rank is {best} (use a divisor of it)")
 
 
+def _check_switches() -> None:
+    """VLLM_PRISM_* switches the kernels parse, checked before the engine starts (a bad value
+    raises a ValueError naming the variable)."""
+    from vllm_prism import envs
+    from vllm_prism.kernels.pq2.triton_gemv import _tuning
+
+    _tuning(envs.VLLM_PRISM_GEMV_TUNING)
+
+
 def prepare_gguf_engine_args(args: Any) -> None:
     """Point ``args`` (an EngineArgs) at our config source, loader and quantization."""
     if not is_gguf_model(args.model):
@@ -187,6 +196,7 @@ def prepare_gguf_engine_args(args: Any) -> None:
     skip_tokenizer = bool(getattr(args, "skip_tokenizer_init", False))
     report = check_gguf_for_serving(path, own_tokenizer=not (user_tokenizer or skip_tokenizer))
     _check_tensor_parallel(args, path)
+    _check_switches()
     if args.quantization not in (None, QUANTIZATION):
         raise ValueError(f"--quantization {args.quantization} cannot be used with the Bonsai "
                          f"GGUF file {path}; leave it unset or pass {QUANTIZATION}")

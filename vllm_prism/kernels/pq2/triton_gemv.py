@@ -22,8 +22,11 @@ Under the Triton interpreter the dp4a block is emulated with shifts and multipli
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
+from vllm_prism import envs
 from vllm_prism.kernels.common import HAS_TRITON, cdiv, interpreting, pdl_launch, use_pdl
 
 if HAS_TRITON:
@@ -72,6 +75,40 @@ class GemvConfig:
         extra += f", split={self.split_k}" if self.split_k != 1 else ""
         return (f"GemvConfig(n={self.block_n}, g={self.block_g}, w={self.num_warps}, "
                 f"m={self.block_m}{extra})")
+
+
+_TUNING_KEYS = {"n": "block_n", "g": "block_g", "w": "num_warps", "depth": "depth",
+                "scales": "prefetch_scales", "split": "split_k"}
+
+
+@functools.lru_cache(maxsize=8)
+def _tuning(spec: str) -> dict[str, int]:
+    """``VLLM_PRISM_GEMV_TUNING`` parsed: GemvConfig field -> value."""
+    out = {}
+    for item in filter(None, (x.strip() for x in spec.split(","))):
+        key, _, value = item.partition("=")
+        if key.strip() not in _TUNING_KEYS or not value.strip().isdigit():
+            raise ValueError(f"VLLM_PRISM_GEMV_TUNING={spec!r}: {item!r} is not key=integer "
+                             f"with a key among {', '.join(_TUNING_KEYS)}")
+        out[_TUNING_KEYS[key.strip()]] = int(value)
+    try:  # the values too: GemvConfig checks its ranges
+        GemvConfig(**{"block_n": 16, "block_g": 8, "num_warps": 4, **out})
+    except ValueError as e:
+        raise ValueError(f"VLLM_PRISM_GEMV_TUNING={spec!r}: {e}") from None
+    return out
+
+
+def tuned(cfg: GemvConfig) -> GemvConfig:
+    """``cfg`` with the ``VLLM_PRISM_GEMV_TUNING`` overrides (itself when there are none)."""
+    over = _tuning(envs.VLLM_PRISM_GEMV_TUNING)
+    if not over:
+        return cfg
+    fields = dict(block_n=cfg.block_n, block_g=cfg.block_g, num_warps=cfg.num_warps,
+                  block_m=cfg.block_m, depth=cfg.depth, prefetch_scales=cfg.prefetch_scales,
+                  split_k=cfg.split_k)
+    fields.update(over)
+    fields["prefetch_scales"] = bool(fields["prefetch_scales"])
+    return GemvConfig(**fields)
 
 
 def gemv_max_m(n: int) -> int:
@@ -332,7 +369,7 @@ def gemv_a8(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = None,
     ``block_m`` rows)."""
     _check(act, w, ActKind.Q8)
     m = act.m
-    cfg = config or default_gemv_config(m, w.n, w.k, a8=True)
+    cfg = config or tuned(default_gemv_config(m, w.n, w.k, a8=True))
     out = torch.empty(m, w.n, dtype=out_dtype or act.dtype, device=w.device)
     if m == 0:
         return out
