@@ -121,6 +121,10 @@ def test_tensor_core_kernel_compiles_with_pdl() -> None:
                   DOT_F32=0, PDL=1)
     ptx = _ptx(triton_mma._pq2_tc_kernel, sig, consts)
     assert "griddepcontrol.wait" in ptx
+    # the next kernel is let in after the main loop's tensor-core work, not at the start (it
+    # may span several waves)
+    last_mma = max(ptx.rfind("mma_async"), ptx.rfind("mma.sync"))
+    assert 0 < last_mma < ptx.index("griddepcontrol.launch_dependents")
 
 
 def test_dequantize_kernel_compiles_to_wide_accesses() -> None:

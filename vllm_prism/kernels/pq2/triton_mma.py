@@ -28,9 +28,6 @@ from dataclasses import dataclass
 import torch
 
 from vllm_prism.kernels.common import HAS_TRITON, cdiv, interpreting, pdl_launch, use_pdl
-
-if HAS_TRITON:
-    from vllm_prism.kernels.common import pdl_enter
 from vllm_prism.kernels.pq2.hadamard import ActKind, PQ2Activation
 from vllm_prism.kernels.pq2.layout import PQ2Weight
 
@@ -127,7 +124,8 @@ if HAS_TRITON:
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ATOMIC: tl.constexpr,
                        A8: tl.constexpr, FOLD_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
                        DOT_F32: tl.constexpr, PDL: tl.constexpr = False):
-        pdl_enter(PDL)  # let the next kernel launch; our inputs are complete past here
+        if PDL:  # our inputs are complete past here
+            tl.extra.cuda.gdc_wait()
         pid_n = tl.program_id(0)
         pid_m = tl.program_id(1)
         pid_k = tl.program_id(2)
@@ -167,6 +165,9 @@ if HAS_TRITON:
                     acc = tl.dot(wv, xt, acc)
                 else:
                     acc += tl.dot(wv, xt) * d[:, None]
+        if PDL:  # the next kernel may launch now: not earlier, so that its waiting programs do
+            # not hold multiprocessors this kernel's later programs need (it can span waves)
+            tl.extra.cuda.gdc_launch_dependents()
         if HAS_BIAS:
             b = tl.load(bias_ptr + rn).to(tl.float32)
             if ATOMIC:
