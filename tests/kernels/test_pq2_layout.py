@@ -95,7 +95,9 @@ def test_dispatch_on_cpu_uses_torch_and_env_override(monkeypatch, caplog) -> Non
     dispatch._logged.clear()
     with caplog.at_level(logging.WARNING, logger="vllm_prism.kernels.pq2.dispatch"):
         assert dispatch.select_kernel(1, w, x.dtype).name == "torch"
+        assert dispatch.select_kernel(2, w, x.dtype).name == "torch"  # no second warning
     assert "VLLM_PRISM_PQ2_KERNEL: gemv_a8 cannot run" in caplog.text
+    assert caplog.text.count("gemv_a8 cannot run") == 1
     monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "nonsense")
     dispatch._select.cache_clear()
     with caplog.at_level(logging.WARNING, logger="vllm_prism.kernels.pq2.dispatch"):

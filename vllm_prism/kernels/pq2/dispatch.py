@@ -415,9 +415,14 @@ def _select(c: PQ2LinearConfig, forced: str) -> type[PQ2LinearKernel]:
                       "PQ2 linear %s M=%d N=%d K=%d: kernel %s (VLLM_PRISM_PQ2_KERNEL)",
                       c.fmt, c.m, c.n, c.k, name)
             return kernel
-        _log_once(logging.WARNING, ("forced-no", name, c.m, c.n, c.k, c.fmt),
+        # one warning per named kernel (a prefill-only kernel cannot run any decode call),
+        # the other shapes it cannot run at debug level
+        first = ("forced-no", name) not in _logged
+        _log_once(logging.WARNING if first else logging.DEBUG,
+                  ("forced-no", name) if first else ("forced-no", name, c.m, c.n, c.k, c.fmt),
                   "VLLM_PRISM_PQ2_KERNEL: %s cannot run %s M=%d N=%d K=%d (%s); trying the "
-                  "next choice", name, c.fmt, c.m, c.n, c.k, why)
+                  "next choice%s", name, c.fmt, c.m, c.n, c.k, why,
+                  " (other calls it cannot run are logged at debug level)" if first else "")
     for kernel in KERNELS:
         if not kernel.in_auto or (kernel.auto_max_m is not None and c.m > kernel.auto_max_m):
             continue
