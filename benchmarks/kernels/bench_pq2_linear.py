@@ -23,6 +23,7 @@ activation) after checking its output against the torch reference, to choose def
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import math
@@ -98,11 +99,11 @@ GEMV_A8_CONFIGS = [GemvConfig(8, 8, 2), GemvConfig(16, 8, 4), GemvConfig(16, 16,
 # More weight tiles in flight per program, their scales with them (issue 11: the M = 1 GEMV
 # reaches 30-50 % of the read bandwidth on the mid-size shapes; latency-bound is the guess).
 _GEMV_BASE = list(GEMV_A8_CONFIGS)
-GEMV_A8_CONFIGS += [GemvConfig(c.block_n, c.block_g, c.num_warps, depth=d, prefetch_scales=True)
+GEMV_A8_CONFIGS += [dataclasses.replace(c, depth=d, prefetch_scales=True)
                     for c in _GEMV_BASE for d in (1, 2, 3)]
 # and K split over programs (more programs on the narrow outputs: 5120 rows)
-GEMV_A8_CONFIGS += [GemvConfig(c.block_n, c.block_g, c.num_warps, depth=2, prefetch_scales=True,
-                               split_k=s) for c in _GEMV_BASE for s in (2, 4)]
+GEMV_A8_CONFIGS += [dataclasses.replace(c, depth=2, prefetch_scales=True, split_k=s)
+                    for c in _GEMV_BASE for s in (2, 4)]
 GEMV_A16_CONFIGS = [GemvConfig(16, 8, 4)]
 GEMV_M = [2, 4, 8, 16]
 MMA_M = [16, 32, 64]
@@ -169,9 +170,7 @@ def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
                             lambda a, w, c: gemv_a16(a, w, config=c), 1e-2, ref)
         if m <= 16:
             for c0 in GEMV_A8_CONFIGS:
-                cfg = GemvConfig(c0.block_n, c0.block_g, c0.num_warps, 1 << (m - 1).bit_length(),
-                                 depth=c0.depth, prefetch_scales=c0.prefetch_scales,
-                                 split_k=c0.split_k)
+                cfg = dataclasses.replace(c0, block_m=1 << (m - 1).bit_length())
                 run_variant("gemv_a8", m, cfg, aq,
                             lambda a, w, c: gemv_a8(a, w, config=c), 3e-2, ref)
             if m < 16:

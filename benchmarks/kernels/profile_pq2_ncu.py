@@ -43,7 +43,7 @@ if HAS_TRITON:
     import triton.language as tl
 
 MARKER = "_ncu_case_marker"  # the kernel that opens each case in the trace
-HQ, HKV, HS, BLOCK = 24, 4, 256, 16  # Bonsai 2 27B full attention; vLLM's block size
+BLOCK = 16  # vLLM's KV-cache block size
 SHAPES = [(12288, 5120), (34816, 5120), (5120, 6144), (5120, 17408), (1024, 5120),
           (248320, 5120)]
 M_LIST = [1, 8, 16, 64, 512]
@@ -139,6 +139,7 @@ def attention_cases(contexts: list[int], verify_q: int) -> list[dict]:
     context, BF16 and INT8 caches, one request on a shuffled block table."""
     import torch
 
+    from bench_attention import HKV, HQ, HS  # Bonsai 2 27B's full-attention layer
     from vllm_prism.attention.ops import (AttentionMetadata, decode_attention, make_kv_cache,
                                           verify_attention)
 

@@ -179,9 +179,9 @@ def _check_switches() -> None:
     """VLLM_PRISM_* switches the kernels parse, checked before the engine starts (a bad value
     raises a ValueError naming the variable)."""
     from vllm_prism import envs
-    from vllm_prism.kernels.pq2.triton_gemv import _tuning
+    from vllm_prism.kernels.pq2.triton_gemv import parse_gemv_tuning
 
-    _tuning(envs.VLLM_PRISM_GEMV_TUNING)
+    parse_gemv_tuning(envs.VLLM_PRISM_GEMV_TUNING)
 
 
 def prepare_gguf_engine_args(args: Any) -> None:

@@ -53,14 +53,9 @@ if HAS_TRITON:
         tl.store(out_ptr + rows64[:, None] * stride_on + cols[None, :], vals, mask=omask)
 
 
-def dequantize_pq2(w: PQ2Weight, dtype: torch.dtype = torch.bfloat16,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+def dequantize_pq2(w: PQ2Weight, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Dense ``W_st`` [N, K] in ``dtype`` from the prepared planes (one Triton launch)."""
-    if out is None:
-        out = torch.empty(w.n, w.k, dtype=dtype, device=w.device)
-    elif out.shape != (w.n, w.k) or out.stride(1) != 1:
-        raise ValueError(f"out must be a row-major [{w.n}, {w.k}] tensor, got "
-                         f"{tuple(out.shape)} with strides {out.stride()}")
+    out = torch.empty(w.n, w.k, dtype=dtype, device=w.device)
     n_words = w.k // 16
     grid = (cdiv(w.n, _BLOCK_N), cdiv(n_words, _BLOCK_W))
     _pq2_dequant_kernel[grid](w.codes, w.scales, out, w.n, n_words, w.codes.stride(0),

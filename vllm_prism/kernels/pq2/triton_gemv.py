@@ -22,6 +22,7 @@ Under the Triton interpreter the dp4a block is emulated with shifts and multipli
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -47,6 +48,7 @@ GEMV_MAX_M = 4
 GEMV_SMALL_N_MAX_M = 2
 
 
+@dataclasses.dataclass(frozen=True, repr=False)
 class GemvConfig:
     """Tile of a GEMV program: rows, groups of 128 per step, warps, activation rows, and (int8
     GEMV) how many weight tiles are in flight ahead of the one being reduced (``depth``, 1..3),
@@ -55,19 +57,19 @@ class GemvConfig:
     (``split_k``: more programs for narrow outputs; the last program of a tile adds the
     partials)."""
 
-    def __init__(self, block_n: int, block_g: int, num_warps: int, block_m: int = 1,
-                 depth: int = 1, prefetch_scales: bool = False, split_k: int = 1) -> None:
-        if depth not in (1, 2, 3):
-            raise ValueError(f"GemvConfig depth = {depth}: takes 1, 2 or 3 tiles ahead")
-        if not 1 <= split_k <= 16:
-            raise ValueError(f"GemvConfig split_k = {split_k}: takes 1..16")
-        self.block_n = block_n
-        self.block_g = block_g
-        self.num_warps = num_warps
-        self.block_m = block_m
-        self.depth = depth
-        self.prefetch_scales = prefetch_scales
-        self.split_k = split_k
+    block_n: int
+    block_g: int
+    num_warps: int
+    block_m: int = 1
+    depth: int = 1
+    prefetch_scales: bool = False
+    split_k: int = 1
+
+    def __post_init__(self) -> None:
+        if self.depth not in (1, 2, 3):
+            raise ValueError(f"GemvConfig depth = {self.depth}: takes 1, 2 or 3 tiles ahead")
+        if not 1 <= self.split_k <= 16:
+            raise ValueError(f"GemvConfig split_k = {self.split_k}: takes 1..16")
 
     def __repr__(self) -> str:
         extra = f", depth={self.depth}" if self.depth != 1 else ""
@@ -82,17 +84,19 @@ _TUNING_KEYS = {"n": "block_n", "g": "block_g", "w": "num_warps", "depth": "dept
 
 
 @functools.lru_cache(maxsize=8)
-def _tuning(spec: str) -> dict[str, int]:
-    """``VLLM_PRISM_GEMV_TUNING`` parsed: GemvConfig field -> value."""
-    out = {}
+def parse_gemv_tuning(spec: str) -> dict[str, int | bool]:
+    """``VLLM_PRISM_GEMV_TUNING`` parsed and checked: GemvConfig field -> value (a ValueError
+    naming the variable otherwise)."""
+    out: dict[str, int | bool] = {}
     for item in filter(None, (x.strip() for x in spec.split(","))):
-        key, _, value = item.partition("=")
-        if key.strip() not in _TUNING_KEYS or not value.strip().isdigit():
+        key, _, value = (x.strip() for x in item.partition("="))
+        if key not in _TUNING_KEYS or not value.isdigit():
             raise ValueError(f"VLLM_PRISM_GEMV_TUNING={spec!r}: {item!r} is not key=integer "
                              f"with a key among {', '.join(_TUNING_KEYS)}")
-        out[_TUNING_KEYS[key.strip()]] = int(value)
+        field = _TUNING_KEYS[key]
+        out[field] = bool(int(value)) if field == "prefetch_scales" else int(value)
     try:  # the values too: GemvConfig checks its ranges
-        GemvConfig(**{"block_n": 16, "block_g": 8, "num_warps": 4, **out})
+        dataclasses.replace(GemvConfig(16, 8, 4), **out)
     except ValueError as e:
         raise ValueError(f"VLLM_PRISM_GEMV_TUNING={spec!r}: {e}") from None
     return out
@@ -100,15 +104,8 @@ def _tuning(spec: str) -> dict[str, int]:
 
 def tuned(cfg: GemvConfig) -> GemvConfig:
     """``cfg`` with the ``VLLM_PRISM_GEMV_TUNING`` overrides (itself when there are none)."""
-    over = _tuning(envs.VLLM_PRISM_GEMV_TUNING)
-    if not over:
-        return cfg
-    fields = dict(block_n=cfg.block_n, block_g=cfg.block_g, num_warps=cfg.num_warps,
-                  block_m=cfg.block_m, depth=cfg.depth, prefetch_scales=cfg.prefetch_scales,
-                  split_k=cfg.split_k)
-    fields.update(over)
-    fields["prefetch_scales"] = bool(fields["prefetch_scales"])
-    return GemvConfig(**fields)
+    over = parse_gemv_tuning(envs.VLLM_PRISM_GEMV_TUNING)
+    return dataclasses.replace(cfg, **over) if over else cfg
 
 
 def gemv_max_m(n: int) -> int:
@@ -161,20 +158,18 @@ if HAS_TRITON:
                 + _dp4_emulated(t3, x3))
 
     @triton.jit
-    def _load_words(c_rows, wo, gg, G, EVEN_G: tl.constexpr):
+    def _load_words(c_rows, gg, wj, G, EVEN_G: tl.constexpr):
+        """The code words [BN, BG, 8] of groups ``gg`` (zero past G; unmasked with EVEN_G)."""
+        wo = gg[:, None] * 8 + wj[None, :]
         if EVEN_G:
             return tl.load(c_rows + wo[None, :, :])
         return tl.load(c_rows + wo[None, :, :], mask=(gg < G)[None, :, None], other=0)
 
     @triton.jit
-    def _load_codes(c_rows, gg, wj, G):
-        """The code words [BN, BG, 8] of groups ``gg`` (zero past G)."""
-        return tl.load(c_rows + (gg[:, None] * 8 + wj[None, :])[None, :, :],
-                       mask=(gg < G)[None, :, None], other=0)
-
-    @triton.jit
-    def _load_scales(s_rows, gg, G):
-        """The fp16 scales [BN, BG] of groups ``gg`` (zero past G)."""
+    def _load_scales(s_rows, gg, G, EVEN_G: tl.constexpr):
+        """The fp16 scales [BN, BG] of groups ``gg`` (zero past G; unmasked with EVEN_G)."""
+        if EVEN_G:
+            return tl.load(s_rows + gg[None, :])
         return tl.load(s_rows + gg[None, :], mask=(gg < G)[None, :], other=0.0)
 
     @triton.jit
@@ -207,18 +202,18 @@ if HAS_TRITON:
             g_hi = tl.minimum(G, g_lo + G_PER)
         # DEPTH weight tiles in flight: the current one and DEPTH - 1 ahead, plus the one each
         # step issues for DEPTH steps later (with SCALES_AHEAD their scales travel with them)
-        words = _load_words(c_rows, (g_lo + gi)[:, None] * 8 + wj[None, :], g_lo + gi, g_hi,
-                            EVEN_G)
+        # (tiles past the first may run past the end: masked)
+        words = _load_words(c_rows, g_lo + gi, wj, g_hi, EVEN_G)
         if SCALES_AHEAD:
-            d_cur = _load_scales(s_rows, g_lo + gi, g_hi)
+            d_cur = _load_scales(s_rows, g_lo + gi, g_hi, False)
         if DEPTH >= 2:
-            words1 = _load_codes(c_rows, g_lo + gi + BLOCK_G, wj, g_hi)
+            words1 = _load_words(c_rows, g_lo + gi + BLOCK_G, wj, g_hi, False)
             if SCALES_AHEAD:
-                d1 = _load_scales(s_rows, g_lo + gi + BLOCK_G, g_hi)
+                d1 = _load_scales(s_rows, g_lo + gi + BLOCK_G, g_hi, False)
         if DEPTH >= 3:
-            words2 = _load_codes(c_rows, g_lo + gi + 2 * BLOCK_G, wj, g_hi)
+            words2 = _load_words(c_rows, g_lo + gi + 2 * BLOCK_G, wj, g_hi, False)
             if SCALES_AHEAD:
-                d2 = _load_scales(s_rows, g_lo + gi + 2 * BLOCK_G, g_hi)
+                d2 = _load_scales(s_rows, g_lo + gi + 2 * BLOCK_G, g_hi, False)
         if PDL:  # the first weight tiles are on their way; the activation is complete past here
             tl.extra.cuda.gdc_wait()
         for g0 in range(g_lo, g_hi, BLOCK_G):
@@ -226,19 +221,17 @@ if HAS_TRITON:
             gm = gg < g_hi
             wo = gg[:, None] * 8 + wj[None, :]  # [BG, 8] word offsets
             nxt = gg + DEPTH * BLOCK_G  # the tile DEPTH steps ahead (masked past the end)
-            words_next = _load_codes(c_rows, nxt, wj, g_hi)
+            words_next = _load_words(c_rows, nxt, wj, g_hi, False)
             if SCALES_AHEAD:
-                d_next = _load_scales(s_rows, nxt, g_hi)
+                d_next = _load_scales(s_rows, nxt, g_hi, False)
             t0 = words & 0x03030303
             t1 = (words >> 2) & 0x03030303
             t2 = (words >> 4) & 0x03030303
             t3 = (words >> 6) & 0x03030303
             if SCALES_AHEAD:
                 d = d_cur.to(tl.float32)
-            elif EVEN_G:
-                d = tl.load(s_rows + gg[None, :]).to(tl.float32)
             else:
-                d = tl.load(s_rows + gg[None, :], mask=gm[None, :], other=0.0).to(tl.float32)
+                d = _load_scales(s_rows, gg, g_hi, EVEN_G).to(tl.float32)
             for r in tl.static_range(BLOCK_M):
                 row_c = tl.minimum(m0 + r, M - 1).to(tl.int64)  # rows past M: stored masked
                 xw = tl.load(xq_ptr + row_c * stride_xm + (4 * wo)[:, :, None] + pj[None, None, :],
@@ -362,6 +355,22 @@ def _check(act: PQ2Activation, w: PQ2Weight, kind: ActKind) -> None:
         raise ValueError(f"activation has K = {act.k}, weight has K = {w.k}")
 
 
+# Tiles a split GEMV can count (one int32 each, zero between launches: the last program of a
+# tile resets its counter); a grid with more tiles runs unsplit.
+SPLIT_COUNTERS = 8192
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _split_counters(device: torch.device) -> torch.Tensor:
+    """The per-device tile counters of the split GEMV. One set per device: the model's
+    linears run one at a time on its stream (a concurrent split GEMV on another stream of the
+    same device would share them)."""
+    t = _COUNTERS.get(device)
+    if t is None:
+        t = _COUNTERS[device] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
+    return t
+
+
 def gemv_a8(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = None,
             out_dtype: torch.dtype | None = None,
             config: GemvConfig | None = None) -> torch.Tensor:
@@ -396,22 +405,6 @@ def gemv_a8(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = None,
         DEPTH=cfg.depth, SCALES_AHEAD=cfg.prefetch_scales, SPLIT=split,
         num_warps=cfg.num_warps, **pdl_launch(pdl))
     return out
-
-
-# Tiles a split GEMV can count (one int32 each, zero between launches: the last program of a
-# tile resets its counter); a grid with more tiles runs unsplit.
-SPLIT_COUNTERS = 8192
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-
-
-def _split_counters(device: torch.device) -> torch.Tensor:
-    """The per-device tile counters of the split GEMV. One set per device: the model's
-    linears run one at a time on its stream (a concurrent split GEMV on another stream of the
-    same device would share them)."""
-    t = _COUNTERS.get(device)
-    if t is None:
-        t = _COUNTERS[device] = torch.zeros(SPLIT_COUNTERS, dtype=torch.int32, device=device)
-    return t
 
 
 def gemv_a16(act: PQ2Activation, w: PQ2Weight, bias: torch.Tensor | None = None,
