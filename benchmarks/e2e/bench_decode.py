@@ -34,8 +34,8 @@ off, so every prompt is really prefilled. Prompts are random token ids, distinct
   int8 GEMV's tile overrides, shown in brackets after the kernel).
 * profile (batch 1, or each of ``--profile-batches``; first context): torch-profiler traces
   of two generate() calls of T/2 and T decode steps, whose difference gives per decode step
-  the kernel time by family (PQ2
-  linears, attention, Gated DeltaNet, norms/element-wise, sampler, other), the kernel count
+  the kernel time by family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise,
+  sampler, other), the kernel count
   and the GPU-busy share: the union of kernel intervals over the step time measured without
   the profiler. (The first runs attributed one trace to decode by a wall-clock ratio.)
 
@@ -410,12 +410,10 @@ def main() -> None:
         cmd = [sys.executable, __file__, "--child", *sys.argv[1:], "--kv", kv, *more]
         env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern,
                "VLLM_PRISM_GEMV_TUNING": tune}
-        returncode, lines = _run_child(cmd, env, f"kv={kv} {' '.join(more)} pdl={pdl} "
-                                       f"kernel={kern} gemv={tune or 'default'}")
+        label = f"kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} gemv={tune or 'default'}"
+        returncode, lines = _run_child(cmd, env, label)
         if returncode or not lines:
-            print(f"engine for kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} failed "
-                  f"(exit {returncode})",
-                  file=sys.stderr)
+            print(f"engine for {label} failed (exit {returncode})", file=sys.stderr)
             continue
         for r in json.loads(lines[-1][len("RECORDS "):]):
             if r["kind"] == "decode":
