@@ -18,6 +18,11 @@
 #        --prefill --no-profile                        with and without programmatic launch
 #   VLLM_PRISM_PDL=1 bash scripts/gpu-session.sh tests -m gpu tests/kernels   kernels with PDL
 #   bash scripts/gpu-session.sh quality --enforce-eager --max-len 4096
+# Two GPUs (nvidia-h200-x2), two streams side by side in one call: pin each with
+# CUDA_VISIBLE_DEVICES, set PRISM_KEEP_SERVERS=1 (one stream must not stop the other's
+# `vllm serve`) and PRISM_DEADLINE=$(( $(date +%s) + 580 )) (every stage's timeout ends
+# before the call's limit; PRISM_TIMEOUT still caps a stage); give benchmarks separate
+# --out-dir folders.
 # The 27B-shaped file is written once per machine to /tmp/b27.gguf (in the background).
 # GPU tests: pass `-m gpu` (the CPU interpreter tests do not run under the GPU image's Triton
 # interpreter); PRISM_BUILD=cuda builds vllm_prism._C on the first install (tests/kernels/
@@ -33,7 +38,18 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
   VLLM_ALLREDUCE_USE_SYMM_MEM=0
 mkdir -p "$OUT"
 # A server left by an earlier call that was cut off holds GPU memory: stop it first.
-pkill -f "vllm serve" 2>/dev/null && sleep 3
+[ "${PRISM_KEEP_SERVERS:-0}" = 1 ] || { pkill -f "vllm serve" 2>/dev/null && sleep 3; }
+# seconds a stage may run: PRISM_TIMEOUT (or the stage's default), cut to end 5 s before
+# PRISM_DEADLINE (epoch seconds) where that is set
+limit() {
+  local t=${PRISM_TIMEOUT:-$1}
+  if [ -n "${PRISM_DEADLINE:-}" ]; then
+    local left=$((PRISM_DEADLINE - $(date +%s) - 5))
+    [ "$left" -lt "$t" ] && t=$left
+  fi
+  [ "$t" -lt 1 ] && t=1
+  echo "$t"
+}
 has_ep='from importlib.metadata import entry_points as e; import sys
 sys.exit(not [x for x in e(group="vllm.general_plugins") if x.name == "prism"])'
 has_c='from vllm_prism import _custom_ops as o; import sys; sys.exit(not o.has_compiled_ops())'
@@ -52,7 +68,9 @@ if [ ! -f $B27 ] && [ ! -f /tmp/b27.lock ]; then
   (python3 -m vllm_prism.entrypoints.cli make-tiny --shape bonsai-2-27b $B27.tmp \
      >/tmp/b27.log 2>&1 && mv $B27.tmp $B27) &
 fi
-wait_b27() { while [ ! -f $B27 ]; do sleep 2; done; }
+wait_b27() {  # until the file is written, or PRISM_DEADLINE is near
+  while [ ! -f $B27 ]; do sleep 2; [ "$(limit 560)" -gt 1 ] || { tail -3 /tmp/b27.log; return 1; }; done
+}
 case $stage in
   build)  # the install above is all: PRISM_BUILD=cuda bash scripts/gpu-session.sh build
     cat "$OUT/install.log" 2>/dev/null | tail -20
@@ -61,40 +79,40 @@ case $stage in
     shift
     # Each engine run's log lands under $OUT/runs as it is written (tests/e2e/test_llm.py),
     # so a run cut off by the call's time limit still shows where it was.
-    export PRISM_TEST_LOG_DIR=${PRISM_TEST_LOG_DIR:-$OUT/runs}
-    timeout ${PRISM_TIMEOUT:-560} python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 \
+    export PRISM_TEST_LOG_DIR=${PRISM_TEST_LOG_DIR:-$OUT/runs-${TESTLOG:-tests}}
+    timeout $(limit 560) python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 \
       | tee "$OUT/${TESTLOG:-tests}.log"
     ;;
   bench)
     kv=${2:?kv}; shift 2
-    wait_b27
-    timeout ${PRISM_TIMEOUT:-560} python3 benchmarks/e2e/bench_decode.py $B27 --kv "$kv" "$@" 2>&1 \
+    wait_b27 || exit 1
+    timeout $(limit 560) python3 benchmarks/e2e/bench_decode.py $B27 --kv "$kv" "$@" 2>&1 \
       | tee "$OUT/bench-$kv.log" | grep -v "^INFO\|^DEBUG\|^WARNING"
     cp benchmarks/results/e2e_*.json benchmarks/results/e2e_*.md "$OUT"/ 2>/dev/null
     ;;
   kbench)
     shift
-    timeout ${PRISM_TIMEOUT:-560} python3 benchmarks/kernels/bench_pq2_linear.py "$@" 2>&1 | tee "$OUT/kbench.log"
+    timeout $(limit 560) python3 benchmarks/kernels/bench_pq2_linear.py "$@" 2>&1 | tee "$OUT/kbench.log"
     cp benchmarks/results/pq2_linear_*.json benchmarks/results/pq2_linear_*.md "$OUT"/ 2>/dev/null
     ;;
   ncu)  # what bounds each PQ2 kernel (Nsight Compute); ARGS go to profile_pq2_ncu.py
     shift
-    timeout ${PRISM_TIMEOUT:-560} python3 benchmarks/kernels/profile_pq2_ncu.py "$@" 2>&1 \
+    timeout $(limit 560) python3 benchmarks/kernels/profile_pq2_ncu.py "$@" 2>&1 \
       | tee "$OUT/ncu.log" | tail -80
     cp benchmarks/results/pq2_ncu_*.json benchmarks/results/pq2_ncu_*.md "$OUT"/ 2>/dev/null
     ;;
   quality)
     shift
-    wait_b27
-    timeout 560 python3 benchmarks/quality/compare_kv_dtypes.py $B27 "$@" 2>&1 \
+    wait_b27 || exit 1
+    timeout $(limit 560) python3 benchmarks/quality/compare_kv_dtypes.py $B27 "$@" 2>&1 \
       | tee "$OUT/quality.log"
     ;;
   ptq1mem)
     P27=/tmp/b27-ptq1.gguf
     [ -f $P27 ] || python3 -m vllm_prism.entrypoints.cli make-tiny --shape bonsai-2-27b \
       --format ptq1_0 $P27 >"$OUT/ptq1-make.log" 2>&1
-    wait_b27
-    timeout 500 python3 benchmarks/memory/weight_memory.py $B27 $P27 \
+    wait_b27 || exit 1
+    timeout $(limit 500) python3 benchmarks/memory/weight_memory.py $B27 $P27 \
       --out benchmarks/results/weight_memory_held_h200.md 2>&1 | tee "$OUT/ptq1mem.log" \
       | grep -v "^INFO\|^DEBUG\|^WARNING\|^(EngineCore"
     cp benchmarks/results/weight_memory_held_h200.md "$OUT"/ 2>/dev/null

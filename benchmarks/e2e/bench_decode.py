@@ -305,6 +305,7 @@ def _add_verify_ratios(records: list[dict]) -> None:
 
 def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
                   records: list[dict]) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"e2e_{gpu}.json"
     old = json.loads(path.read_text())["records"] if path.is_file() else []
     key = lambda r: (r["kind"], r["batch"], r["context"], r.get("q_tokens", 1),  # noqa: E731
@@ -395,6 +396,7 @@ def main() -> None:
     from timing import gpu_slug, read_bandwidth_gbps
 
     read_gbps = read_bandwidth_gbps()
+    print(f"read bandwidth: {read_gbps:.0f} GB/s", file=sys.stderr, flush=True)
     torch.cuda.empty_cache()
     weights, geo = model_bytes(args.model)
     command = "python benchmarks/e2e/bench_decode.py " + " ".join(sys.argv[1:])
