@@ -23,6 +23,8 @@
 # `vllm serve`) and PRISM_DEADLINE=$(( $(date +%s) + 580 )) (every stage's timeout ends
 # before the call's limit; PRISM_TIMEOUT still caps a stage); give benchmarks separate
 # --out-dir folders.
+# The device tool brings back at most 8 files from $OUT, and $OUT starts empty in every call:
+# end a call that writes more with `bash scripts/gpu-session.sh pack` (one $OUT/all.tgz).
 # The 27B-shaped file is written once per machine to /tmp/b27.gguf (in the background).
 # GPU tests: pass `-m gpu` (the CPU interpreter tests do not run under the GPU image's Triton
 # interpreter); PRISM_BUILD=cuda builds vllm_prism._C on the first install (tests/kernels/
@@ -37,6 +39,10 @@ export PATH=/tmp/vllm-gpu/site/bin:$PATH PYTHONUNBUFFERED=1 OUT=${OUT:-/tmp/out}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
   VLLM_ALLREDUCE_USE_SYMM_MEM=0
 mkdir -p "$OUT"
+if [ "$stage" = pack ]; then  # everything under $OUT as $OUT/all.tgz
+  (cd "$OUT" && tar czf /tmp/all.tgz . && find . -mindepth 1 -delete && mv /tmp/all.tgz all.tgz)
+  exit 0
+fi
 # A server left by an earlier call that was cut off holds GPU memory: stop it first.
 [ "${PRISM_KEEP_SERVERS:-0}" = 1 ] || { pkill -f "vllm serve" 2>/dev/null && sleep 3; }
 # seconds a stage may run: PRISM_TIMEOUT (or the stage's default), cut to end 5 s before
@@ -82,6 +88,9 @@ case $stage in
     export PRISM_TEST_LOG_DIR=${PRISM_TEST_LOG_DIR:-$OUT/runs-${TESTLOG:-tests}}
     timeout $(limit 560) python3 -m pytest -q -p no:cacheprovider "$@" 2>&1 \
       | tee "$OUT/${TESTLOG:-tests}.log"
+    # the engine logs as one file (the device tool brings back at most 8)
+    [ -d "$PRISM_TEST_LOG_DIR" ] && tar czf "$PRISM_TEST_LOG_DIR.tgz" -C "$(dirname "$PRISM_TEST_LOG_DIR")" \
+      "$(basename "$PRISM_TEST_LOG_DIR")" && rm -rf "$PRISM_TEST_LOG_DIR"
     ;;
   bench)
     kv=${2:?kv}; shift 2

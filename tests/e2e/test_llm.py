@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,23 +49,45 @@ def run_vllm(model: Path, request: dict, tmp: Path) -> dict:
     """One engine run of tests/e2e/vllm_runner.py in its own process; its RESULT record plus
     the engine's kernel and attention-route log lines. A run that outlives
     ``PRISM_TEST_RUN_TIMEOUT`` seconds is killed and fails with the tail of its log."""
-    req = tmp / f"{model.stem}-request.json"
-    req.write_text(json.dumps(request))
+    return run_vllm_all(model, [request], tmp)[0]
+
+
+def run_vllm_all(model: Path, requests: list[dict], tmp: Path) -> list[dict]:
+    """Like run_vllm, for several requests whose engines run side by side (one process each,
+    all started before the first is waited for: on a GPU their compiles overlap; give each
+    engine its slice of the GPU's memory in its ``llm`` arguments)."""
+    started = [_start_run(model, r, tmp) for r in requests]
+    try:
+        return [_finish_run(*run) for run in started]
+    finally:  # one failed: stop the others
+        for proc, *_ in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def _start_run(model: Path, request: dict, tmp: Path) -> tuple:
     logs = _run_logs(tmp)
     n = len(list(logs.glob("run-*.err")))
+    req = tmp / f"{model.stem}-request-{n:02d}.json"
+    req.write_text(json.dumps(request))
     out_path, err_path = logs / f"run-{n:02d}.out", logs / f"run-{n:02d}.err"
-    with open(out_path, "w") as out_f, open(err_path, "w") as err_f:
-        err_f.write(f"# {model} {json.dumps(request)}\n")
-        err_f.flush()
+    err_path.write_text(f"# {model} {json.dumps(request)}\n")
+    with open(out_path, "w") as out_f, open(err_path, "a") as err_f:
         proc = subprocess.Popen([sys.executable, str(RUNNER), str(model), str(req)],
                                 stdout=out_f, stderr=err_f, text=True)
-        try:
-            rc = proc.wait(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            pytest.fail(f"engine run timed out after {RUN_TIMEOUT_S} s; its log ends:\n"
-                        + err_path.read_text()[-4000:])
+    return proc, out_path, err_path, time.monotonic() + RUN_TIMEOUT_S
+
+
+def _finish_run(proc: subprocess.Popen, out_path: Path, err_path: Path,
+                deadline: float) -> dict:
+    try:
+        rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        pytest.fail(f"engine run timed out after {RUN_TIMEOUT_S} s; its log ends:\n"
+                    + err_path.read_text()[-4000:])
     stdout, stderr = out_path.read_text(), err_path.read_text()
     assert rc == 0, stderr[-4000:]
     # A clean start: no ERROR line (vLLM probing the tokenizer folder for a model config

@@ -17,7 +17,8 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("safetensors")
 
-from dflash_runs import dflash_runs  # noqa: E402 (this folder is on sys.path)
+from dflash_runs import dflash_requests  # noqa: E402 (this folder is on sys.path)
+from e2e.test_llm import run_vllm_all  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -28,35 +29,31 @@ KV = {"bf16": "auto", "int8": "int8_per_token_head"}
 
 def _llm(kv: str) -> dict:
     return {"enforce_eager": False, "enable_prefix_caching": False, "max_model_len": 512,
-            "gpu_memory_utilization": 0.2, "kv_cache_memory_bytes": 1 << 30,
+            "gpu_memory_utilization": MEMORY_SHARE, "kv_cache_memory_bytes": 1 << 30,
             "kv_cache_dtype": KV[kv], "max_num_seqs": 8}
+
+
+# (kv, k, drafter quantization): k = 0 is the plain run. All start at once, each engine in
+# its own process with a slice of the GPU (their compiles overlap: one after another they
+# outlived a 330 s slot on an H200).
+RUNS = [(kv, k, None) for kv in KV for k in (0, 3, 7)] + [("bf16", 3, "fp8")]
+MEMORY_SHARE = 0.1
 
 
 @pytest.fixture(scope="module")
 def runs(tiny_gguf, tmp_path_factory):
-    """``runs(kv, k, quant=None) -> result``: the plain run (k = 0) or a DFlash run of one KV
-    dtype (``quant``: the drafter's online quantization), each engine started on first use
-    (so ``-k "bf16 and 3"`` starts few engines)."""
+    """``runs(kv, k, quant=None) -> result`` of every run in RUNS (tests/e2e/vllm_runner.py)."""
     tmp = tmp_path_factory.mktemp("dflash-gpu")
     target = tiny_gguf("pq2_0", seed=7)
     from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
 
     drafter = make_tiny_drafter(tmp / "drafter", target)["path"]
-    done: dict[tuple[str, int, str | None], dict] = {}
-
-    def get(kv: str, k: int, quant: str | None = None) -> dict:
-        if k == 0:
-            quant = None
-        if (kv, k, quant) not in done:
-            request = {"prompts": PROMPTS, "max_tokens": NEW_TOKENS, "score": []}
-            ks = () if k == 0 else (k,)
-            res = dflash_runs(target, drafter, request, tmp, llm=_llm(kv), ks=ks,
-                              plain=(kv, 0, None) not in done, drafter_quantization=quant,
-                              record_cudagraphs=True)
-            done.update({(kv, kk, quant if kk else None): r for kk, r in res.items()})
-        return done[kv, k, quant]
-
-    return get
+    request = {"prompts": PROMPTS, "max_tokens": NEW_TOKENS, "score": []}
+    reqs = [dflash_requests(drafter, request, llm=_llm(kv), ks=(k,) if k else (),
+                            plain=not k, drafter_quantization=quant,
+                            record_cudagraphs=True)[k] for kv, k, quant in RUNS]
+    done = dict(zip(RUNS, run_vllm_all(target, reqs, tmp)))
+    return lambda kv, k, quant=None: done[kv, k, quant if k else None]
 
 
 @pytest.mark.parametrize("kv", list(KV))
