@@ -11,7 +11,7 @@
 #        (add --attention 4096,32768,131072 for the decode and verify attention)
 # Examples (the bench stage passes its extra arguments to bench_decode.py):
 #   bash scripts/gpu-session.sh bench auto --batches 1 --long-context 0 --prefill \
-#        --no-profile --spec-k 3 5 7                   verify / plain step ratio (DFlash)
+#        --no-profile --spec-k 3 5 7 --side-by-side    verify / plain step ratio (DFlash)
 #   bash scripts/gpu-session.sh bench auto --tp 1 2 --batches 1 8 64 --long-context 0 \
 #        --prefill --no-profile                        TP=2 against TP=1 (nvidia-h200-x2)
 #   bash scripts/gpu-session.sh bench auto --pdl 1 0 --batches 1 8 --long-context 0 \

@@ -4,7 +4,7 @@
         [--mode default|eager] [--batches 1 8 32 64] [--context 1024] [--long-context 32768]
         [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 0 [1]]
         [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
-        [--profile-batches 1 [8]] [--out-dir benchmarks/results]
+        [--profile-batches 1 [8]] [--side-by-side] [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
 (torch.compile and CUDA graphs; ``--mode eager`` adds ``enforce_eager``) and prefix caching
@@ -32,6 +32,10 @@ off, so every prompt is really prefilled. Prompts are random token ids, distinct
   value (records carry ``pq2_kernel``; a kernel that cannot run a call falls back to auto);
   ``--gemv-tuning 'depth=2,scales=1' split=4`` likewise with ``VLLM_PRISM_GEMV_TUNING`` (the
   int8 GEMV's tile overrides, shown in brackets after the kernel).
+* ``--side-by-side`` starts every engine of the run at once, each with ``--gpu-memory`` over
+  the number of engines (their compiles and CUDA-graph captures overlap: a cold start of the
+  27B-shaped file takes about 4 minutes), and lets them measure one at a time (a file lock),
+  so no engine's timing shares the GPU with another's work.
 * profile (batch 1, or each of ``--profile-batches``; first context): torch-profiler traces
   of two generate() calls of T/2 and T decode steps, whose difference gives per decode step
   the kernel time by family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise,
@@ -49,13 +53,17 @@ KV dtypes are kept; the same (mode, kv, batch, context) is replaced).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import fcntl
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -211,8 +219,31 @@ def _verify_record(llm, args: argparse.Namespace, base: dict, vocab: int) -> dic
             "tokens_per_step": step / statistics.median(per_token)}
 
 
+@contextlib.contextmanager
+def _measure_turn(lock: str | None) -> Iterator[None]:
+    """This engine's turn to measure: an exclusive lock on the file ``lock`` (engines
+    started side by side measure one at a time); no lock when ``lock`` is None."""
+    if not lock:
+        yield
+        return
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def run_engine(args: argparse.Namespace) -> list[dict]:
-    """All measurements of one KV dtype (called in the child process)."""
+    """All measurements of one KV dtype (called in the child process), taken in this
+    engine's turn (``--turn-lock``)."""
+    llm = _engine(args)
+    with _measure_turn(args.turn_lock):
+        return _measure(llm, args)
+
+
+def _engine(args: argparse.Namespace):
+    """The engine of one child process."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
@@ -229,6 +260,12 @@ def run_engine(args: argparse.Namespace) -> list[dict]:
               tensor_parallel_size=args.tp[0],
               disable_log_stats=False, **extra)  # per-request timestamps for the step time
     print(json.dumps({"engine": "ready", "kv": kv}), flush=True)  # progress for the parent
+    return llm
+
+
+def _measure(llm, args: argparse.Namespace) -> list[dict]:
+    """The records of one engine (see the module docstring)."""
+    kv = args.kv[0]
     vocab = llm.llm_engine.model_config.get_vocab_size()
     import torch
 
@@ -385,8 +422,12 @@ def main() -> None:
     p.add_argument("--gemv-tuning", nargs="+", default=[""],
                    help="VLLM_PRISM_GEMV_TUNING for the engines, each in turn (e.g. "
                    "'depth=2,scales=1' 'split=4'; '' for the defaults)")
+    p.add_argument("--side-by-side", action="store_true",
+                   help="start every engine at once (--gpu-memory shared among them); they "
+                   "measure one at a time")
     p.add_argument("--out-dir", default=str(HERE.parent / "results"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--turn-lock", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         print("RECORDS " + json.dumps(run_engine(args)), flush=True)
@@ -408,26 +449,42 @@ def main() -> None:
                                drafter, "--batches", "1"]) for k in args.spec_k]
     runs = [(kv, more, pdl, kern, tune) for tune in args.gemv_tuning for kern in args.pq2_kernel
             for pdl in args.pdl for kv, more in runs]
+    children = []
+    lock = None
+    if args.side_by_side and len(runs) > 1:
+        import tempfile
+
+        lock = tempfile.mkstemp(prefix="bench-turn-")[1]
     for kv, more, pdl, kern, tune in runs:
         cmd = [sys.executable, __file__, "--child", *sys.argv[1:], "--kv", kv, *more]
+        if lock:
+            cmd += ["--turn-lock", lock, "--gpu-memory", f"{args.gpu_memory / len(runs):.3f}"]
         env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern,
                "VLLM_PRISM_GEMV_TUNING": tune}
         label = f"kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} gemv={tune or 'default'}"
-        returncode, lines = _run_child(cmd, env, label)
-        if returncode or not lines:
-            print(f"engine for {label} failed (exit {returncode})", file=sys.stderr)
-            continue
-        for r in json.loads(lines[-1][len("RECORDS "):]):
-            if r["kind"] == "decode":
-                need = step_bytes(weights, geo, kv, r["batch"], r["context"])
-                r["ceiling_frac"] = need / (read_gbps * 1e9) / (r["ms_per_step"] * 1e-3)
-            r.update(read_gbps=read_gbps, command=command, date=datetime.date.today().isoformat(),
-                     step_timing="request timestamps")
-            records.append(r)
-        # written after every engine: a run cut off by a time limit keeps what it measured
-        _add_verify_ratios(records)
-        path = write_results(Path(args.out_dir), gpu_slug(), command, read_gbps, records)
-    if records:
+        children.append((cmd, env, label))
+    path = None
+    with ThreadPoolExecutor(max_workers=len(children) if lock else 1) as pool:
+        futures = {pool.submit(_run_child, cmd, env, label): label
+                   for cmd, env, label in children}
+        for fut in as_completed(futures):
+            label = futures[fut]
+            returncode, lines = fut.result()
+            if returncode or not lines:
+                print(f"engine for {label} failed (exit {returncode})", file=sys.stderr)
+                continue
+            for r in json.loads(lines[-1][len("RECORDS "):]):
+                if r["kind"] == "decode":
+                    need = step_bytes(weights, geo, r["kv"], r["batch"], r["context"])
+                    r["ceiling_frac"] = need / (read_gbps * 1e9) / (r["ms_per_step"] * 1e-3)
+                r.update(read_gbps=read_gbps, command=command,
+                         date=datetime.date.today().isoformat(),
+                         step_timing="request timestamps")
+                records.append(r)
+            # written after every engine: a run cut off by a time limit keeps what it measured
+            _add_verify_ratios(records)
+            path = write_results(Path(args.out_dir), gpu_slug(), command, read_gbps, records)
+    if path:
         print(path.with_suffix(".md").read_text())
 
 
