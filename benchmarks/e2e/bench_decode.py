@@ -258,6 +258,7 @@ def _engine(args: argparse.Namespace):
               max_num_seqs=max(args.batches), gpu_memory_utilization=args.gpu_memory,
               max_num_batched_tokens=max([8192, *args.prefill]), seed=0,
               tensor_parallel_size=args.tp[0],
+              kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30) if args.turn_lock else None,
               disable_log_stats=False, **extra)  # per-request timestamps for the step time
     print(json.dumps({"engine": "ready", "kv": kv}), flush=True)  # progress for the parent
     return llm
@@ -425,6 +426,9 @@ def main() -> None:
     p.add_argument("--side-by-side", action="store_true",
                    help="start every engine at once (--gpu-memory shared among them); they "
                    "measure one at a time")
+    p.add_argument("--kv-cache-gib", type=float, default=4.0,
+                   help="with --side-by-side: each engine's KV cache (vLLM's free-memory "
+                   "profiling cannot size it while other engines start)")
     p.add_argument("--out-dir", default=str(HERE.parent / "results"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--turn-lock", help=argparse.SUPPRESS)
@@ -442,7 +446,8 @@ def main() -> None:
     weights, geo = model_bytes(args.model)
     command = "python benchmarks/e2e/bench_decode.py " + " ".join(sys.argv[1:])
     records = []
-    runs = [(kv, ["--tp", str(tp)]) for tp in args.tp for kv in args.kv]
+    # the plain engines: no drafter (the children get this command line, --spec-k too)
+    runs = [(kv, ["--tp", str(tp), "--spec-k"]) for tp in args.tp for kv in args.kv]
     if args.spec_k:
         drafter = args.drafter or _tiny_drafter(args.model)
         runs += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
@@ -457,8 +462,9 @@ def main() -> None:
         lock = tempfile.mkstemp(prefix="bench-turn-")[1]
     for kv, more, pdl, kern, tune in runs:
         cmd = [sys.executable, __file__, "--child", *sys.argv[1:], "--kv", kv, *more]
-        if lock:
-            cmd += ["--turn-lock", lock, "--gpu-memory", f"{args.gpu_memory / len(runs):.3f}"]
+        if lock:  # vLLM's free-memory profiling would count the other engines' growth
+            cmd += ["--turn-lock", lock, "--gpu-memory", f"{args.gpu_memory / len(runs):.3f}",
+                    "--kv-cache-gib", str(args.kv_cache_gib)]
         env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern,
                "VLLM_PRISM_GEMV_TUNING": tune}
         label = f"kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} gemv={tune or 'default'}"

@@ -26,6 +26,7 @@ from vllm_prism.attention.ops import (SplitGeometry, decode_attention,  # noqa: 
                                       mixed_attention, prefill_attention, reference_attention,
                                       verify_attention)
 from vllm_prism.attention.ops import prefill as prefill_mod  # noqa: E402
+from vllm_prism.attention.ops.reference import gather_dequantized  # noqa: E402
 
 RESULTS: dict[str, dict] = {}
 TIGHT, LOOSE = 2e-5, 1.5e-2
@@ -106,6 +107,26 @@ def _verify_k6():
     geom = SplitGeometry(32, 2.0, 8, 1, 4, 1, partial_bf16=True)
     verify_attention(b.q, b.cache, b.md, out=out, geometry=geom, num_segs=3)
     msgs.append(expect(rel_err(out, ref), LOOSE, "bf16 partials"))
+    return "; ".join(msgs)
+
+
+@check("verify_capture_seq_lens_one")
+def _verify_capture():
+    # vLLM's Triton builder sets every seq_len to 1 for a full CUDA-graph capture, and Model
+    # Runner V2 runs that metadata once as a warm-up with k + 1 query tokens a request: the
+    # kernel must read no position below 0 (each query row then sees position 0 alone).
+    b = make_batch([4, 3, 5], [4, 3, 5], torch.int8, seed=5)
+    b.md.seq_lens.fill_(1)
+    qsl = b.md.query_start_loc_cpu.tolist()
+    ref = torch.empty(b.q.shape, dtype=torch.float32)
+    for r in range(3):
+        _, v = gather_dequantized(b.cache, b.block_table[r], 1, b.q.shape[-1])
+        ref[qsl[r]:qsl[r + 1]] = v[0].repeat_interleave(b.q.shape[1] // v.shape[1], 0)
+    msgs = []
+    for segs in (1, 2):
+        out = poisoned_out(b.q, torch.float32)
+        verify_attention(b.q, b.cache, b.md, out=out, geometry=GEOM, num_segs=segs)
+        msgs.append(expect(rel_err(out, ref), TIGHT, f"segments={segs}"))
     return "; ".join(msgs)
 
 

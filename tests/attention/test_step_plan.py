@@ -42,3 +42,17 @@ def test_backend_declares_uniform_batch_graphs() -> None:
     from vllm_prism.attention.backends.prism_attn import PrismAttentionMetadataBuilder
 
     assert PrismAttentionMetadataBuilder._cudagraph_support is AttentionCGSupport.UNIFORM_BATCH
+
+
+def test_routing_reads_no_device_value() -> None:
+    """The builder routes every step from the host copy of query_start_loc: the device
+    seq_lens are never copied to the host for it (that was one GPU sync a step). A meta
+    tensor has no data, so any read of it fails."""
+    from vllm_prism.attention.ops.metadata import AttentionMetadata
+
+    md = AttentionMetadata(block_table=torch.zeros(3, 4, dtype=torch.int32),
+                           seq_lens=torch.empty(3, dtype=torch.int32, device="meta"),
+                           query_start_loc=torch.empty(4, dtype=torch.int32, device="meta"),
+                           max_query_len=4, max_seq_len=9,
+                           query_start_loc_cpu=torch.tensor([0, 1, 5, 9], dtype=torch.int32))
+    assert md.query_lens() == [1, 4, 4]

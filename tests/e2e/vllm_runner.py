@@ -25,21 +25,33 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def _install_recorder(worker) -> None:
-    """Wrap the model runner's CUDA-graph dispatcher so each step's choice is recorded."""
-    dispatcher = worker.model_runner.cudagraph_dispatcher
-    inner = dispatcher.dispatch
-    dispatcher.prism_record = []
+    """Wrap the model runner's CUDA-graph dispatch so each step's choice is recorded as
+    [num_tokens, uniform, runtime mode]: ``uniform`` is vLLM's uniform-decode flag (model
+    runner V1) or the uniform query length of the step, 0 if none (V2, the GPU default)."""
+    runner = worker.model_runner
+    record = []
+    if hasattr(runner, "cudagraph_dispatcher"):  # V1
+        owner = runner.cudagraph_dispatcher
+        inner = owner.dispatch
 
-    def dispatch(num_tokens, uniform_decode=False, *args, **kwargs):
-        mode, desc = inner(num_tokens, uniform_decode, *args, **kwargs)
-        dispatcher.prism_record.append([num_tokens, bool(uniform_decode), mode.name])
-        return mode, desc
+        def dispatch(num_tokens, uniform_decode=False, *args, **kwargs):
+            mode, desc = inner(num_tokens, uniform_decode, *args, **kwargs)
+            record.append([num_tokens, bool(uniform_decode), mode.name])
+            return mode, desc
+    else:  # V2: the graph manager picks a BatchExecutionDescriptor
+        owner = runner.cudagraph_manager
+        inner = owner.dispatch
 
-    dispatcher.dispatch = dispatch
+        def dispatch(num_reqs, num_tokens, uniform_token_count, *args, **kwargs):
+            desc = inner(num_reqs, num_tokens, uniform_token_count, *args, **kwargs)
+            record.append([num_tokens, int(uniform_token_count or 0), desc.cg_mode.name])
+            return desc
+    owner.dispatch = dispatch
+    runner.prism_record = record
 
 
 def _read_recorder(worker) -> list:
-    return worker.model_runner.cudagraph_dispatcher.prism_record
+    return worker.model_runner.prism_record
 
 
 def main() -> None:

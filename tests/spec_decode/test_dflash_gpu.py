@@ -80,7 +80,9 @@ def test_drafter_accepted_and_verify_runs_in_full_graphs(runs: dict, kv: str, k:
     drafts = stats["num_drafts"]
     first = stats["num_accepted_tokens_per_pos"][0] / drafts
     steps = res["cudagraphs"]
-    verify = [s for s in steps if s[1] and s[0] % (k + 1) == 0]
+    # uniform: vLLM's uniform-decode flag (model runner V1) or the step's uniform query
+    # length (V2, the GPU default)
+    verify = [s for s in steps if (s[1] is True or s[1] == k + 1) and s[0] % (k + 1) == 0]
     full = [s for s in verify if s[2] == "FULL"]
     print(f"{kv} k={k}: {drafts} drafts, first-position acceptance {first:.2f}, mean accepted "
           f"{stats['num_accepted_tokens'] / drafts:.2f}; {len(steps)} steps, {len(verify)} "

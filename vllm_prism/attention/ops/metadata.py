@@ -51,7 +51,12 @@ class AttentionMetadata:
         return self._host
 
     def query_lens(self) -> list[int]:
-        qsl = self.host()[0]
+        """Query tokens per request, from the host copy of ``query_start_loc`` where there is
+        one (the backend's builder routes every step with it: no device sync)."""
+        if self._host is None and self.query_start_loc_cpu is not None:
+            qsl = self.query_start_loc_cpu.tolist()
+        else:
+            qsl = self.host()[0]
         return [qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)]
 
     @classmethod

@@ -243,7 +243,9 @@ if HAS_TRITON:
         bt_row = bt_ptr + req.to(tl.int64) * stride_bt
         kvh_off = kvh.to(tl.int64) * stride_ch
         if HAS_TAIL:
-            prefix = seq_len - q_len
+            # never below 0: vLLM's full-graph capture metadata sets every seq_len to 1 and
+            # Model Runner V2 runs it once (warm-up) with k + 1 query tokens a request
+            prefix = tl.maximum(seq_len - q_len, 0)
             is_tail = seg == NUM_SEGS
         else:
             prefix = seq_len
