@@ -219,6 +219,12 @@ def _verify_record(llm, args: argparse.Namespace, base: dict, vocab: int) -> dic
             "tokens_per_step": step / statistics.median(per_token)}
 
 
+def _progress(kind: str, batch: int, context: int) -> None:
+    """A progress line for the parent (echoed with the seconds since the engine started), so a
+    run cut off by a time limit shows which measurement it was in."""
+    print(json.dumps({"measuring": kind, "batch": batch, "context": context}), flush=True)
+
+
 @contextlib.contextmanager
 def _measure_turn(lock: str | None) -> Iterator[None]:
     """This engine's turn to measure: an exclusive lock on the file ``lock`` (engines
@@ -276,9 +282,11 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
             "pdl": int(use_pdl(torch.device("cuda"))),
             "pq2_kernel": _kernel_label()}
     if args.spec_k:
+        _progress("verify", 1, args.context)
         return [_verify_record(llm, args, base, vocab)]
     records = []
     for b in args.batches:
+        _progress("decode", b, args.context)
         prompts = _prompts(b, args.context, vocab, seed=b)
         steps = args.steps if b <= 8 else max(16, args.steps // 2)
         step = _decode_step_s(llm, prompts, steps, reps=3 if b <= 8 else 1)
@@ -289,6 +297,7 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
         records.append(rec)
         print(json.dumps(rec), flush=True)
     if args.long_context:
+        _progress("decode", 1, args.long_context)
         prompts = _prompts(1, args.long_context, vocab, seed=99)
         step = _decode_step_s(llm, prompts, args.steps, reps=1)
         rec = {**base, "kind": "decode", "batch": 1, "context": args.long_context,
@@ -296,6 +305,7 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
         records.append(rec)
         print(json.dumps(rec), flush=True)
     for p in args.prefill:
+        _progress("prefill", 1, p)
         prompts = _prompts(1, p, vocab, seed=p)
         _timed(llm, prompts, 1)
         t = statistics.median(_timed(llm, prompts, 1) for _ in range(3))
@@ -395,7 +405,7 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
     return path
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model")
     p.add_argument("--kv", nargs="+", default=["auto", "int8_per_token_head"])
@@ -432,7 +442,37 @@ def main() -> None:
     p.add_argument("--out-dir", default=str(HERE.parent / "results"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--turn-lock", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p
+
+
+def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
+                lock: str | None) -> list[tuple[list[str], dict[str, str], str]]:
+    """(child command line, environment, label) of every engine of the run: one per KV dtype
+    and TP size, one per --spec-k (batch 1, with ``drafter``), each with every --pdl,
+    --pq2-kernel and --gemv-tuning value. ``argv`` is this process's arguments (the children
+    get them all, then their own); ``lock`` is the side-by-side turn lock, if any."""
+    # the plain engines: no drafter (an empty --spec-k overrides the one in argv)
+    runs = [(kv, ["--tp", str(tp), "--spec-k"]) for tp in args.tp for kv in args.kv]
+    if args.spec_k:
+        runs += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
+                               str(drafter), "--batches", "1"]) for k in args.spec_k]
+    runs = [(kv, more, pdl, kern, tune) for tune in args.gemv_tuning for kern in args.pq2_kernel
+            for pdl in args.pdl for kv, more in runs]
+    out = []
+    for kv, more, pdl, kern, tune in runs:
+        cmd = [sys.executable, __file__, "--child", *argv, "--kv", kv, *more]
+        if lock:  # vLLM's free-memory profiling would count the other engines' growth
+            cmd += ["--turn-lock", lock, "--gpu-memory", f"{args.gpu_memory / len(runs):.3f}",
+                    "--kv-cache-gib", str(args.kv_cache_gib)]
+        env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern,
+               "VLLM_PRISM_GEMV_TUNING": tune}
+        label = f"kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} gemv={tune or 'default'}"
+        out.append((cmd, env, label))
+    return out
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.child:
         print("RECORDS " + json.dumps(run_engine(args)), flush=True)
         return
@@ -446,29 +486,13 @@ def main() -> None:
     weights, geo = model_bytes(args.model)
     command = "python benchmarks/e2e/bench_decode.py " + " ".join(sys.argv[1:])
     records = []
-    # the plain engines: no drafter (the children get this command line, --spec-k too)
-    runs = [(kv, ["--tp", str(tp), "--spec-k"]) for tp in args.tp for kv in args.kv]
-    if args.spec_k:
-        drafter = args.drafter or _tiny_drafter(args.model)
-        runs += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
-                               drafter, "--batches", "1"]) for k in args.spec_k]
-    runs = [(kv, more, pdl, kern, tune) for tune in args.gemv_tuning for kern in args.pq2_kernel
-            for pdl in args.pdl for kv, more in runs]
-    children = []
+    drafter = (args.drafter or _tiny_drafter(args.model)) if args.spec_k else None
     lock = None
-    if args.side_by_side and len(runs) > 1:
+    if args.side_by_side:
         import tempfile
 
         lock = tempfile.mkstemp(prefix="bench-turn-")[1]
-    for kv, more, pdl, kern, tune in runs:
-        cmd = [sys.executable, __file__, "--child", *sys.argv[1:], "--kv", kv, *more]
-        if lock:  # vLLM's free-memory profiling would count the other engines' growth
-            cmd += ["--turn-lock", lock, "--gpu-memory", f"{args.gpu_memory / len(runs):.3f}",
-                    "--kv-cache-gib", str(args.kv_cache_gib)]
-        env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern,
-               "VLLM_PRISM_GEMV_TUNING": tune}
-        label = f"kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} gemv={tune or 'default'}"
-        children.append((cmd, env, label))
+    children = engine_runs(args, sys.argv[1:], drafter, lock)
     path = None
     with ThreadPoolExecutor(max_workers=len(children) if lock else 1) as pool:
         futures = {pool.submit(_run_child, cmd, env, label): label

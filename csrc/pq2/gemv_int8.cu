@@ -1,10 +1,17 @@
 // PQ2 GEMV for M = 1 (see gemv_int8.cuh). Torch-free; the torch op is in gemv_int8_op.cu.
 //
-// Layout of the work: K splits into warp slices of up to 32 lanes x kSlots x 64 weights
-// (6144); a CTA has wk warps per row set (wk = K slices) times wn row sets of kRows rows.
-// Per 64-weight code group the integer dot minus the activation's own sum over those 64
-// values (computed once) is exact; it is scaled by the weight's and the activation's group
-// scales in fp32. Partial sums of a row's K slices meet in shared memory.
+// Layout of the work: a CTA owns R consecutive weight rows (R = 1..32, chosen on the host so
+// that a few CTAs fit on each multiprocessor) and requests every byte of them at its start:
+// the codes and fp16 scales of all R rows go to shared memory through cp.async, one commit
+// group per round of rows (a round is one row per warp). Nothing of the weights waits for
+// the computation, so a multiprocessor holds its whole share of a mid-size matrix in flight
+// (the register-ring design before this one kept four rows a warp in flight and was bound by
+// memory latency at 15-17 % occupancy: benchmarks/results/pq2_linear_h200_notes.md). The
+// activation (int8, K bytes) is staged in shared memory after the grid-dependency wait,
+// stored piece-major ([4][K/64] of 16 bytes) so that lane l reads group l without bank
+// conflicts, with the int32 sum of each 64-group. Per round, each warp reduces one row: lane l
+// takes the 64-weight groups l, l + 32, ...; per group the integer dot minus the activation's
+// own sum is exact, then scaled by the weight's and the activation's 128-group scales in fp32.
 #include "gemv_int8.cuh"
 
 #include "pq2_device.cuh"
@@ -12,15 +19,32 @@
 namespace vllm_prism {
 namespace {
 
-constexpr int kSlots = 3;                  // 16-byte code groups per lane per row
-constexpr int kWarpK = 32 * kSlots * 64;   // weights per warp slice
-constexpr int kDepth = 4;                  // rows in flight per warp
+constexpr int kMaxWarps = 8;
+constexpr int kMaxRows = 32;
 constexpr uint32_t kMask = 0x03030303u;
+// Shared memory a CTA may ask for: four CTAs a multiprocessor where the rows allow it.
+constexpr int kSmemTarget = 56 * 1024;
+constexpr int kSmemMax = 200 * 1024;
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
+}
+
+// Wait until at most `pending` of this thread's commit groups are in flight (0..7; more is
+// treated as 7, which waits longer than needed but never too little).
+__device__ __forceinline__ void cp_async_wait_at_most(int pending) {
+  switch (pending) {
+    case 0: cp_async_wait<0>(); break;
+    case 1: cp_async_wait<1>(); break;
+    case 2: cp_async_wait<2>(); break;
+    case 3: cp_async_wait<3>(); break;
+    case 4: cp_async_wait<4>(); break;
+    case 5: cp_async_wait<5>(); break;
+    case 6: cp_async_wait<6>(); break;
+    default: cp_async_wait<7>(); break;
+  }
 }
 
 // One code group (16 codes x 4 words) against its 64 activation bytes.
@@ -38,111 +62,117 @@ __device__ __forceinline__ int dot64(const uint4& w, const int4 (&x)[4]) {
   return acc;
 }
 
-template <int ROWS>
-__global__ void __launch_bounds__(256)
-    pq2_gemv_int8_kernel(const __grid_constant__ Pq2LinearParams p, int wk, int wn) {
-  extern __shared__ float partial[];  // [wn * ROWS][wk], used when wk > 1
-  if (p.pdl) pdl_launch_dependents();
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int kw = warp % wk, nw = warp / wk;
-  const int row_base = (blockIdx.x * wn + nw) * ROWS;
-  const int groups = p.k / 64;  // 16-byte code groups per row
-  int u[kSlots];
-  bool valid[kSlots];
-#pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
-    u[s] = kw * (32 * kSlots) + lane + 32 * s;
-    valid[s] = u[s] < groups;
+// Where each part lives in a CTA's dynamic shared memory (byte offsets, 16-byte aligned).
+struct GemvSmem {
+  int g64, g128;        // 64- and 128-groups of a row
+  int row_bytes;        // codes of one row: K / 4
+  int scale_words;      // 4-byte words of one row's scales: ceil(K / 256)
+  int x, xsum, sx, codes, scales, bytes;
+
+  __host__ __device__ GemvSmem(int k, int rows) {
+    g64 = k / 64;
+    g128 = (k + 127) / 128;
+    row_bytes = k / 4;
+    scale_words = (g128 + 1) / 2;
+    x = 0;                                        // int4 [4][g64]
+    xsum = x + k;                                 // int32 [g64]
+    sx = xsum + align16(4 * g64);                 // fp32 [g128]
+    codes = sx + align16(4 * g128);               // [rows][row_bytes]
+    scales = codes + rows * row_bytes;            // [rows][scale_words] uint32
+    bytes = scales + align16(4 * rows * scale_words);
   }
 
-  uint4 ring[kDepth][kSlots];
-  uint16_t dring[kDepth][kSlots];
-  auto load_row = [&](int r) {
-    const int row = min(row_base + r, p.n - 1);
-    const uint4* codes = reinterpret_cast<const uint4*>(p.codes + row * p.stride_c);
-    const uint16_t* scales = p.scales + row * p.stride_s;
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      if (valid[s]) {
-        ring[r % kDepth][s] = __ldg(codes + u[s]);
-        dring[r % kDepth][s] = __ldg(scales + (u[s] >> 1));
-      }
+  __host__ __device__ static int align16(int v) { return (v + 15) & ~15; }
+};
+
+__global__ void __launch_bounds__(kMaxWarps * 32)
+    pq2_gemv_int8_kernel(const __grid_constant__ Pq2LinearParams p, int rows) {
+  extern __shared__ __align__(16) char smem[];
+  if (p.pdl) pdl_launch_dependents();
+  const GemvSmem L(p.k, rows);
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  const int warps = nthreads >> 5, warp = tid >> 5, lane = tid & 31;
+  const int rounds = rows / warps;
+  const int row0 = blockIdx.x * rows;
+  const int pieces = L.row_bytes / 16;  // 16-byte code pieces of a row
+
+  // 1. Every weight byte of the CTA's rows, one commit group per round (rows past N read
+  //    row N - 1; their results are not stored). Independent of the previous kernel, so
+  //    issued before the grid-dependency wait.
+  for (int rd = 0; rd < rounds; ++rd) {
+    const int per_round = warps * pieces;
+    for (int i = tid; i < per_round; i += nthreads) {
+      const int r = rd * warps + i / pieces, j = i % pieces;
+      const int row = min(row0 + r, p.n - 1);
+      cp_async16(smem + L.codes + r * L.row_bytes + 16 * j,
+                 reinterpret_cast<const char*>(p.codes + row * p.stride_c) + 16 * j);
     }
-  };
-#pragma unroll
-  for (int r = 0; r < kDepth && r < ROWS; ++r) load_row(r);
+    for (int i = tid; i < warps * L.scale_words; i += nthreads) {
+      const int r = rd * warps + i / L.scale_words, j = i % L.scale_words;
+      const int row = min(row0 + r, p.n - 1);
+      cp_async4(smem + L.scales + 4 * (r * L.scale_words + j),
+                p.scales + row * p.stride_s + 2 * j);
+    }
+    cp_async_commit();
+  }
   if (p.pdl) pdl_wait();  // the activation is complete past here
 
-  int4 x[kSlots][4];
-  float sx[kSlots];
-  int xsum[kSlots];
+  // 2. The activation, piece-major, and its scales.
+  int4* xs = reinterpret_cast<int4*>(smem + L.x);
+  const int4* xg = reinterpret_cast<const int4*>(p.xq);
+  for (int q = tid; q < L.g64 * 4; q += nthreads) xs[(q & 3) * L.g64 + (q >> 2)] = __ldg(xg + q);
+  float* sxs = reinterpret_cast<float*>(smem + L.sx);
+  for (int g = tid; g < L.g128; g += nthreads) sxs[g] = __ldg(p.sx + g);
+  __syncthreads();
+  int* xsum = reinterpret_cast<int*>(smem + L.xsum);
+  for (int g = tid; g < L.g64; g += nthreads) {
+    int s = 0;
 #pragma unroll
-  for (int s = 0; s < kSlots; ++s) {
-    xsum[s] = 0;
-    sx[s] = 0.f;
-    if (valid[s]) {
-      const int4* xs = reinterpret_cast<const int4*>(p.xq + 64 * u[s]);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x[s][i] = __ldg(xs + i);
-        xsum[s] = __dp4a(0x01010101, x[s][i].x, xsum[s]);
-        xsum[s] = __dp4a(0x01010101, x[s][i].y, xsum[s]);
-        xsum[s] = __dp4a(0x01010101, x[s][i].z, xsum[s]);
-        xsum[s] = __dp4a(0x01010101, x[s][i].w, xsum[s]);
-      }
-      sx[s] = __ldg(p.sx + (u[s] >> 1));
+    for (int i = 0; i < 4; ++i) {
+      const int4 v = xs[i * L.g64 + g];
+      s = __dp4a(0x01010101, v.x, s);
+      s = __dp4a(0x01010101, v.y, s);
+      s = __dp4a(0x01010101, v.z, s);
+      s = __dp4a(0x01010101, v.w, s);
     }
+    xsum[g] = s;
   }
 
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
+  // 3. Round by round, as its group lands: one row per warp.
+  const uint16_t* scales = reinterpret_cast<const uint16_t*>(smem + L.scales);
+  for (int rd = 0; rd < rounds; ++rd) {
+    cp_async_wait_at_most(rounds - 1 - rd);
+    __syncthreads();  // every thread's part of this round (and, the first time, xsum)
+    const int r = rd * warps + warp;
+    const char* codes = smem + L.codes + r * L.row_bytes;
+    const uint16_t* d_row = scales + 2 * r * L.scale_words;
     float acc = 0.f;
+    for (int g = lane; g < L.g64; g += 32) {
+      const uint4 w = *reinterpret_cast<const uint4*>(codes + 16 * g);
+      int4 x[4];
 #pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      if (valid[s]) {
-        const int dot = dot64(ring[r % kDepth][s], x[s]) - xsum[s];
-        const float d = __half2float(__ushort_as_half(dring[r % kDepth][s]));
-        acc += exact_float(dot) * (d * sx[s]);
-      }
+      for (int i = 0; i < 4; ++i) x[i] = xs[i * L.g64 + g];
+      const int dot = dot64(w, x) - xsum[g];
+      const float d = __half2float(__ushort_as_half(d_row[g >> 1]));
+      acc += exact_float(dot) * (d * sxs[g >> 1]);
     }
-    if (r + kDepth < ROWS) load_row(r + kDepth);
     acc = warp_sum(acc);
-    const int row = row_base + r;
-    if (wk == 1) {
-      if (lane == 0 && row < p.n) {
-        const float b = p.bias ? load_as_float(p.bias, row, p.bias_dtype) : 0.f;
-        store_out(p, row, acc + b);
-      }
-    } else if (lane == 0) {
-      partial[(nw * ROWS + r) * wk + kw] = acc;
-    }
-  }
-  if (wk > 1) {
-    __syncthreads();
-    const int t = threadIdx.x;
-    if (t < wn * ROWS) {
-      const int row = blockIdx.x * wn * ROWS + t;
-      float acc = 0.f;
-      for (int i = 0; i < wk; ++i) acc += partial[t * wk + i];
-      if (row < p.n) {
-        const float b = p.bias ? load_as_float(p.bias, row, p.bias_dtype) : 0.f;
-        store_out(p, row, acc + b);
-      }
+    const int row = row0 + r;
+    if (lane == 0 && row < p.n) {
+      const float b = p.bias ? load_as_float(p.bias, row, p.bias_dtype) : 0.f;
+      store_out(p, row, acc + b);
     }
   }
 }
 
-template <int ROWS>
-cudaError_t launch(const Pq2LinearParams& p, int wk, int wn, cudaStream_t stream) {
-  cudaLaunchConfig_t cfg = {};
-  const int rows_per_cta = wn * ROWS;
-  cfg.gridDim = dim3((p.n + rows_per_cta - 1) / rows_per_cta, 1, 1);
-  cfg.blockDim = dim3(32 * wk * wn, 1, 1);
-  cfg.dynamicSmemBytes = wk > 1 ? sizeof(float) * rows_per_cta * wk : 0;
-  cfg.stream = stream;
-  cudaLaunchAttribute attr;
-  set_pdl(cfg, attr, p.pdl);
-  return cudaLaunchKernelEx(&cfg, pq2_gemv_int8_kernel<ROWS>, p, wk, wn);
+// Rows a CTA owns: as many as fit the shared-memory target (up to 32), fewer where the grid
+// would leave multiprocessors idle, a power of two.
+int rows_per_cta(int n, int k, int sm_count) {
+  int rows = kMaxRows;
+  while (rows > 1 && GemvSmem(k, rows).bytes > kSmemTarget && rows > 8) rows >>= 1;
+  while (rows > 8 && (n + rows - 1) / rows < sm_count) rows >>= 1;
+  while (rows > 1 && GemvSmem(k, rows).bytes > kSmemMax) rows >>= 1;
+  return rows;
 }
 
 }  // namespace
@@ -150,13 +180,27 @@ cudaError_t launch(const Pq2LinearParams& p, int wk, int wn, cudaStream_t stream
 cudaError_t pq2_gemv_int8_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream) {
   if (p.n <= 0) return cudaSuccess;
   if (p.m != 1 || p.k % 64 != 0 || p.split != 1) return cudaErrorInvalidValue;
-  const int wk = (p.k + kWarpK - 1) / kWarpK;  // warps per row set
-  if (wk > 8) return cudaErrorInvalidValue;    // K > 49152
-  const int wn = wk >= 4 ? 1 : 4 / wk;         // row sets per CTA: 4 to 8 warps a CTA
-  // Eight rows a warp where that still gives every multiprocessor eight warps, else four.
-  const int64_t warps8 = (static_cast<int64_t>(p.n) + 7) / 8 * wk;
-  if (warps8 >= 8 * static_cast<int64_t>(sm_count)) return launch<8>(p, wk, wn, stream);
-  return launch<4>(p, wk, wn, stream);
+  // 16-byte cp.async of code rows and activation pieces, 4-byte ones of scale pairs
+  if (reinterpret_cast<uintptr_t>(p.codes) % 16 || (p.stride_c * 4) % 16 ||
+      reinterpret_cast<uintptr_t>(p.xq) % 16 || reinterpret_cast<uintptr_t>(p.scales) % 4 ||
+      p.stride_s % 2) {
+    return cudaErrorMisalignedAddress;
+  }
+  const int rows = rows_per_cta(p.n, p.k, sm_count);
+  const GemvSmem layout(p.k, rows);
+  if (layout.bytes > kSmemMax) return cudaErrorInvalidValue;  // K past 49152
+  cudaError_t err = cudaFuncSetAttribute(pq2_gemv_int8_kernel,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         layout.bytes);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((p.n + rows - 1) / rows, 1, 1);
+  cfg.blockDim = dim3(32 * (rows < kMaxWarps ? rows : kMaxWarps), 1, 1);
+  cfg.dynamicSmemBytes = layout.bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  set_pdl(cfg, attr, p.pdl);
+  return cudaLaunchKernelEx(&cfg, pq2_gemv_int8_kernel, p, rows);
 }
 
 }  // namespace vllm_prism

@@ -1,10 +1,11 @@
 // PQ2 GEMV for one int8 activation row (M = 1), torch-free; the formula is in pq2_params.cuh.
 //
-// Each warp streams whole weight rows: lane l reads the 16-byte code groups l, l + 32, l + 64
-// of its K slice (64 weights each) and keeps the matching 64 activation bytes in registers, so
-// a word of 16 codes costs 4 dp4a (partners (word >> 2q) & 0x03030303 and activation int32 q)
-// plus 3 shifts and 4 ANDs. Four rows are in flight per warp (a register ring), and with
-// programmatic dependent launch the first four rows' loads are issued before the wait.
+// A CTA owns up to 32 consecutive weight rows and requests all their codes and scales into
+// shared memory (cp.async) before it computes anything, so the loads of a multiprocessor's
+// whole share of a mid-size matrix are in flight at once; with programmatic dependent launch
+// they are issued before the grid-dependency wait. The int8 activation is staged in shared
+// memory with its 64-group sums; each warp then reduces one row per round, lane l taking the
+// 64-weight groups l, l + 32, ... (4 dp4a per word of 16 codes).
 #pragma once
 
 #include "pq2_params.cuh"

@@ -1,5 +1,5 @@
-// Device helpers shared by the PQ2 kernels of csrc/pq2: programmatic dependent launch, the
-// exact int32 -> fp32 conversion, and loads/stores of the dtypes Pq2LinearParams names.
+// Device helpers shared by the PQ2 kernels of csrc/pq2: programmatic dependent launch, cp.async,
+// the exact int32 -> fp32 conversion, and loads/stores of the dtypes Pq2LinearParams names.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,6 +19,31 @@ __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
+}
+
+// cp.async (sm_80+): global -> shared copies that bypass the registers, waited on by commit
+// group.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async8(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr(dst)), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
 // Exact int32 -> fp32 for |v| < 2^22: one integer and one float add.

@@ -196,8 +196,8 @@ def _need_mma_cuda(name: str = "mma_cuda") -> None:
 @pytest.mark.parametrize("shape", BONSAI_SHAPES + [(300, 2304), (8, 49152)],
                          ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gemv_cuda(shape: tuple[int, int]) -> None:
-    """The CUDA GEMV (csrc/pq2/gemv_int8.cu) at M = 1: one and several warps per row (K up to
-    6144 and above), four- and eight-row warps (narrow and wide N), rows past N."""
+    """The CUDA GEMV (csrc/pq2/gemv_int8.cu) at M = 1: CTAs of 32, 16 and 8 rows (four, two
+    and one round of rows a CTA: K = 5120, 6144, 17408 and above), rows past N (300 rows)."""
     _need_mma_cuda("gemv_cuda")
     n, k = shape
     raw, q, d, signs, w = make_case(n, k, 128)

@@ -290,10 +290,11 @@ class _CudaOpKernel(PQ2LinearKernel):
 
 class GemvCudaA8Kernel(_CudaOpKernel):
     """M = 1: int8 dp4a GEMV in CUDA C++ (csrc/pq2/gemv_int8.cu, op
-    ``torch.ops._C_prism.pq2_gemv_int8``): whole rows per warp, the activation in registers,
-    four rows' weight loads in flight. Needs vllm_prism._C; runs only where
-    ``VLLM_PRISM_PQ2_KERNEL`` names it: through vLLM on the H200 it was slower than the
-    Triton GEMV (141.9 against 166.4 tok/s at batch 1, benchmarks/results/e2e_h200.md)."""
+    ``torch.ops._C_prism.pq2_gemv_int8``): a CTA requests all the codes and scales of its
+    rows into shared memory before computing, then reduces one row per warp and round. Needs
+    vllm_prism._C; runs only where ``VLLM_PRISM_PQ2_KERNEL`` names it until a GPU run has
+    timed it (its register-ring predecessor was slower than the Triton GEMV: 141.9 against
+    166.4 tok/s at batch 1 through vLLM, 14.4 against 11.4 us on 12288x5120)."""
 
     name = "gemv_cuda"
     op = "pq2_gemv_int8"

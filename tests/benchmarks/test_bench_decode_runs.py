@@ -1,0 +1,57 @@
+"""The engines benchmarks/e2e/bench_decode.py starts, as each child process parses its command
+line: the plain engines of a ``--spec-k`` run carry no drafter (on 2026-12-01 they inherited
+``--spec-k 3 5 7`` and vLLM refused them), the DFlash engines one k each at batch 1, and
+``--side-by-side`` gives each engine its turn lock, a share of the GPU memory and an explicit
+KV-cache size. No GPU: only the command lines are built and parsed."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "e2e"))
+import bench_decode  # noqa: E402
+
+
+def _children(argv: list[str], lock: str | None = None) -> list[tuple]:
+    """(parsed child args, env) of every engine of ``argv``."""
+    parser = bench_decode.build_parser()
+    args = parser.parse_args(argv)
+    runs = bench_decode.engine_runs(args, argv, "/tmp/drafter" if args.spec_k else None, lock)
+    out = []
+    for cmd, env, _ in runs:
+        assert cmd[1] == bench_decode.__file__ and cmd[2] == "--child"
+        out.append((parser.parse_args(cmd[2:]), env))
+    return out
+
+
+def test_spec_k_run_has_one_plain_engine_and_one_engine_per_k() -> None:
+    kids = _children(["m.gguf", "--kv", "auto", "--spec-k", "3", "5", "7", "--batches", "1"])
+    assert [a.spec_k for a, _ in kids] == [[], [3], [5], [7]]
+    plain, spec = kids[0][0], [a for a, _ in kids[1:]]
+    assert plain.drafter is None and plain.turn_lock is None
+    assert all(a.drafter == "/tmp/drafter" and a.batches == [1] for a in spec)
+    assert all(a.child for a, _ in kids)
+
+
+def test_side_by_side_engines_share_the_memory_and_take_turns() -> None:
+    argv = ["m.gguf", "--kv", "auto", "int8_per_token_head", "--gpu-memory", "0.8",
+            "--side-by-side", "--kv-cache-gib", "3"]
+    kids = _children(argv, lock="/tmp/turn")
+    assert [a.kv for a, _ in kids] == [["auto"], ["int8_per_token_head"]]
+    for a, _ in kids:
+        assert a.turn_lock == "/tmp/turn"
+        assert a.gpu_memory == pytest.approx(0.4)
+        assert a.kv_cache_gib == 3
+
+
+@pytest.mark.parametrize("flag,env_name,values", [
+    ("--pdl", "VLLM_PRISM_PDL", ["1", "0"]),
+    ("--pq2-kernel", "VLLM_PRISM_PQ2_KERNEL", ["auto", "gemm_dq"]),
+])
+def test_each_switch_value_gets_its_own_engine(flag: str, env_name: str,
+                                               values: list[str]) -> None:
+    kids = _children(["m.gguf", "--kv", "auto", flag, *values])
+    assert [env[env_name] for _, env in kids] == values
