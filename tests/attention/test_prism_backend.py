@@ -88,3 +88,24 @@ def test_non_causal_steps_go_to_the_triton_backend(monkeypatch) -> None:
     md = types.SimpleNamespace(causal=False)
     impl.forward(None, out, out, out, None, md, out)
     assert calls == ["triton"]
+
+
+def test_prefill_reads_vllms_host_lengths_not_the_device() -> None:
+    """The builder hands vLLM's host upper bound on the sequence lengths (exact for prefill
+    rows) to our metadata, so the prefill path's host read of the lengths copies nothing from
+    the device (that copy stalled the GPU in the middle of every step with a prefill in it).
+    Meta tensors have no data: any device read fails."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from vllm_prism.attention.backends.prism_attn import prism_metadata
+
+    meta = lambda *shape: torch.empty(*shape, dtype=torch.int32, device="meta")  # noqa: E731
+    md = SimpleNamespace(block_table=meta(4, 8), seq_lens=meta(4), query_start_loc=meta(5),
+                         max_query_len=40, max_seq_len=90)
+    qsl = torch.tensor([0, 1, 41, 42, 42], dtype=torch.int32)  # the last request: padding
+    upper = torch.tensor([17, 90, 33, 0], dtype=torch.int32)
+    pm = prism_metadata(md, 3, qsl, upper)
+    assert pm.host() == ([0, 1, 41, 42], [17, 90, 33])
+    assert pm.query_lens() == [1, 40, 1]

@@ -57,8 +57,9 @@ class PrismAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
     def build(self, common_prefix_len: int, common_attn_metadata: Any,
               fast_build: bool = False) -> Any:
         md = super().build(common_prefix_len, common_attn_metadata, fast_build)
-        md.prism = prism_metadata(md, common_attn_metadata.num_reqs,
-                                  common_attn_metadata.query_start_loc_cpu)
+        md.prism = prism_metadata(
+            md, common_attn_metadata.num_reqs, common_attn_metadata.query_start_loc_cpu,
+            getattr(common_attn_metadata, "seq_lens_cpu_upper_bound", None))
         md.prism_plan = plan = StepPlan.build(md.prism.query_lens(),
                                               md.query_start_loc.device,
                                               ids_buffer=self.prism_ids)
@@ -78,13 +79,20 @@ def _log_route(plan: StepPlan) -> None:
         logger.info_once("PRISM attention: prefill runs in bounded sections")
 
 
-def prism_metadata(md: Any, num_reqs: int, query_start_loc_cpu: torch.Tensor) -> PrismMetadata:
-    """Our kernels' metadata from the Triton backend's (views, no copies)."""
+def prism_metadata(md: Any, num_reqs: int, query_start_loc_cpu: torch.Tensor,
+                   seq_lens_cpu: torch.Tensor | None = None) -> PrismMetadata:
+    """Our kernels' metadata from the Triton backend's (views, no copies).
+
+    ``seq_lens_cpu`` is vLLM's host upper bound on the sequence lengths, exact for prefill
+    requests: the prefill path, the only reader of host sequence lengths, reads just those,
+    so a step with a prefill in it needs no device-to-host copy (a sync in the middle of
+    the forward). Without it the first prefill call copies the device lengths."""
     n = num_reqs
     return PrismMetadata(block_table=md.block_table[:n], seq_lens=md.seq_lens[:n],
                          query_start_loc=md.query_start_loc[:n + 1],
                          max_query_len=md.max_query_len, max_seq_len=md.max_seq_len,
-                         query_start_loc_cpu=query_start_loc_cpu[:n + 1])
+                         query_start_loc_cpu=query_start_loc_cpu[:n + 1],
+                         seq_lens_cpu=None if seq_lens_cpu is None else seq_lens_cpu[:n])
 
 
 def vllm_flash_section_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
