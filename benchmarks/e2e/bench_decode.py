@@ -34,8 +34,10 @@ off, so every prompt is really prefilled. Prompts are random token ids, distinct
   int8 GEMV's tile overrides, shown in brackets after the kernel).
 * ``--side-by-side`` starts every engine of the run at once, each with ``--gpu-memory`` over
   the number of engines (their compiles and CUDA-graph captures overlap: a cold start of the
-  27B-shaped file takes about 4 minutes), and lets them measure one at a time (a file lock),
-  so no engine's timing shares the GPU with another's work.
+  27B-shaped file takes about 4 minutes); each warms up (one short generation per prompt
+  length it measures: the first call compiles the prefill paths' Triton kernels), waits for
+  the others to be warm, then measures in its turn (a file lock), so no engine's timing shares
+  the GPU with another's work.
 * profile (batch 1, or each of ``--profile-batches``; first context): torch-profiler traces
   of two generate() calls of T/2 and T decode steps, whose difference gives per decode step
   the kernel time by family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise,
@@ -244,8 +246,35 @@ def run_engine(args: argparse.Namespace) -> list[dict]:
     """All measurements of one KV dtype (called in the child process), taken in this
     engine's turn (``--turn-lock``)."""
     llm = _engine(args)
+    if args.turn_lock:  # side by side: warm up together, then measure one at a time
+        _warm_up(llm, args)
+        _barrier(args.turn_lock, args.engines)
     with _measure_turn(args.turn_lock):
         return _measure(llm, args)
+
+
+def _warm_up(llm, args: argparse.Namespace) -> None:
+    """One short generation per prompt length this engine measures, so that the first call's
+    compilations (Triton kernels of the prefill paths) happen before the measuring turns,
+    while every engine still starts or warms up."""
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    lengths = [args.context] if args.spec_k else [args.context, *args.prefill]
+    for n in lengths:
+        _generate(llm, _prompts(1, n, vocab, seed=7), 2)
+    print(json.dumps({"warm": lengths}), flush=True)
+
+
+def _barrier(lock: str, engines: int, timeout_s: float = 240.0) -> None:
+    """Wait until ``engines`` engines have warmed up (a line each in ``lock``.ready), or
+    ``timeout_s`` passed (an engine that failed to start must not hold the others)."""
+    ready = Path(lock + ".ready")
+    with open(ready, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(f"{os.getpid()}\n")
+        fcntl.flock(f, fcntl.LOCK_UN)
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and len(ready.read_text().splitlines()) < engines:
+        time.sleep(0.5)
 
 
 def _engine(args: argparse.Namespace):
@@ -442,6 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default=str(HERE.parent / "results"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--turn-lock", help=argparse.SUPPRESS)
+    p.add_argument("--engines", type=int, default=1, help=argparse.SUPPRESS)
     return p
 
 
@@ -462,7 +492,8 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
     for kv, more, pdl, kern, tune in runs:
         cmd = [sys.executable, __file__, "--child", *argv, "--kv", kv, *more]
         if lock:  # vLLM's free-memory profiling would count the other engines' growth
-            cmd += ["--turn-lock", lock, "--gpu-memory", f"{args.gpu_memory / len(runs):.3f}",
+            cmd += ["--turn-lock", lock, "--engines", str(len(runs)),
+                    "--gpu-memory", f"{args.gpu_memory / len(runs):.3f}",
                     "--kv-cache-gib", str(args.kv_cache_gib)]
         env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern,
                "VLLM_PRISM_GEMV_TUNING": tune}

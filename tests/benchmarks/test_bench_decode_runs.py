@@ -42,7 +42,7 @@ def test_side_by_side_engines_share_the_memory_and_take_turns() -> None:
     kids = _children(argv, lock="/tmp/turn")
     assert [a.kv for a, _ in kids] == [["auto"], ["int8_per_token_head"]]
     for a, _ in kids:
-        assert a.turn_lock == "/tmp/turn"
+        assert a.turn_lock == "/tmp/turn" and a.engines == 2
         assert a.gpu_memory == pytest.approx(0.4)
         assert a.kv_cache_gib == 3
 
@@ -55,3 +55,19 @@ def test_each_switch_value_gets_its_own_engine(flag: str, env_name: str,
                                                values: list[str]) -> None:
     kids = _children(["m.gguf", "--kv", "auto", flag, *values])
     assert [env[env_name] for _, env in kids] == values
+
+
+def test_barrier_waits_for_every_engine_then_lets_go(tmp_path) -> None:
+    """Side-by-side engines measure only once all are warm; a missing engine holds the others
+    no longer than the timeout."""
+    import time
+
+    lock = str(tmp_path / "turn")
+    Path(lock + ".ready").write_text("111\n")  # one engine already warm
+    t0 = time.monotonic()
+    bench_decode._barrier(lock, 2, timeout_s=30)  # this one is the second: no wait
+    assert time.monotonic() - t0 < 5
+    assert len(Path(lock + ".ready").read_text().splitlines()) == 2
+    t0 = time.monotonic()
+    bench_decode._barrier(lock, 5, timeout_s=1.0)  # two more never come
+    assert 1.0 <= time.monotonic() - t0 < 5
