@@ -81,11 +81,15 @@ class StepPlan:
 
 def _device_ids(ids: list[int], device: torch.device, buf: torch.Tensor | None
                 ) -> torch.Tensor:
-    host = torch.tensor(ids, dtype=torch.int32)
+    # Pinned on CUDA: a copy from pageable memory synchronizes the stream first, which would
+    # stall the builder of a mixed step until the GPU finished the previous step (torch's
+    # pinned allocator keeps the block until the asynchronous copy has run).
+    pinned = device.type == "cuda"
+    host = torch.tensor(ids, dtype=torch.int32, pin_memory=pinned)
     if buf is None:
         return host.to(device, non_blocking=True)
     view = buf[:len(ids)]
-    view.copy_(host)
+    view.copy_(host, non_blocking=pinned)
     return view
 
 
