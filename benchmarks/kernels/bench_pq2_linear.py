@@ -123,10 +123,33 @@ def mma_configs(m: int, n: int, k: int) -> list[TCConfig]:
     return out
 
 
+# K splits of the CUDA C++ tensor-core kernel (0: its own choice, partial sums over 2x the
+# SMs): at M = 8 it moves 16-21 % of DRAM throughput (Nsight Compute, 2026-12-01) and each
+# split adds a workspace round trip, so fewer, longer splits may pay.
+MMA_CUDA_SPLITS = [0, 1, 2, 3, 4, 6, 8]
+
+
+def _mma_cuda(a, w, split: int) -> torch.Tensor:
+    return torch.ops._C_prism.pq2_mma_int8(w.codes, w.scales, a.data, a.group_scale,
+                                           a.group_sum, None, torch.bfloat16, split, False)
+
+
+def _gemv_cuda(a, w, _cfg) -> torch.Tensor:
+    return torch.ops._C_prism.pq2_gemv_int8(w.codes, w.scales, a.data, a.group_scale, None,
+                                            torch.bfloat16, False)
+
+
 GEMM_CONFIGS = {
     "a16": [TCConfig(128, 128, 1, 8, 3), TCConfig(64, 128, 1, 4, 3), TCConfig(128, 64, 1, 4, 3)],
     "a8": [TCConfig(64, 128, 1, 4, 3), TCConfig(128, 64, 1, 4, 3), TCConfig(64, 64, 1, 4, 4)],
 }
+
+
+def _compiled(op: str) -> bool:
+    """Whether vllm_prism._C holds ``op`` (the CUDA C++ kernels are swept where built)."""
+    from vllm_prism._custom_ops import has_compiled_op
+
+    return has_compiled_op(op)
 
 
 def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
@@ -152,7 +175,7 @@ def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
         except Exception as e:  # keep sweeping; report the failure
             record(family=family, M=m, config=repr(cfg), error=f"{type(e).__name__}: {e}"[:400])
 
-    ms = [1] + GEMV_M + MMA_M + (GEMM_M if n < 100000 else [128])
+    ms = sorted({1, *GEMV_M, *MMA_M, *(GEMM_M if n < 100000 else [128])})
     for m in ms:
         if m_filter and m not in m_filter:
             continue
@@ -168,6 +191,11 @@ def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
             for cfg in GEMV_A16_CONFIGS:
                 run_variant("gemv_a16", 1, cfg, a16,
                             lambda a, w, c: gemv_a16(a, w, config=c), 1e-2, ref)
+        if m == 1 and _compiled("pq2_gemv_int8"):
+            run_variant("gemv_cuda", 1, "default", aq, _gemv_cuda, 3e-2, ref)
+        if 2 <= m <= 64 and k % 256 == 0 and _compiled("pq2_mma_int8"):
+            for split in MMA_CUDA_SPLITS:
+                run_variant("mma_cuda", m, split, aq, _mma_cuda, 3e-2, ref)
         if m <= 16:
             for c0 in GEMV_A8_CONFIGS:
                 cfg = dataclasses.replace(c0, block_m=1 << (m - 1).bit_length())
