@@ -16,3 +16,9 @@ torch::Tensor pq2_gemv_int8(const torch::Tensor& codes, const torch::Tensor& sca
                             const torch::Tensor& xq, const torch::Tensor& sx,
                             const std::optional<torch::Tensor>& bias, c10::ScalarType out_dtype,
                             bool pdl);
+
+torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor& scales,
+                                 const torch::Tensor& xq, const torch::Tensor& sx,
+                                 const torch::Tensor& qsum,
+                                 const std::optional<torch::Tensor>& bias,
+                                 c10::ScalarType out_dtype, bool pdl);

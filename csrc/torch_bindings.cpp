@@ -20,6 +20,12 @@ TORCH_LIBRARY(_C_prism, m) {
       "pq2_gemv_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor? bias, "
       "ScalarType out_dtype, bool pdl) -> Tensor");
   m.impl("pq2_gemv_int8", c10::kCUDA, &pq2_gemv_int8);
+  // y [M, N] = W_st @ x for 1..16 int8 activation rows, weights as the MMA's A operand
+  // (csrc/pq2/mma_small.cu).
+  m.def(
+      "pq2_mma_small_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor qsum, "
+      "Tensor? bias, ScalarType out_dtype, bool pdl) -> Tensor");
+  m.impl("pq2_mma_small_int8", c10::kCUDA, &pq2_mma_small_int8);
 }
 
 static struct PyModuleDef prism_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, 0, nullptr};

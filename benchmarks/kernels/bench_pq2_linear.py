@@ -134,6 +134,11 @@ def _mma_cuda(a, w, split: int) -> torch.Tensor:
                                            a.group_sum, None, torch.bfloat16, split, False)
 
 
+def _mma_small_cuda(a, w, _cfg) -> torch.Tensor:
+    return torch.ops._C_prism.pq2_mma_small_int8(w.codes, w.scales, a.data, a.group_scale,
+                                                 a.group_sum, None, torch.bfloat16, False)
+
+
 def _gemv_cuda(a, w, _cfg) -> torch.Tensor:
     return torch.ops._C_prism.pq2_gemv_int8(w.codes, w.scales, a.data, a.group_scale, None,
                                             torch.bfloat16, False)
@@ -193,6 +198,8 @@ def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
                             lambda a, w, c: gemv_a16(a, w, config=c), 1e-2, ref)
         if m == 1 and _compiled("pq2_gemv_int8"):
             run_variant("gemv_cuda", 1, "default", aq, _gemv_cuda, 3e-2, ref)
+        if m <= 16 and k % 128 == 0 and _compiled("pq2_mma_small_int8"):
+            run_variant("mma_small_cuda", m, "default", aq, _mma_small_cuda, 3e-2, ref)
         if 2 <= m <= 64 and k % 256 == 0 and _compiled("pq2_mma_int8"):
             for split in MMA_CUDA_SPLITS:
                 run_variant("mma_cuda", m, split, aq, _mma_cuda, 3e-2, ref)
@@ -311,9 +318,11 @@ class _pdl_off:
 def candidates(m: int) -> list[str]:
     """Other kernels timed at this M (end to end, producer included)."""
     if m == 1:
-        return ["gemv_a8", "gemv_a16", "gemv_cuda", "mma_cuda"]
+        return ["gemv_a8", "gemv_a16", "gemv_cuda", "mma_cuda", "mma_small_cuda"]
     if m <= 8:
-        return ["gemv_a8_rows", "mma_a8", "mma_a16", "mma_cuda"]
+        return ["gemv_a8_rows", "mma_a8", "mma_a16", "mma_cuda", "mma_small_cuda"]
+    if m <= 16:
+        return ["mma_a8", "mma_a16", "mma_cuda", "mma_small_cuda"]
     if m <= 64:
         return ["mma_a8", "mma_a16", "mma_cuda"]
     return ["gemm_a8", "gemm_a16", "mma_cuda"] + (["gemm_dq"] if m >= dispatch.GEMM_DQ_MIN_M

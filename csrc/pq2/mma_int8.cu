@@ -49,27 +49,6 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&a)[4], const void* p) {
                : "r"(smem_addr(p)));
 }
 
-// c += a (16 x 32 int8, row) * b (32 x 8 int8, col), int32 accumulate.
-__device__ __forceinline__ void mma_s8(int32_t (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                       uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Every element of a thread's [m-tile][n8 tile][fragment] accumulator set to `v`.
-template <typename T, int MT>
-__device__ __forceinline__ void fill(T (&a)[MT][2][4], T v) {
-#pragma unroll
-  for (int i = 0; i < MT; ++i)
-#pragma unroll
-    for (int j = 0; j < 2; ++j)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) a[i][j][e] = v;
-}
-
 // Code words (and their two fp16 scales) of stage `kb` for the CTA's rows; rows past N read
 // row N - 1 (their results are not stored).
 template <int MT>

@@ -1,5 +1,5 @@
 // Device helpers shared by the PQ2 kernels of csrc/pq2: programmatic dependent launch, cp.async,
-// the exact int32 -> fp32 conversion, and loads/stores of the dtypes Pq2LinearParams names.
+// the int8 mma.sync, the exact int32 -> fp32 conversion, and loads/stores of the dtypes Pq2LinearParams names.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -44,6 +44,27 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// c += a (16 x 32 int8, row) * b (32 x 8 int8, col), int32 accumulate.
+__device__ __forceinline__ void mma_s8(int32_t (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                       uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, "
+      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Every element of a [A][B][C] register array (accumulators) set to `v`.
+template <typename T, int A, int B, int C>
+__device__ __forceinline__ void fill(T (&a)[A][B][C], T v) {
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < B; ++j)
+#pragma unroll
+      for (int e = 0; e < C; ++e) a[i][j][e] = v;
 }
 
 // Exact int32 -> fp32 for |v| < 2^22: one integer and one float add.

@@ -31,8 +31,9 @@ BONSAI_SHAPES = [(1024, 5120), (12288, 5120), (10240, 5120), (6144, 5120), (1433
 ODD_SHAPES = [(37, 640, 128), (300, 2304, 256), (4097, 5120, 1024), (96, 384, None)]
 M_FULL = list(range(1, 17)) + [24, 32, 48, 64, 128, 512, 2048]
 TOL = {"gemv_a16": 4e-3, "mma_a16": 8e-3, "gemm_a16": 8e-3, "gemv_a8": 3e-2, "mma_a8": 3e-2,
-       "gemm_a8": 3e-2, "ptq1_gemv": 4e-3, "mma_cuda": 3e-2, "gemv_cuda": 3e-2, "gemm_dq": 1e-2}
-A8 = {"gemv_a8", "mma_a8", "gemm_a8", "mma_cuda", "gemv_cuda"}
+       "gemm_a8": 3e-2, "ptq1_gemv": 4e-3, "mma_cuda": 3e-2, "gemv_cuda": 3e-2, "gemm_dq": 1e-2,
+       "mma_small_cuda": 3e-2}
+A8 = {"gemv_a8", "mma_a8", "gemm_a8", "mma_cuda", "gemv_cuda", "mma_small_cuda"}
 
 
 def kernels_for(m: int, n: int = 0) -> list[str]:
@@ -205,15 +206,31 @@ def test_gemv_cuda(shape: tuple[int, int]) -> None:
     check_kernel("gemv_cuda", x.bfloat16(), raw, q, d, signs, 128, w)
 
 
-def test_gemv_cuda_bias_fp16() -> None:
-    _need_mma_cuda("gemv_cuda")
-    n, k = 1000, 17408
+@pytest.mark.parametrize("name,n,k,m", [("gemv_cuda", 1000, 17408, 1),
+                                         ("mma_small_cuda", 1000, 6144, 6)])
+def test_cuda_kernel_bias_fp16(name: str, n: int, k: int, m: int) -> None:
+    """fp16 activations, outputs and bias through the CUDA C++ kernels that take them."""
+    _need_mma_cuda(name)
     gen = torch.Generator().manual_seed(12)
     raw, q, d = random_ternary(n, k, "PQ2_0", gen, "cuda")
     w = PQ2Weight.from_raw(raw)
-    x = torch.randn(1, k, generator=gen).to("cuda", torch.float16)
+    x = torch.randn(m, k, generator=gen).to("cuda", torch.float16)
     bias = torch.randn(n, generator=gen).to("cuda", torch.float16)
-    check_kernel("gemv_cuda", x, raw, q, d, None, None, w, bias=bias)
+    check_kernel(name, x, raw, q, d, None, None, w, bias=bias)
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 8, 9, 16])
+@pytest.mark.parametrize("shape", [(12288, 5120), (5120, 6144), (5120, 17408), (300, 2304),
+                                   (17000, 1024)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_mma_small_cuda(shape: tuple[int, int], m: int) -> None:
+    """The small-batch CUDA kernel (csrc/pq2/mma_small.cu): one and two token tiles (M <= 8,
+    <= 16); CTAs of 64, 32, 16, 16 and 128 rows (the shapes in that order: K and N choose it);
+    rows past N (300 and 17000 rows); against the exact and the integer reference."""
+    _need_mma_cuda("mma_small_cuda")
+    n, k = shape
+    raw, q, d, signs, w = make_case(n, k, 128)
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n + m))
+    check_kernel("mma_small_cuda", x.bfloat16(), raw, q, d, signs, 128, w)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 64, 65, 128, 300])

@@ -342,6 +342,34 @@ class MmaCudaA8Kernel(_CudaOpKernel):
                                                use_pdl(w.device))
 
 
+class MmaSmallCudaA8Kernel(_CudaOpKernel):
+    """M = 1..16: int8 tensor-core kernel in CUDA C++ for small batches (csrc/pq2/mma_small.cu,
+    op ``torch.ops._C_prism.pq2_mma_small_int8``): the weights are the MMA's A operand (16 rows
+    a tile, decoded from the code words straight into the fragment) and the tokens its B
+    operand (8 a tile), a CTA requests all of its rows' codes into shared memory before
+    computing and its warps split K. Needs vllm_prism._C; runs only where
+    ``VLLM_PRISM_PQ2_KERNEL`` names it until a GPU run has timed it against ``mma_cuda``
+    (1.7-2.1x the M = 1 GEMV at M = 8 on the H200)."""
+
+    name = "mma_small_cuda"
+    op = "pq2_mma_small_int8"
+    in_auto = False
+
+    @classmethod
+    def can_implement(cls, c):
+        if not 1 <= c.m <= 16:
+            return False, f"M = {c.m} outside 1..16"
+        if c.k % 128:
+            return False, f"K = {c.k} is not a multiple of 128"
+        return _pq2_only(c)
+
+    @classmethod
+    def run(cls, act, w, bias, out_dtype):
+        return torch.ops._C_prism.pq2_mma_small_int8(w.codes, w.scales, act.data,
+                                                     act.group_scale, act.group_sum, bias,
+                                                     out_dtype, use_pdl(w.device))
+
+
 class TorchKernel(PQ2LinearKernel):
     """Exact reference: transform in fp32, dense dequantized weight, one matmul. Any device."""
 
@@ -376,11 +404,12 @@ class TorchKernel(PQ2LinearKernel):
 # quantization as the GEMV). Where vllm_prism._C is built, the CUDA C++ tensor-core kernel
 # (mma_cuda) takes M = 2..512 before the Triton ones (measured through vLLM, see its class).
 # The bf16/fp16 kernels (*_a16) stay for the reference precision:
-# VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the CUDA C++ GEMV (gemv_cuda) only
-# where named.
+# VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the CUDA C++ GEMV (gemv_cuda) and
+# small-batch kernel (mma_small_cuda) only where named.
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, GemvA8Kernel, GemvA16Kernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel,
-    GemmA8Kernel, GemmA16Kernel, GemmDqKernel, GemvCudaA8Kernel, TorchKernel,
+    GemmA8Kernel, GemmA16Kernel, GemmDqKernel, GemvCudaA8Kernel, MmaSmallCudaA8Kernel,
+    TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 

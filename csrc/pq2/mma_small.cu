@@ -1,0 +1,243 @@
+// PQ2 linear for M = 1..16 on int8 tensor cores (see mma_small.cuh). Torch-free; the torch op
+// is in mma_small_op.cu.
+//
+// A CTA: TILES x 16 consecutive weight rows (16..128), the whole of K, 8 warps. All codes
+// (row stride K/4 + 16 bytes: the 8 rows a warp instruction reads start 4 banks apart, so a
+// 16-byte read of each is conflict-free) and fp16 scales of its rows go to shared memory
+// first. Warp w then takes the 128-groups [w G / 8, (w + 1) G / 8) of K: per 64-weight piece it
+// loads its lane's B fragments (tokens g + 8 nt, 4 bytes at k 4t and 16 + 4t of each 32-chunk)
+// once, and for every row tile reads rows g and g + 8 as one 16-byte word quad each and
+// decodes the A fragments with a shift and an AND per register; one mma.sync per tile, chunk
+// and token tile. At each group's end the int32 sums are taken to fp32 exactly (magic-number
+// add), offset by the activation's group sum and scaled by d[row] * sx[token]. The 8 warps'
+// partial sums meet in shared memory (over the codes, which are no longer read) and are added
+// in warp order, so the result does not depend on timing.
+#include "mma_small.cuh"
+
+#include "pq2_device.cuh"
+
+namespace vllm_prism {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr uint32_t kMask = 0x03030303u;
+constexpr int kSmemTarget = 110 * 1024;  // two CTAs a multiprocessor
+constexpr int kSmemMax = 200 * 1024;
+
+__host__ __device__ constexpr int align16(int v) { return (v + 15) & ~15; }
+
+// Byte offsets in a CTA's dynamic shared memory.
+struct SmallSmem {
+  int row_bytes, row_stride, scale_words, scales, red_bytes, bytes;
+
+  __host__ __device__ SmallSmem(int k, int rows, int nt) {
+    row_bytes = k / 4;
+    row_stride = row_bytes + 16;
+    scale_words = (k / 128 + 1) / 2;  // fp16 pairs
+    scales = rows * row_stride;       // codes at 0
+    const int end = scales + align16(4 * rows * scale_words);
+    red_bytes = kWarps * (rows / 16) * nt * 4 * 32 * 4;  // fp32 partials, over the codes
+    bytes = end > red_bytes ? end : red_bytes;
+  }
+};
+
+__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
+  return i == 0 ? q.x : (i == 1 ? q.y : (i == 2 ? q.z : q.w));
+}
+
+template <int TILES, int NT>
+__global__ void __launch_bounds__(kThreads)
+    pq2_mma_small_kernel(const __grid_constant__ Pq2LinearParams p) {
+  extern __shared__ __align__(16) char smem[];
+  if (p.pdl) pdl_launch_dependents();
+  constexpr int kRows = 16 * TILES;
+  const SmallSmem L(p.k, kRows, NT);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int row0 = blockIdx.x * kRows;
+
+  // 1. Every code and scale of the CTA's rows (rows past N read row N - 1, not stored);
+  //    independent of the previous kernel, so before the grid-dependency wait.
+  const int pieces = L.row_bytes / 16;
+  for (int i = tid; i < kRows * pieces; i += kThreads) {
+    const int r = i / pieces, j = i % pieces;
+    const int row = min(row0 + r, p.n - 1);
+    cp_async16(smem + r * L.row_stride + 16 * j,
+               reinterpret_cast<const char*>(p.codes + row * p.stride_c) + 16 * j);
+  }
+  for (int i = tid; i < kRows * L.scale_words; i += kThreads) {
+    const int r = i / L.scale_words, j = i % L.scale_words;
+    const int row = min(row0 + r, p.n - 1);
+    cp_async4(smem + L.scales + 4 * i, p.scales + row * p.stride_s + 2 * j);
+  }
+  cp_async_commit();
+  if (p.pdl) pdl_wait();  // the activation is complete past here
+
+  // This lane's tokens: its B column g + 8 nt, its C columns 8 nt + 2t and + 1 (past M:
+  // token M - 1, not stored).
+  const int8_t* xrow[NT];
+  const float* sx_c[NT][2];
+  const int32_t* qs_c[NT][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    xrow[nt] = p.xq + min(8 * nt + g, p.m - 1) * p.stride_x;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int tok = min(8 * nt + 2 * t + c, p.m - 1);
+      sx_c[nt][c] = p.sx + tok * p.stride_g;
+      qs_c[nt][c] = p.qsum + tok * p.stride_g;
+    }
+  }
+  const int groups = p.k / 128;
+  const int grp_lo = warp * groups / kWarps, grp_hi = (warp + 1) * groups / kWarps;
+
+  float acc[TILES][NT][4];
+  fill(acc, 0.f);
+
+  cp_async_wait<0>();
+  __syncthreads();
+  const uint32_t* scales = reinterpret_cast<const uint32_t*>(smem + L.scales);
+
+  for (int grp = grp_lo; grp < grp_hi; ++grp) {
+    int32_t isum[TILES][NT][4];
+    fill(isum, 0);
+    float s[NT][2];  // the group's activation scales and sums of this lane's C tokens,
+    int32_t q[NT][2];  // requested before the group's MMAs
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        s[nt][c] = __ldg(sx_c[nt][c] + grp);
+        q[nt][c] = __ldg(qs_c[nt][c] + grp);
+      }
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // 64 weights: one 16-byte piece of each row
+      const int piece = 2 * grp + half;
+      uint32_t b[NT][2][2];  // [token tile][32-chunk of the piece][reg]
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int8_t* xk = xrow[nt] + 64 * piece + 4 * t;
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          b[nt][c][0] = __ldg(reinterpret_cast<const uint32_t*>(xk + 32 * c));
+          b[nt][c][1] = __ldg(reinterpret_cast<const uint32_t*>(xk + 32 * c + 16));
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < TILES; ++i) {
+        const char* rows_g = smem + (16 * i + g) * L.row_stride + 16 * piece;
+        const uint4 wg = *reinterpret_cast<const uint4*>(rows_g);
+        const uint4 wh = *reinterpret_cast<const uint4*>(rows_g + 8 * L.row_stride);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          uint32_t a[4];
+          a[0] = (word_of(wg, 2 * c) >> (2 * t)) & kMask;      // row g, k 4t..
+          a[1] = (word_of(wh, 2 * c) >> (2 * t)) & kMask;      // row g + 8
+          a[2] = (word_of(wg, 2 * c + 1) >> (2 * t)) & kMask;  // row g, k 16 + 4t..
+          a[3] = (word_of(wh, 2 * c + 1) >> (2 * t)) & kMask;  // row g + 8
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt) mma_s8(isum[i][nt], a, b[nt][c][0], b[nt][c][1]);
+        }
+      }
+    }
+    // Group end: y += d[row] * sx[token] * (sum - qsum[token]) for this lane's 4 (row, token).
+#pragma unroll
+    for (int i = 0; i < TILES; ++i) {
+      const int r = 16 * i + g;
+      const int sh = 16 * (grp & 1);
+      const float d0 = __half2float(__ushort_as_half(static_cast<unsigned short>(
+          scales[r * L.scale_words + (grp >> 1)] >> sh)));
+      const float d1 = __half2float(__ushort_as_half(static_cast<unsigned short>(
+          scales[(r + 8) * L.scale_words + (grp >> 1)] >> sh)));
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        acc[i][nt][0] += exact_float(isum[i][nt][0] - q[nt][0]) * (d0 * s[nt][0]);
+        acc[i][nt][1] += exact_float(isum[i][nt][1] - q[nt][1]) * (d0 * s[nt][1]);
+        acc[i][nt][2] += exact_float(isum[i][nt][2] - q[nt][0]) * (d1 * s[nt][0]);
+        acc[i][nt][3] += exact_float(isum[i][nt][3] - q[nt][1]) * (d1 * s[nt][1]);
+      }
+    }
+  }
+
+  // The warps' partial sums, over the codes: red[warp][tile][nt][e][lane].
+  __syncthreads();  // every warp is done with the codes
+  float* red = reinterpret_cast<float*>(smem);
+  constexpr int kOut = TILES * NT * 4 * 32;  // partials a warp holds
+#pragma unroll
+  for (int i = 0; i < TILES; ++i)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) red[warp * kOut + ((i * NT + nt) * 4 + e) * 32 + lane] =
+          acc[i][nt][e];
+  __syncthreads();
+  for (int o = tid; o < kOut; o += kThreads) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += red[w * kOut + o];
+    const int ln = o & 31, e = (o >> 5) & 3, nt = (o >> 7) % NT, i = (o >> 7) / NT;
+    const int row = row0 + 16 * i + (ln >> 2) + 8 * (e >> 1);
+    const int tok = 8 * nt + 2 * (ln & 3) + (e & 1);
+    if (row < p.n && tok < p.m) {
+      const float bias = p.bias ? load_as_float(p.bias, row, p.bias_dtype) : 0.f;
+      store_out(p, static_cast<int64_t>(tok) * p.stride_o + row, sum + bias);
+    }
+  }
+}
+
+template <int TILES, int NT>
+cudaError_t launch(const Pq2LinearParams& p, int bytes, cudaStream_t stream) {
+  cudaError_t err = cudaFuncSetAttribute(pq2_mma_small_kernel<TILES, NT>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((p.n + 16 * TILES - 1) / (16 * TILES), 1, 1);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  set_pdl(cfg, attr, p.pdl);
+  return cudaLaunchKernelEx(&cfg, pq2_mma_small_kernel<TILES, NT>, p);
+}
+
+template <int NT>
+cudaError_t launch_tiles(const Pq2LinearParams& p, int tiles, int bytes, cudaStream_t stream) {
+  switch (tiles) {
+    case 8: return launch<8, NT>(p, bytes, stream);
+    case 4: return launch<4, NT>(p, bytes, stream);
+    case 2: return launch<2, NT>(p, bytes, stream);
+    default: return launch<1, NT>(p, bytes, stream);
+  }
+}
+
+// Rows a CTA owns: 128 where two CTAs a multiprocessor still fit, fewer (down to 16) where
+// the grid would leave multiprocessors idle.
+int pq2_mma_small_rows(int n, int k, int m, int sm_count) {
+  const int nt = m <= 8 ? 1 : 2;
+  int rows = 128;
+  while (rows > 16 && SmallSmem(k, rows, nt).bytes > kSmemTarget) rows >>= 1;
+  while (rows > 16 && (n + rows - 1) / rows < sm_count) rows >>= 1;
+  return rows;
+}
+
+}  // namespace
+
+cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream) {
+  if (p.n <= 0 || p.m <= 0) return cudaSuccess;
+  if (p.m > kPq2SmallMaxM || p.k % 128 != 0) return cudaErrorInvalidValue;
+  // 16-byte cp.async of code rows, 4-byte ones of scale pairs, 4-byte activation loads
+  if (reinterpret_cast<uintptr_t>(p.codes) % 16 || (p.stride_c * 4) % 16 ||
+      reinterpret_cast<uintptr_t>(p.scales) % 4 || p.stride_s % 2 ||
+      reinterpret_cast<uintptr_t>(p.xq) % 4 || p.stride_x % 4) {
+    return cudaErrorMisalignedAddress;
+  }
+  const int rows = pq2_mma_small_rows(p.n, p.k, p.m, sm_count);
+  const int nt = p.m <= 8 ? 1 : 2;
+  const int bytes = SmallSmem(p.k, rows, nt).bytes;
+  if (bytes > kSmemMax) return cudaErrorInvalidValue;  // K too long for 16 rows
+  return nt == 1 ? launch_tiles<1>(p, rows / 16, bytes, stream)
+                 : launch_tiles<2>(p, rows / 16, bytes, stream);
+}
+
+}  // namespace vllm_prism

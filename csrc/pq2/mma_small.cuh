@@ -1,0 +1,24 @@
+// PQ2 linear for small batches (M = 2..16: several decode streams, a speculative verify step)
+// on int8 tensor cores, torch-free; the formula is in pq2_params.cuh.
+//
+// The weights are the MMA's A operand (16 weight rows of an m16n8k32 tile) and the tokens its
+// B operand (one n8 tile for M <= 8, two for M <= 16), so no token padding reaches 16 and a
+// weight is decoded once for all tokens: lane (g, t) of a warp takes a0..a3 straight from the
+// code words of rows g and g + 8 with one shift and one AND each (element 4q + b of a 16-code
+// word sits at bits 8b + 2q). A CTA owns up to 128 consecutive rows over the whole of K and
+// requests all their codes and scales into shared memory (cp.async) before it computes, like
+// the GEMV (gemv_int8.cuh); its 8 warps split K, each warp reading its K slice of the
+// activation once (B fragments through L1) for every row tile of the CTA, and the 8 partial
+// sums of an output meet in shared memory.
+#pragma once
+
+#include "pq2_params.cuh"
+
+namespace vllm_prism {
+
+constexpr int kPq2SmallMaxM = 16;
+
+// Launches y[M, N] for 1 <= p.m <= 16 (p.split is not read; K % 128 == 0).
+cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream);
+
+}  // namespace vllm_prism

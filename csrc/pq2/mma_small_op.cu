@@ -1,0 +1,44 @@
+// The torch op around the small-batch int8 tensor-core PQ2 kernel (mma_small.cu): checks,
+// output, launch on the current stream.
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "../ops.h"
+#include "mma_small.cuh"
+#include "op_utils.h"
+
+torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor& scales,
+                                 const torch::Tensor& xq, const torch::Tensor& sx,
+                                 const torch::Tensor& qsum,
+                                 const std::optional<torch::Tensor>& bias,
+                                 c10::ScalarType out_dtype, bool pdl) {
+  vllm_prism::check_weight_planes("pq2_mma_small_int8", codes, scales);
+  TORCH_CHECK(xq.dtype() == torch::kInt8 && xq.dim() == 2 && xq.stride(1) == 1 &&
+                  xq.stride(0) % 16 == 0,
+              "pq2_mma_small_int8: xq must be int8 [M, K] with 16-byte aligned rows");
+  TORCH_CHECK(sx.dtype() == torch::kFloat32 && qsum.dtype() == torch::kInt32 &&
+                  sx.stride(1) == 1 && qsum.stride(1) == 1 && sx.stride(0) == qsum.stride(0),
+              "pq2_mma_small_int8: sx (fp32) and qsum (int32) must be [M, G] with one row "
+              "stride");
+  const int64_t m = xq.size(0), n = codes.size(0), k = codes.size(1) * 16;
+  TORCH_CHECK(m >= 1 && m <= vllm_prism::kPq2SmallMaxM, "pq2_mma_small_int8: M = ", m,
+              " outside 1..", vllm_prism::kPq2SmallMaxM);
+  TORCH_CHECK(xq.size(1) == k, "pq2_mma_small_int8: xq has K = ", xq.size(1), ", codes have ",
+              k);
+  TORCH_CHECK(k % 128 == 0, "pq2_mma_small_int8: K = ", k, " is not a multiple of 128");
+  TORCH_CHECK(n < (int64_t{1} << 31), "pq2_mma_small_int8: too many rows");
+  const c10::cuda::CUDAGuard guard(codes.device());
+  torch::Tensor out = torch::empty({m, n}, codes.options().dtype(out_dtype));
+  if (n == 0) return out;
+  vllm_prism::Pq2LinearParams p{};
+  vllm_prism::fill_common(p, codes, scales, xq, sx, bias, out);
+  p.qsum = qsum.data_ptr<int32_t>();
+  p.split = 1;
+  p.pdl = pdl;
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const cudaError_t err =
+      vllm_prism::pq2_mma_small_launch(p, sms, at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, "pq2_mma_small_int8: launch failed: ",
+              cudaGetErrorString(err));
+  return out;
+}
