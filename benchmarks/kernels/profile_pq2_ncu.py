@@ -127,11 +127,13 @@ def child_cases(shapes: list[tuple[int, int]], m_list: list[int],
 
 
 def _candidates(m: int) -> list[str]:
-    if m == 1:
-        return ["gemv_a8", "gemv_cuda"]
-    if m <= 64:
-        return ["mma_a8", "mma_cuda"]
-    return ["gemm_a8", "mma_cuda"]
+    """The kernels bench_pq2_linear.py times at this M (its one list), those the dispatch
+    table names (not its pseudo-kernel variants)."""
+    from bench_pq2_linear import candidates
+
+    from vllm_prism.kernels.pq2 import dispatch
+
+    return [c for c in candidates(m) if c in dispatch._BY_NAME]
 
 
 def attention_cases(contexts: list[int], verify_q: int) -> list[dict]:
