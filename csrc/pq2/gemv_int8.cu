@@ -166,12 +166,13 @@ __global__ void __launch_bounds__(kMaxWarps * 32)
 }
 
 // Rows a CTA owns: as many as fit the shared-memory target (up to 32), fewer where the grid
-// would leave multiprocessors idle, a power of two.
-int rows_per_cta(int n, int k, int sm_count) {
+// would leave multiprocessors idle, fewer still where a block may not have that much shared
+// memory (`smem_max`), a power of two.
+int rows_per_cta(int n, int k, int sm_count, int smem_max) {
   int rows = kMaxRows;
-  while (rows > 1 && GemvSmem(k, rows).bytes > kSmemTarget && rows > 8) rows >>= 1;
+  while (rows > 8 && GemvSmem(k, rows).bytes > kSmemTarget) rows >>= 1;
   while (rows > 8 && (n + rows - 1) / rows < sm_count) rows >>= 1;
-  while (rows > 1 && GemvSmem(k, rows).bytes > kSmemMax) rows >>= 1;
+  while (rows > 1 && GemvSmem(k, rows).bytes > smem_max) rows >>= 1;
   return rows;
 }
 
@@ -186,9 +187,10 @@ cudaError_t pq2_gemv_int8_launch(const Pq2LinearParams& p, int sm_count, cudaStr
       p.stride_s % 2) {
     return cudaErrorMisalignedAddress;
   }
-  const int rows = rows_per_cta(p.n, p.k, sm_count);
+  const int smem_max = min(kSmemMax, max_dynamic_smem_per_block());
+  const int rows = rows_per_cta(p.n, p.k, sm_count, smem_max);
   const GemvSmem layout(p.k, rows);
-  if (layout.bytes > kSmemMax) return cudaErrorInvalidValue;  // K past 49152
+  if (layout.bytes > smem_max) return cudaErrorInvalidValue;  // K too long for one row
   cudaError_t err = cudaFuncSetAttribute(pq2_gemv_int8_kernel,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          layout.bytes);

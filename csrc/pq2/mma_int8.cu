@@ -311,7 +311,12 @@ cudaError_t pq2_mma_int8_launch(const Pq2LinearParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   }
   if (p.m <= 16) return launch<1>(p, stream);
-  if (p.m <= 32) return launch<2>(p, stream);
+  // 64-token tiles need 114 KiB: where a block may not have that (sm_86 / sm_89: 99 KiB),
+  // 32-token tiles (78 KiB) take every M, two grid rows per 64 tokens (the workspace sized
+  // for 64-token tiles holds them: half the values per tile, at most twice the tiles).
+  if (p.m <= 32 || kStages * Stage<4>::kBytes > max_dynamic_smem_per_block()) {
+    return launch<2>(p, stream);
+  }
   return launch<4>(p, stream);
 }
 

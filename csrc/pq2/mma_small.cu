@@ -213,10 +213,11 @@ cudaError_t launch_tiles(const Pq2LinearParams& p, int tiles, int bytes, cudaStr
 
 // Rows a CTA owns: 128 where two CTAs a multiprocessor still fit, fewer (down to 16) where
 // the grid would leave multiprocessors idle.
-int pq2_mma_small_rows(int n, int k, int m, int sm_count) {
+int pq2_mma_small_rows(int n, int k, int m, int sm_count, int smem_max) {
   const int nt = m <= 8 ? 1 : 2;
+  const int target = min(kSmemTarget, smem_max);
   int rows = 128;
-  while (rows > 16 && SmallSmem(k, rows, nt).bytes > kSmemTarget) rows >>= 1;
+  while (rows > 16 && SmallSmem(k, rows, nt).bytes > target) rows >>= 1;
   while (rows > 16 && (n + rows - 1) / rows < sm_count) rows >>= 1;
   return rows;
 }
@@ -232,10 +233,11 @@ cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStr
       reinterpret_cast<uintptr_t>(p.xq) % 4 || p.stride_x % 4) {
     return cudaErrorMisalignedAddress;
   }
-  const int rows = pq2_mma_small_rows(p.n, p.k, p.m, sm_count);
+  const int smem_max = min(kSmemMax, max_dynamic_smem_per_block());
+  const int rows = pq2_mma_small_rows(p.n, p.k, p.m, sm_count, smem_max);
   const int nt = p.m <= 8 ? 1 : 2;
   const int bytes = SmallSmem(p.k, rows, nt).bytes;
-  if (bytes > kSmemMax) return cudaErrorInvalidValue;  // K too long for 16 rows
+  if (bytes > smem_max) return cudaErrorInvalidValue;  // K too long for 16 rows
   return nt == 1 ? launch_tiles<1>(p, rows / 16, bytes, stream)
                  : launch_tiles<2>(p, rows / 16, bytes, stream);
 }

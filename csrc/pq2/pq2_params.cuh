@@ -30,6 +30,22 @@ struct Pq2LinearParams {
   bool pdl;                // programmatic dependent launch (sm_90+)
 };
 
+// The largest dynamic shared memory one block may opt in to on the current device, bytes
+// (227 KiB on sm_90, 163 KiB on sm_80, 99 KiB on sm_86 / sm_89), read once per device.
+inline int max_dynamic_smem_per_block() {
+  static int cached[64] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 48 * 1024;
+  if (cached[dev] == 0) {
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+      return 48 * 1024;
+    }
+    cached[dev] = v;
+  }
+  return cached[dev];
+}
+
 // The programmatic-dependent-launch attribute of a launch config, when `pdl` (`attr` must
 // outlive the launch).
 inline void set_pdl(cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr, bool pdl) {
