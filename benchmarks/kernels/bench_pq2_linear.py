@@ -134,27 +134,17 @@ def _mma_cuda(a, w, split: int) -> torch.Tensor:
                                            a.group_sum, None, torch.bfloat16, split, False)
 
 
-def _mma_small_cuda(a, w, _cfg) -> torch.Tensor:
-    return torch.ops._C_prism.pq2_mma_small_int8(w.codes, w.scales, a.data, a.group_scale,
-                                                 a.group_sum, None, torch.bfloat16, False)
-
-
-def _gemv_cuda(a, w, _cfg) -> torch.Tensor:
-    return torch.ops._C_prism.pq2_gemv_int8(w.codes, w.scales, a.data, a.group_scale, None,
-                                            torch.bfloat16, False)
-
-
-GEMM_CONFIGS = {
-    "a16": [TCConfig(128, 128, 1, 8, 3), TCConfig(64, 128, 1, 4, 3), TCConfig(128, 64, 1, 4, 3)],
-    "a8": [TCConfig(64, 128, 1, 4, 3), TCConfig(128, 64, 1, 4, 3), TCConfig(64, 64, 1, 4, 4)],
-}
-
-
-def _compiled(op: str) -> bool:
-    """Whether vllm_prism._C holds ``op`` (the CUDA C++ kernels are swept where built)."""
-    from vllm_prism._custom_ops import has_compiled_op
-
-    return has_compiled_op(op)
+def _cuda_kernels(m: int, w: PQ2Weight) -> list[type[dispatch.PQ2LinearKernel]]:
+    """The CUDA C++ kernels of vllm_prism._C that can run this call (their dispatch entries:
+    built here, and M and K within their range)."""
+    cap = torch.cuda.get_device_capability()
+    cfg = dispatch.PQ2LinearConfig.of(m, w, torch.bfloat16)
+    out = []
+    for name in ("gemv_cuda", "mma_small_cuda", "mma_cuda"):
+        kern = dispatch._BY_NAME[name]
+        if kern.is_supported(cap)[0] and kern.can_implement(cfg)[0]:
+            out.append(kern)
+    return out
 
 
 def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
@@ -196,13 +186,15 @@ def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
             for cfg in GEMV_A16_CONFIGS:
                 run_variant("gemv_a16", 1, cfg, a16,
                             lambda a, w, c: gemv_a16(a, w, config=c), 1e-2, ref)
-        if m == 1 and _compiled("pq2_gemv_int8"):
-            run_variant("gemv_cuda", 1, "default", aq, _gemv_cuda, 3e-2, ref)
-        if m <= 16 and k % 128 == 0 and _compiled("pq2_mma_small_int8"):
-            run_variant("mma_small_cuda", m, "default", aq, _mma_small_cuda, 3e-2, ref)
-        if 2 <= m <= 64 and k % 256 == 0 and _compiled("pq2_mma_int8"):
-            for split in MMA_CUDA_SPLITS:
-                run_variant("mma_cuda", m, split, aq, _mma_cuda, 3e-2, ref)
+        for kern in _cuda_kernels(m, w0):
+            if kern.name == "mma_cuda":
+                if 1 < m <= 64:
+                    for split in MMA_CUDA_SPLITS:
+                        run_variant("mma_cuda", m, split, aq, _mma_cuda, 3e-2, ref)
+            else:
+                run_variant(kern.name, m, "default", aq,
+                            lambda a, w, c, kern=kern: kern.run(a, w, None, torch.bfloat16),
+                            3e-2, ref)
         if m <= 16:
             for c0 in GEMV_A8_CONFIGS:
                 cfg = dataclasses.replace(c0, block_m=1 << (m - 1).bit_length())

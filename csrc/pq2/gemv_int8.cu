@@ -81,8 +81,6 @@ struct GemvSmem {
     scales = codes + rows * row_bytes;            // [rows][scale_words] uint32
     bytes = scales + align16(4 * rows * scale_words);
   }
-
-  __host__ __device__ static int align16(int v) { return (v + 15) & ~15; }
 };
 
 __global__ void __launch_bounds__(kMaxWarps * 32)

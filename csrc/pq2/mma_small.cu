@@ -25,8 +25,6 @@ constexpr uint32_t kMask = 0x03030303u;
 constexpr int kSmemTarget = 110 * 1024;  // two CTAs a multiprocessor
 constexpr int kSmemMax = 200 * 1024;
 
-__host__ __device__ constexpr int align16(int v) { return (v + 15) & ~15; }
-
 // Byte offsets in a CTA's dynamic shared memory.
 struct SmallSmem {
   int row_bytes, row_stride, scale_words, scales, red_bytes, bytes;

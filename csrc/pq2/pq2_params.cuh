@@ -30,6 +30,9 @@ struct Pq2LinearParams {
   bool pdl;                // programmatic dependent launch (sm_90+)
 };
 
+// `v` rounded up to a multiple of 16 (shared-memory offsets of 16-byte copies).
+__host__ __device__ constexpr int align16(int v) { return (v + 15) & ~15; }
+
 // The largest dynamic shared memory one block may opt in to on the current device, bytes
 // (227 KiB on sm_90, 163 KiB on sm_80, 99 KiB on sm_86 / sm_89), read once per device.
 inline int max_dynamic_smem_per_block() {
