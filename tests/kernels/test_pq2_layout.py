@@ -133,20 +133,42 @@ def test_env_override_tries_a_list_of_kernels_in_order(monkeypatch) -> None:
 
 def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
     """Where vllm_prism._C holds the CUDA C++ kernels (pretended here), the automatic choice
-    keeps the Triton GEMV at M = 1 (gemv_cuda only where named), takes mma_cuda for M up to
-    512 past the GEMV's rows and the Triton GEMM above; naming mma_cuda runs it at any M."""
+    keeps the Triton GEMV at M = 1 (gemv_cuda only where named), takes mma_small_cuda for
+    M = 2..8 (but M > 4 on a K past 8192), mma_cuda past it up to M = 511 and gemm_dq from
+    M = 512 (bf16 activations; fp32 ones stay on the int8 kernels); naming a kernel runs it
+    at any M it can take."""
     monkeypatch.setattr(dispatch._CudaOpKernel, "is_supported",
                         classmethod(lambda cls, cap: (True, "")))
     w = _interpreted_weight(monkeypatch, "auto")
+    gen = torch.Generator().manual_seed(4)
+    raw, _, _ = random_ternary(16, 8448, "PQ2_0", gen)
+    long_k = PQ2Weight.from_raw(raw, random_signs(8448, gen), 128)
     try:
         chosen = {m: dispatch.select_kernel(m, w, torch.bfloat16).name
-                  for m in (1, 8, 64, 65, 512, 513, 4096)}
-        assert chosen == {1: "gemv_a8", 8: "mma_cuda", 64: "mma_cuda", 65: "mma_cuda",
-                          512: "mma_cuda", 513: "gemm_a8", 4096: "gemm_a8"}
+                  for m in (1, 2, 4, 8, 9, 16, 64, 511, 512, 4096)}
+        assert chosen == {1: "gemv_a8", 2: "mma_small_cuda", 4: "mma_small_cuda",
+                          8: "mma_small_cuda", 9: "mma_cuda", 16: "mma_cuda", 64: "mma_cuda",
+                          511: "mma_cuda", 512: "gemm_dq", 4096: "gemm_dq"}
+        assert dispatch.select_kernel(4096, w, torch.float32).name == "gemm_a8"
+        assert [dispatch.select_kernel(m, long_k, torch.bfloat16).name for m in (4, 5, 8)] \
+            == ["mma_small_cuda", "mma_cuda", "mma_cuda"]
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "mma_cuda")
         assert dispatch.select_kernel(4096, w, torch.bfloat16).name == "mma_cuda"
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_cuda")
         assert dispatch.select_kernel(1, w, torch.bfloat16).name == "gemv_cuda"
+    finally:
+        dispatch._select.cache_clear()
+
+
+def test_auto_order_without_the_compiled_kernels(monkeypatch) -> None:
+    """Without vllm_prism._C (here: the Triton interpreter): the Triton GEMV up to its rows,
+    the Triton int8 tensor-core kernels past them, gemm_dq from M = 512 on bf16."""
+    w = _interpreted_weight(monkeypatch, "auto")
+    try:
+        chosen = {m: dispatch.select_kernel(m, w, torch.bfloat16).name
+                  for m in (1, 8, 64, 511, 512)}
+        assert chosen == {1: "gemv_a8", 8: "mma_a8", 64: "mma_a8", 511: "gemm_a8",
+                          512: "gemm_dq"}
     finally:
         dispatch._select.cache_clear()
 

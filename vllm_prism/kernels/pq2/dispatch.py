@@ -42,9 +42,16 @@ _FLOAT_ACT = (torch.bfloat16, torch.float16)
 MMA_MAX_M = 64
 # The smallest M gemm_dq takes: below it the dequantization outweighs the GEMM it enables.
 GEMM_DQ_MIN_M = 128
-# The largest M the automatic choice gives the CUDA C++ tensor-core kernel (mma_cuda): the
-# largest measured faster than the Triton GEMM through vLLM (MmaCudaA8Kernel).
-MMA_CUDA_AUTO_MAX_M = 512
+# The smallest M the automatic choice gives gemm_dq: the prefill size it was timed at on the
+# H200, 1.6-1.9x mma_cuda on every model shape (GemmDqKernel).
+GEMM_DQ_AUTO_MIN_M = 512
+# The largest M the automatic choice gives the CUDA C++ tensor-core kernel (mma_cuda): up to
+# where gemm_dq takes over (MmaCudaA8Kernel).
+MMA_CUDA_AUTO_MAX_M = GEMM_DQ_AUTO_MIN_M - 1
+# The automatic range of the small-batch CUDA C++ kernel (mma_small_cuda), and the K above
+# which it leaves M > 4 to mma_cuda (MmaSmallCudaA8Kernel).
+MMA_SMALL_AUTO_M = (2, 8)
+MMA_SMALL_AUTO_LONG_K = 8192
 
 
 @dataclass(frozen=True)
@@ -86,9 +93,10 @@ class PQ2LinearKernel:
     name: ClassVar[str] = ""
     act_kind: ClassVar[ActKind] = ActKind.FLOAT
     act_fp32: ClassVar[bool] = False  # FLOAT activation in fp32 instead of x's dtype
-    # The automatic choice: whether it considers this kernel, and up to which M (None: any
-    # M can_implement takes). VLLM_PRISM_PQ2_KERNEL can still name it for any M.
+    # The automatic choice: whether it considers this kernel, and from / up to which M (None:
+    # any M can_implement takes). VLLM_PRISM_PQ2_KERNEL can still name it for any M.
     in_auto: ClassVar[bool] = True
+    auto_min_m: ClassVar[int] = 1
     auto_max_m: ClassVar[int | None] = None
 
     @classmethod
@@ -98,6 +106,17 @@ class PQ2LinearKernel:
     @classmethod
     def can_implement(cls, c: PQ2LinearConfig) -> tuple[bool, str]:
         raise NotImplementedError
+
+    @classmethod
+    def auto_accepts(cls, c: PQ2LinearConfig) -> tuple[bool, str]:
+        """Whether the automatic choice considers this kernel for ``c`` (before
+        ``can_implement``): where it was measured to be the fastest that can run."""
+        if not cls.in_auto:
+            return False, "runs only where VLLM_PRISM_PQ2_KERNEL names it"
+        if c.m < cls.auto_min_m or (cls.auto_max_m is not None and c.m > cls.auto_max_m):
+            return False, (f"M = {c.m} outside its automatic range {cls.auto_min_m}.."
+                           f"{cls.auto_max_m if cls.auto_max_m is not None else 'inf'}")
+        return True, ""
 
     @classmethod
     def run(cls, act: PQ2Activation, w: Weight, bias: torch.Tensor | None,
@@ -245,12 +264,15 @@ class GemmA8Kernel(GemmA16Kernel):
 
 class GemmDqKernel(PQ2LinearKernel):
     """Prefill (M >= ``GEMM_DQ_MIN_M``): the weight dequantized to the activation's dtype in one
-    pass (triton_dequant), then ``F.linear`` (cuBLAS) on the rotated bf16/fp16 activation.
-    Runs only where ``VLLM_PRISM_PQ2_KERNEL`` names it until a GPU run has timed it against
-    the int8 kernels; a temporary of the whole matrix in 16 bits lives for the call."""
+    pass (triton_dequant), then ``F.linear`` (cuBLAS) on the rotated bf16/fp16 activation; a
+    temporary of the whole matrix in 16 bits lives for the call (at most 357 MB on the 27B
+    shape). The automatic choice from M = ``GEMM_DQ_AUTO_MIN_M``: on the H200 at M = 512 it
+    took 70-360 us against mma_cuda's 142-612 us on the four 27B shapes, and through vLLM a
+    4K-token prefill ran at 9,944-10,607 tok/s against 6,372-6,426 with mma_cuda / the
+    Triton GEMM (benchmarks/results/pq2_linear_h200.md, e2e_h200.md)."""
 
     name = "gemm_dq"
-    in_auto = False
+    auto_min_m = GEMM_DQ_AUTO_MIN_M
 
     @classmethod
     def can_implement(cls, c):
@@ -318,11 +340,10 @@ class MmaCudaA8Kernel(_CudaOpKernel):
     """Any M: int8 tensor-core kernel in CUDA C++ (csrc/pq2/mma_int8.cu, op
     ``torch.ops._C_prism.pq2_mma_int8``): the ternary codes decode straight into mma.sync
     fragments, once per weight for up to 64 activation rows (a CTA per 64-row tile above).
-    Needs vllm_prism._C. The automatic choice for M past the GEMV's rows up to
-    ``MMA_CUDA_AUTO_MAX_M``: through vLLM on the H200 (benchmarks/results/e2e_h200.md), 8
-    streams ran at 865.7 tok/s against 551.4 with the Triton kernel and a 512-token prefill
-    (M = 512) at 3,025 against 2,805 tok/s; a 4K-token prefill was slower (5,446 against
-    6,086), so larger M stays on the Triton GEMM. ``VLLM_PRISM_PQ2_KERNEL=mma_cuda`` runs it
+    Needs vllm_prism._C. The automatic choice for M past mma_small_cuda's range (or the
+    GEMV's rows without it) up to ``MMA_CUDA_AUTO_MAX_M``: through vLLM on the H200
+    (benchmarks/results/e2e_h200.md), 8 streams ran at 865.7 tok/s against 551.4 with the
+    Triton kernel; from M = 512 gemm_dq is faster. ``VLLM_PRISM_PQ2_KERNEL=mma_cuda`` runs it
     at any M."""
 
     name = "mma_cuda"
@@ -347,13 +368,23 @@ class MmaSmallCudaA8Kernel(_CudaOpKernel):
     op ``torch.ops._C_prism.pq2_mma_small_int8``): the weights are the MMA's A operand (16 rows
     a tile, decoded from the code words straight into the fragment) and the tokens its B
     operand (8 a tile), a CTA requests all of its rows' codes into shared memory before
-    computing and its warps split K. Needs vllm_prism._C; runs only where
-    ``VLLM_PRISM_PQ2_KERNEL`` names it until a GPU run has timed it against ``mma_cuda``
-    (1.7-2.1x the M = 1 GEMV at M = 8 on the H200)."""
+    computing and its warps split K. Needs vllm_prism._C. The automatic choice for M in
+    ``MMA_SMALL_AUTO_M`` (2..8), but M > 4 with K > ``MMA_SMALL_AUTO_LONG_K``: on the H200 at
+    M = 4 it took 12-33 us against 18-54 us for the int8 GEMV and 17-58 us for mma_cuda, at
+    M = 8 14-36 us against mma_cuda's 16-52 us, except K = 17408 (31.5 against 27.3 us); at
+    M = 16 mma_cuda wins every shape. Through vLLM 8 streams ran at 965-968 tok/s against
+    842-852 (benchmarks/results/pq2_linear_h200.md, e2e_h200.md)."""
 
     name = "mma_small_cuda"
     op = "pq2_mma_small_int8"
-    in_auto = False
+    auto_min_m, auto_max_m = MMA_SMALL_AUTO_M
+
+    @classmethod
+    def auto_accepts(cls, c):
+        ok, why = super().auto_accepts(c)
+        if ok and c.m > 4 and c.k > MMA_SMALL_AUTO_LONG_K:
+            return False, f"M = {c.m} > 4 with K = {c.k}: mma_cuda is faster there"
+        return ok, why
 
     @classmethod
     def can_implement(cls, c):
@@ -398,17 +429,18 @@ class TorchKernel(PQ2LinearKernel):
         return y.to(out_dtype)
 
 
-# Automatic order (H200 measurements in benchmarks/results/pq2_linear_h200.md): the int8
-# GEMV at M <= 2 (4 on large N; the fp32 GEMV is issue-bound, see triton_gemv), then the
-# int8 tensor-core kernel (1.1-1.5x faster than bf16 at every M measured; same activation
-# quantization as the GEMV). Where vllm_prism._C is built, the CUDA C++ tensor-core kernel
-# (mma_cuda) takes M = 2..512 before the Triton ones (measured through vLLM, see its class).
-# The bf16/fp16 kernels (*_a16) stay for the reference precision:
-# VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the CUDA C++ GEMV (gemv_cuda) and
-# small-batch kernel (mma_small_cuda) only where named.
+# Automatic order (H200 measurements in benchmarks/results/pq2_linear_h200.md, each choice
+# also timed through vLLM in e2e_h200.md): the int8 Triton GEMV at M = 1; where vllm_prism._C
+# is built, the CUDA C++ small-batch kernel (mma_small_cuda) at M = 2..8, the CUDA C++
+# tensor-core kernel (mma_cuda) past it up to M = 511 and the dequantize-then-cuBLAS prefill
+# (gemm_dq) from M = 512. Without _C: the GEMV up to M = 2 (4 on large N; the fp32 GEMV is
+# issue-bound, see triton_gemv), then the Triton int8 tensor-core kernels (1.1-1.5x faster
+# than bf16 at every M measured), gemm_dq from M = 512. The bf16/fp16 kernels (*_a16) stay for
+# the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the CUDA C++
+# GEMV (gemv_cuda) only where named.
 KERNELS: list[type[PQ2LinearKernel]] = [
-    PTQ1GemvKernel, GemvA8Kernel, GemvA16Kernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel,
-    GemmA8Kernel, GemmA16Kernel, GemmDqKernel, GemvCudaA8Kernel, MmaSmallCudaA8Kernel,
+    PTQ1GemvKernel, MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel, GemmDqKernel,
+    MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel, GemmA16Kernel, GemvCudaA8Kernel,
     TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
@@ -454,9 +486,9 @@ def _select(c: PQ2LinearConfig, forced: str) -> type[PQ2LinearKernel]:
                   "next choice%s", name, c.fmt, c.m, c.n, c.k, why,
                   " (other calls it cannot run are logged at debug level)" if first else "")
     for kernel in KERNELS:
-        if not kernel.in_auto or (kernel.auto_max_m is not None and c.m > kernel.auto_max_m):
-            continue
-        ok, why = _accepts(kernel, c)
+        ok, why = kernel.auto_accepts(c)
+        if ok:
+            ok, why = _accepts(kernel, c)
         if ok:
             _log_once(logging.INFO, ("chosen", kernel.name, c.fmt, c.dtype, c.device_type,
                                      _m_bucket(c.m)),
