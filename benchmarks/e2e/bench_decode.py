@@ -7,8 +7,9 @@
         [--profile-batches 1 [8]] [--side-by-side] [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
-(torch.compile and CUDA graphs; ``--mode eager`` adds ``enforce_eager``) and prefix caching
-off, so every prompt is really prefilled. Prompts are random token ids, distinct per request.
+(torch.compile and CUDA graphs, up to 512 tokens as with vLLM's default ``max_num_seqs``;
+``--mode eager`` adds ``enforce_eager``) and prefix caching off, so every prompt is really
+prefilled. Prompts are random token ids, distinct per request.
 
 * decode: a batch of B requests with a C-token prompt each generates 1 + T tokens; the step
   time is read from vLLM's per-request timestamps (engine-core monotonic clock): the request
@@ -23,7 +24,8 @@ off, so every prompt is really prefilled. Prompts are random token ids, distinct
   decode time over the verify steps vLLM counted in it (its ``spec_decode_num_drafts``), so
   acceptance does not enter it; it includes the drafter's own forward (one layer for the
   tiny drafter). ``ratio_to_plain`` divides it by the plain batch-1 step of the same run and
-  KV dtype (target: at most 1.15 at 6 tokens).
+  KV dtype (target: at most 1.15 at 6 tokens). Unless ``--no-profile``, the verify step is
+  profiled by kernel family like a decode step (per verify step counted by vLLM).
 * ``--tp 1 2`` serves with each ``tensor_parallel_size`` in turn (one engine each, same run);
   records carry ``tp``.
 * ``--pdl 1 0`` runs each engine with ``VLLM_PRISM_PDL`` on, then off (programmatic dependent
@@ -36,8 +38,8 @@ off, so every prompt is really prefilled. Prompts are random token ids, distinct
   the number of engines (their compiles and CUDA-graph captures overlap: a cold start of the
   27B-shaped file takes about 4 minutes); each warms up (one short generation per prompt
   length it measures: the first call compiles the prefill paths' Triton kernels), waits for
-  the others to be warm, then measures in its turn (a file lock), so no engine's timing shares
-  the GPU with another's work.
+  the others to be warm, then measures in its turn (a file lock, held until the process has
+  exited), so no engine's timing shares the GPU with another's work or shutdown.
 * profile (batch 1, or each of ``--profile-batches``; first context): torch-profiler traces
   of two generate() calls of T/2 and T decode steps, whose difference gives per decode step
   the kernel time by family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise,
@@ -64,7 +66,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -180,16 +182,21 @@ def _trace(llm, prompts, max_tokens: int) -> tuple[float, dict[str, float], int]
     return busy, by_family, len(kernels)
 
 
-def _profile(llm, prompts, steps: int, step_s: float) -> dict:
+def _profile(llm, prompts, steps: int, step_s: float,
+             counter: Callable[[], int] | None = None) -> dict:
     """Per decode step: kernel time by family, kernel count and GPU-busy time, as the
     difference of two profiled generate() calls of 1 + steps/2 and 1 + steps tokens (the
     prefill and the first sampled token cancel out), over the step time measured without
-    the profiler."""
+    the profiler. ``counter`` (cumulative engine steps, e.g. verify steps) counts the steps
+    of each call; without it a call of 1 + n tokens has n decode steps."""
     _timed(llm, prompts, 1 + steps)  # warm
     half = steps // 2
+    c0 = counter() if counter else 0
     busy_a, fam_a, n_a = _trace(llm, prompts, 1 + half)
+    c1 = counter() if counter else half
     busy_b, fam_b, n_b = _trace(llm, prompts, 1 + steps)
-    d = steps - half
+    c2 = counter() if counter else half + steps
+    d = max((c2 - c1) - (c1 - c0), 1)
     per_step_us = {k: max(0.0, v - fam_a.get(k, 0.0)) / d for k, v in sorted(fam_b.items())}
     busy_per_step_us = (busy_b - busy_a) / d
     return {"kernel_us_per_step": per_step_us, "busy_us_per_step": busy_per_step_us,
@@ -216,9 +223,12 @@ def _verify_record(llm, args: argparse.Namespace, base: dict, vocab: int) -> dic
         per_step.append((m.last_token_ts - m.first_token_ts) / max(verify_steps, 1))
         per_token.append((m.last_token_ts - m.first_token_ts) / args.steps)
     step = statistics.median(per_step)
-    return {**base, "kind": "verify", "batch": 1, "context": args.context, "q_tokens": k + 1,
-            "ms_per_step": step * 1e3, "tok_s": 1 / statistics.median(per_token),
-            "tokens_per_step": step / statistics.median(per_token)}
+    rec = {**base, "kind": "verify", "batch": 1, "context": args.context, "q_tokens": k + 1,
+           "ms_per_step": step * 1e3, "tok_s": 1 / statistics.median(per_token),
+           "tokens_per_step": step / statistics.median(per_token)}
+    if args.profile:  # the verify step by kernel family (target and drafter together)
+        rec.update(_profile(llm, prompts, args.steps, step, counter=lambda: _num_drafts(llm)))
+    return rec
 
 
 def _progress(kind: str, batch: int, context: int) -> None:
@@ -242,15 +252,21 @@ def _measure_turn(lock: str | None) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def run_engine(args: argparse.Namespace) -> list[dict]:
+def run_engine(args: argparse.Namespace) -> None:
     """All measurements of one KV dtype (called in the child process), taken in this
-    engine's turn (``--turn-lock``)."""
+    engine's turn (``--turn-lock``), printed as one ``RECORDS`` line."""
     llm = _engine(args)
     if args.turn_lock:  # side by side: warm up together, then measure one at a time
         _warm_up(llm, args)
         _barrier(args.turn_lock, args.engines)
     with _measure_turn(args.turn_lock):
-        return _measure(llm, args)
+        print("RECORDS " + json.dumps(_measure(llm, args)), flush=True)
+        if args.turn_lock:
+            # Leave while still holding the turn: vLLM's orderly shutdown (seconds of host and
+            # GPU work) overlapped the next engine's measurements (2026-12-01: the same verify
+            # step measured 10.5 and 13.7 ms). The lock goes with the process.
+            sys.stderr.flush()
+            os._exit(0)
 
 
 def _warm_up(llm, args: argparse.Namespace) -> None:
@@ -290,13 +306,27 @@ def _engine(args: argparse.Namespace):
                                        "num_speculative_tokens": args.spec_k[0]}
     llm = LLM(args.model, kv_cache_dtype=kv, enforce_eager=args.mode == "eager",
               enable_prefix_caching=False, max_model_len=max_len,
-              max_num_seqs=max(args.batches), gpu_memory_utilization=args.gpu_memory,
+              max_num_seqs=_max_num_seqs(args), gpu_memory_utilization=args.gpu_memory,
               max_num_batched_tokens=max([8192, *args.prefill]), seed=0,
               tensor_parallel_size=args.tp[0],
               kv_cache_memory_bytes=int(args.kv_cache_gib * 2**30) if args.turn_lock else None,
               disable_log_stats=False, **extra)  # per-request timestamps for the step time
     print(json.dumps({"engine": "ready", "kv": kv}), flush=True)  # progress for the parent
     return llm
+
+
+# At least vLLM's default max_num_seqs on smaller GPUs (1024 on an H200): from 256 on, vLLM
+# captures CUDA graphs up to 512 tokens (2 x max_num_seqs, at most 512), so a 512-token
+# prefill replays piecewise graphs as it does for a user. (Until 2026-12-01 the plain engines
+# took the largest batch measured, 8, and so captured only up to 16 tokens.)
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+def _max_num_seqs(args: argparse.Namespace) -> int:
+    """The engine's max_num_seqs: ``DEFAULT_MAX_NUM_SEQS`` for plain engines (or the largest
+    batch measured, if larger); the largest batch (1) for DFlash engines, whose graph sizes
+    grow with k + 1 tokens a request."""
+    return max(args.batches) if args.spec_k else max(DEFAULT_MAX_NUM_SEQS, *args.batches)
 
 
 def _measure(llm, args: argparse.Namespace) -> list[dict]:
@@ -422,7 +452,9 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
         lines += ["", f"\\* Not a measurement to rely on: {notes[0]}."]
     prof = [r for r in merged if "kernel_us_per_step" in r]
     for r in prof:
-        lines += ["", f"Batch-{r['batch']} decode step by kernel family ({r['mode']}, {r['kv']}, "
+        step_kind = ("decode step" if r["kind"] == "decode"
+                     else f"{r['kind']} step of {r.get('q_tokens', 1)} tokens")
+        lines += ["", f"Batch-{r['batch']} {step_kind} by kernel family ({r['mode']}, {r['kv']}, "
                   f"pdl {r.get('pdl', 0)}, {r.get('pq2_kernel', 'auto')}, "
                   f"context {r['context']}): {r['kernels_per_step']:.0f} kernels, "
                   f"{r['busy_us_per_step']:.0f} us busy of {r['ms_per_step'] * 1e3:.0f} us", "",
@@ -505,7 +537,7 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
 def main() -> None:
     args = build_parser().parse_args()
     if args.child:
-        print("RECORDS " + json.dumps(run_engine(args)), flush=True)
+        run_engine(args)
         return
 
     import torch
@@ -562,8 +594,8 @@ def _run_child(cmd: list[str], env: dict[str, str], label: str) -> tuple[int, li
             if line.startswith("RECORDS "):
                 lines.append(line.rstrip("\n"))
             elif line.startswith("{"):
-                print(f"[{time.perf_counter() - t0:6.1f} s] {line.rstrip()}", file=sys.stderr,
-                      flush=True)
+                print(f"[{time.perf_counter() - t0:6.1f} s] {line.rstrip()} ({label})",
+                      file=sys.stderr, flush=True)
         returncode = proc.wait()
     print(f"[{time.perf_counter() - t0:6.1f} s] engine {label}: exit {returncode}",
           file=sys.stderr, flush=True)

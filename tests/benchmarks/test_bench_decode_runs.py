@@ -71,3 +71,28 @@ def test_barrier_waits_for_every_engine_then_lets_go(tmp_path) -> None:
     t0 = time.monotonic()
     bench_decode._barrier(lock, 5, timeout_s=1.0)  # two more never come
     assert 1.0 <= time.monotonic() - t0 < 5
+
+
+def test_profile_divides_by_the_steps_the_counter_saw(monkeypatch) -> None:
+    """A verify step's profile: the kernel time of the longer traced call minus the shorter
+    one's, over the difference of their counted steps (vLLM's verify steps), not over the
+    difference of their token counts."""
+    traces = iter([(100.0, {"pq2_linear": 80.0}, 10), (300.0, {"pq2_linear": 240.0}, 30)] * 2)
+    monkeypatch.setattr(bench_decode, "_trace", lambda llm, prompts, n: next(traces))
+    monkeypatch.setattr(bench_decode, "_timed", lambda *args: 0.0)
+    counts = iter([0, 3, 11])  # 3 verify steps in the short call, 8 in the long one
+    out = bench_decode._profile(None, [], 8, 1e-3, counter=lambda: next(counts))
+    assert out["kernel_us_per_step"] == {"pq2_linear": 32.0}  # (240 - 80) / (8 - 3)
+    assert out["busy_us_per_step"] == 40.0 and out["kernels_per_step"] == 4.0
+    plain = bench_decode._profile(None, [], 8, 1e-3)  # 4 and 8 decode steps
+    assert plain["kernel_us_per_step"] == {"pq2_linear": 40.0}
+
+
+def test_plain_engines_keep_vllms_graph_sizes() -> None:
+    """Plain engines take max_num_seqs 256 or more (CUDA graphs up to 512 tokens, so a
+    512-token prefill replays graphs as a user's does), more only for larger batches; the
+    DFlash engines take their one request."""
+    kids = _children(["m.gguf", "--kv", "auto", "--spec-k", "5", "--batches", "1", "8"])
+    assert [bench_decode._max_num_seqs(a) for a, _ in kids] == [256, 1]
+    big = _children(["m.gguf", "--kv", "auto", "--batches", "1", "512"])[0][0]
+    assert bench_decode._max_num_seqs(big) == 512

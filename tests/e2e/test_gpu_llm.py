@@ -7,6 +7,10 @@ with the BF16 and the ``int8_per_token_head`` KV cache; one request at a time an
 Token ids must equal the reference's greedy continuation and teacher-forced log-probabilities
 stay within LOGPROB_ATOL (test_llm.py explains the tolerance; the INT8 cache adds its
 quantisation error, measured in docs/attention.md). Graph replay must give eager's tokens.
+A 640-token sequence is scored as well: its prefill is one M = 640 chunk, so every linear,
+the LM head of its prompt log-probabilities included, runs the prefill kernel (``gemm_dq``
+from M = 512), checked position by position against transformers (the CPU build, with the
+torch kernels, differs from it by at most 0.14 nats there).
 
 The configurations start in parallel subprocesses (one engine each, a slice of the GPU's
 memory), so the first compile of each runs side by side.
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,10 +46,16 @@ MEMORY_SHARE = 0.08
 KV_CACHE_BYTES = 1 << 30
 # 16 concurrent requests: the 4 prompts with 4 different prefixes each.
 BATCH_PREFIXES = ["", "Note: ", "Q: ", "Hello. "]
+# A small batch on its own: its decode steps have M = SMALL_BATCH (the small-batch kernel).
+SMALL_BATCH = 4
+# The long scored sequence: past dispatch.GEMM_DQ_AUTO_MIN_M tokens, in one prefill chunk.
+LONG_TOKENS = 640
+# The engine log's kernel choices (vllm_prism.kernels.pq2.dispatch logs each once).
+KERNEL_LOG = re.compile(r"PQ2 linear \S+ M=\d+ N=\d+ K=\d+ \S+: kernel (\w+)")
 
 
 def _llm_kwargs(mode: str, kv: str) -> dict:
-    return {"enforce_eager": False, "enable_prefix_caching": False, "max_model_len": 512,
+    return {"enforce_eager": False, "enable_prefix_caching": False, "max_model_len": 1024,
             "gpu_memory_utilization": MEMORY_SHARE, "kv_cache_memory_bytes": KV_CACHE_BYTES,
             "kv_cache_dtype": KV[kv], "max_num_seqs": 16,
             **MODES[mode]}
@@ -59,12 +70,14 @@ def reference(tiny_gguf) -> dict:
     prompts = [tok.encode(t) for t in texts]
     greedy = [oracle.greedy(model, p, NEW_TOKENS)[-NEW_TOKENS:] for p in prompts]
     full = [p + g for p, g in zip(prompts, greedy)]
+    long = tok.encode(" ".join(PROMPTS * 60))[:LONG_TOKENS]
+    assert len(long) == LONG_TOKENS
     scores = []
-    for ids in full[:len(PROMPTS)]:
+    for ids in [*full[:len(PROMPTS)], long]:
         lp = oracle.teacher_forced_logprobs(model, ids)
         scores.append([lp[t - 1, ids[t]].item() for t in range(1, len(ids))])
     return {"model": model_path, "prompts": prompts, "greedy": greedy, "full": full,
-            "score": scores}
+            "long": long, "score": scores}
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +88,10 @@ def results(reference: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
         req = tmp / f"{mode}-{kv}.json"
         # The 16 prompts go in one generate() call: the scheduler batches them.
         req.write_text(json.dumps({"prompts": reference["prompts"], "max_tokens": NEW_TOKENS,
-                                   "score": reference["full"][:len(PROMPTS)],
+                                   "score": [*reference["full"][:len(PROMPTS)],
+                                             reference["long"]],
                                    "single": reference["prompts"][0],
+                                   "few": reference["prompts"][:SMALL_BATCH],
                                    "llm": _llm_kwargs(mode, kv)}))
         log = open(tmp / f"{mode}-{kv}.log", "w")
         procs[mode, kv] = (subprocess.Popen(
@@ -87,8 +102,10 @@ def results(reference: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
     for key, (proc, log) in procs.items():
         stdout, _ = proc.communicate(timeout=1200)
         lines = [x for x in stdout.splitlines() if x.startswith("RESULT ")]
+        text = Path(log).read_text()
         out[key] = (json.loads(lines[0][len("RESULT "):]) if proc.returncode == 0 and lines
-                    else {"error": Path(log).read_text()[-4000:]})
+                    else {"error": text[-4000:]})
+        out[key]["kernels"] = sorted(set(KERNEL_LOG.findall(text)))
     return out
 
 
@@ -103,17 +120,46 @@ def test_tokens_match_transformers(results: dict, reference: dict, mode: str, kv
     res = _result(results, mode, kv)
     assert res["greedy"] == reference["greedy"]  # 16 requests at once
     assert res["single"] == reference["greedy"][0]  # one request alone (batch 1)
+    assert res["few"] == reference["greedy"][:SMALL_BATCH]  # a small batch on its own
 
 
 @pytest.mark.parametrize("mode,kv", CONFIGS)
 def test_logprobs_match_transformers(results: dict, reference: dict, mode: str,
                                      kv: str) -> None:
     res = _result(results, mode, kv)
-    got = torch.tensor([x for row in res["score"] for x in row])
-    want = torch.tensor([x for row in reference["score"] for x in row])
+    n = len(PROMPTS)
+    got = torch.tensor([x for row in res["score"][:n] for x in row])
+    want = torch.tensor([x for row in reference["score"][:n] for x in row])
     err = (got - want).abs()
     print(f"{mode}/{kv}: max |dlogprob| {err.max():.4f}, mean {err.mean():.4f}")
     assert err.max() <= LOGPROB_ATOL
+
+
+@pytest.mark.parametrize("mode,kv", CONFIGS)
+def test_long_prefill_logprobs_match_transformers(results: dict, reference: dict, mode: str,
+                                                  kv: str) -> None:
+    """The 640-token sequence's log-probabilities at every position, from one M = 640 prefill
+    chunk on the prefill kernel, which the engine log must name."""
+    res = _result(results, mode, kv)
+    got, want = torch.tensor(res["score"][-1]), torch.tensor(reference["score"][-1])
+    assert got.shape == want.shape == (LONG_TOKENS - 1,)
+    err = (got - want).abs()
+    print(f"{mode}/{kv} long: max |dlogprob| {err.max():.4f}, mean {err.mean():.4f}, "
+          f"kernels {res['kernels']}")
+    assert err.max() <= LOGPROB_ATOL
+    assert "gemm_dq" in res["kernels"]
+
+
+def test_small_batches_run_the_small_batch_kernel(results: dict) -> None:
+    """With vllm_prism._C built, the engine chooses ``mma_small_cuda`` for M = 2..8 (the
+    small batch's decode steps; vLLM's graph capture runs such sizes too) and ``mma_cuda``
+    above (the 16 requests' decode), as its log says."""
+    from vllm_prism._custom_ops import has_compiled_op
+
+    if not has_compiled_op("pq2_mma_small_int8"):
+        pytest.skip("vllm_prism._C with pq2_mma_small_int8 is not built")
+    kernels = _result(results, "default", "bf16")["kernels"]
+    assert {"gemv_a8", "mma_small_cuda", "mma_cuda"} <= set(kernels), kernels
 
 
 @pytest.mark.parametrize("kv", list(KV))

@@ -4,7 +4,8 @@ Used by the end-to-end tests in a subprocess per model, so each engine starts cl
   python tests/e2e/vllm_runner.py MODEL.gguf REQUEST.json
 REQUEST: {"prompts": [[ids...]], "max_tokens": N, "score": [[ids...]], "llm": {...}}; prints
 {"greedy": [[ids...]], "score": [[logprob of token t given tokens < t, for t >= 1]]}.
-"single" (optional) is one more prompt generated alone (batch 1) into "single".
+"single" (optional) is one more prompt generated alone (batch 1) into "single"; "few"
+(optional) are prompts generated together, without the others (a small batch), into "few".
 "detokenize" (optional, default true) is SamplingParams.detokenize (false without a
 tokenizer). "llm" (optional) holds LLM() keyword arguments that replace the CPU defaults (the
 GPU tests choose the compilation mode and the KV-cache dtype there); with "disable_log_stats": false
@@ -84,11 +85,16 @@ def main() -> None:
     result = {"greedy": [list(o.outputs[0].token_ids) for o in greedy], "score": scores}
     if graphs is not None:
         result["cudagraphs"] = graphs
+    greedy_params = SamplingParams(max_tokens=request["max_tokens"], temperature=0,
+                                   ignore_eos=True)
     if request.get("single"):  # one request alone in the engine (batch 1)
         alone = llm.generate([TokensPrompt(prompt_token_ids=request["single"])],
-                             SamplingParams(max_tokens=request["max_tokens"], temperature=0,
-                                            ignore_eos=True), use_tqdm=False)
+                             greedy_params, use_tqdm=False)
         result["single"] = list(alone[0].outputs[0].token_ids)
+    if request.get("few"):  # a small batch on its own
+        few = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["few"]],
+                           greedy_params, use_tqdm=False)
+        result["few"] = [list(o.outputs[0].token_ids) for o in few]
     if request.get("llm", {}).get("disable_log_stats") is False:
         result["spec_decode"] = {m.name.removeprefix("vllm:spec_decode_"):
                                  getattr(m, "value", None) or getattr(m, "values", None)
