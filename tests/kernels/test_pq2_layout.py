@@ -160,6 +160,18 @@ def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
         dispatch._select.cache_clear()
 
 
+def test_gemm_dq_leaves_the_lm_head_to_the_int8_kernels() -> None:
+    """The automatic choice gives gemm_dq no matrix whose 16-bit copy would exceed its bound:
+    the largest Bonsai 2 projection (34816x5120, 340 MiB) yes, the 248320-row LM head (2.4
+    GiB, at M >= 512 for many requests or prompt log-probabilities) no."""
+    def config(n: int) -> dispatch.PQ2LinearConfig:
+        return dispatch.PQ2LinearConfig(m=512, n=n, k=5120, dtype=torch.bfloat16, fmt="PQ2_0",
+                                        device_type="cuda", capability=(9, 0))
+    assert dispatch.GemmDqKernel.auto_accepts(config(34816))[0]
+    ok, why = dispatch.GemmDqKernel.auto_accepts(config(248320))
+    assert not ok and "2425 MiB temporary" in why
+
+
 def test_auto_order_without_the_compiled_kernels(monkeypatch) -> None:
     """Without vllm_prism._C (here: the Triton interpreter): the Triton GEMV up to its rows,
     the Triton int8 tensor-core kernels past them, gemm_dq from M = 512 on bf16."""

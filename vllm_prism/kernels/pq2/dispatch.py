@@ -45,6 +45,11 @@ GEMM_DQ_MIN_M = 128
 # The smallest M the automatic choice gives gemm_dq: the prefill size it was timed at on the
 # H200, 1.6-1.9x mma_cuda on every model shape (GemmDqKernel).
 GEMM_DQ_AUTO_MIN_M = 512
+# The largest 16-bit temporary the automatic choice lets gemm_dq make: the largest Bonsai 2
+# projection is 340 MiB (34816x5120); the LM head (2.4 GiB at 248320x5120), which runs at
+# M >= 512 for 512 concurrent requests or prompt log-probabilities, keeps the int8 kernels
+# (a 2.4 GiB temporary in vLLM's memory profiling would come out of the KV cache).
+GEMM_DQ_AUTO_MAX_BYTES = 512 << 20
 # The largest M the automatic choice gives the CUDA C++ tensor-core kernel (mma_cuda): up to
 # where gemm_dq takes over (MmaCudaA8Kernel).
 MMA_CUDA_AUTO_MAX_M = GEMM_DQ_AUTO_MIN_M - 1
@@ -265,14 +270,23 @@ class GemmA8Kernel(GemmA16Kernel):
 class GemmDqKernel(PQ2LinearKernel):
     """Prefill (M >= ``GEMM_DQ_MIN_M``): the weight dequantized to the activation's dtype in one
     pass (triton_dequant), then ``F.linear`` (cuBLAS) on the rotated bf16/fp16 activation; a
-    temporary of the whole matrix in 16 bits lives for the call (at most 357 MB on the 27B
-    shape). The automatic choice from M = ``GEMM_DQ_AUTO_MIN_M``: on the H200 at M = 512 it
+    temporary of the whole matrix in 16 bits lives for the call (340 MiB for the largest 27B
+    projection). The automatic choice from M = ``GEMM_DQ_AUTO_MIN_M`` for matrices of up to
+    ``GEMM_DQ_AUTO_MAX_BYTES`` in 16 bits (not the LM head): on the H200 at M = 512 it
     took 70-360 us against mma_cuda's 142-612 us on the four 27B shapes, and through vLLM a
     4K-token prefill ran at 9,944-10,607 tok/s against 6,372-6,426 with mma_cuda / the
     Triton GEMM (benchmarks/results/pq2_linear_h200.md, e2e_h200.md)."""
 
     name = "gemm_dq"
     auto_min_m = GEMM_DQ_AUTO_MIN_M
+
+    @classmethod
+    def auto_accepts(cls, c):
+        ok, why = super().auto_accepts(c)
+        if ok and c.n * c.k * 2 > GEMM_DQ_AUTO_MAX_BYTES:
+            return False, (f"N x K = {c.n} x {c.k}: a {c.n * c.k * 2 >> 20} MiB temporary, over "
+                           f"{GEMM_DQ_AUTO_MAX_BYTES >> 20} MiB")
+        return ok, why
 
     @classmethod
     def can_implement(cls, c):
