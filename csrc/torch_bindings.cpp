@@ -24,7 +24,7 @@ TORCH_LIBRARY(_C_prism, m) {
   // (csrc/pq2/mma_small.cu).
   m.def(
       "pq2_mma_small_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor qsum, "
-      "Tensor? bias, ScalarType out_dtype, bool pdl) -> Tensor");
+      "Tensor? bias, ScalarType out_dtype, bool pdl, int variant=0) -> Tensor");
   m.impl("pq2_mma_small_int8", c10::kCUDA, &pq2_mma_small_int8);
 }
 

@@ -140,7 +140,7 @@ def _cuda_kernels(m: int, w: PQ2Weight) -> list[type[dispatch.PQ2LinearKernel]]:
     cap = torch.cuda.get_device_capability()
     cfg = dispatch.PQ2LinearConfig.of(m, w, torch.bfloat16)
     out = []
-    for name in ("gemv_cuda", "mma_small_cuda", "mma_cuda"):
+    for name in ("gemv_cuda", "mma_small_cuda", "mma_small_pipe_cuda", "mma_cuda"):
         kern = dispatch._BY_NAME[name]
         if kern.is_supported(cap)[0] and kern.can_implement(cfg)[0]:
             out.append(kern)
@@ -309,12 +309,13 @@ class _pdl_off:
 
 def candidates(m: int) -> list[str]:
     """Other kernels timed at this M (end to end, producer included)."""
+    small = ["mma_small_cuda", "mma_small_pipe_cuda"]
     if m == 1:
-        return ["gemv_a8", "gemv_a16", "gemv_cuda", "mma_cuda", "mma_small_cuda"]
+        return ["gemv_a8", "gemv_a16", "gemv_cuda", "mma_cuda", *small]
     if m <= 8:
-        return ["gemv_a8_rows", "mma_a8", "mma_a16", "mma_cuda", "mma_small_cuda"]
+        return ["gemv_a8_rows", "mma_a8", "mma_a16", "mma_cuda", *small]
     if m <= 16:
-        return ["mma_a8", "mma_a16", "mma_cuda", "mma_small_cuda"]
+        return ["mma_a8", "mma_a16", "mma_cuda", *small]
     if m <= 64:
         return ["mma_a8", "mma_a16", "mma_cuda"]
     return ["gemm_a8", "gemm_a16", "mma_cuda"] + (["gemm_dq"] if m >= dispatch.GEMM_DQ_MIN_M

@@ -12,6 +12,13 @@
 // add), offset by the activation's group sum and scaled by d[row] * sx[token]. The 8 warps'
 // partial sums meet in shared memory (over the codes, which are no longer read) and are added
 // in warp order, so the result does not depend on timing.
+//
+// PIPE (the "pipelined" variant, op argument variant = 1): the same arithmetic in the same
+// order, so bit-identical results, with the loads laid out for overlap: each warp requests the
+// codes of its own K slice, one commit group per 128-group, and starts on a group as soon as
+// that group has landed (no CTA barrier between loading and computing but one for the
+// scales); for one token tile (M <= 8) the activation's B fragments of the next 64-weight
+// piece are requested before the current piece's MMAs (with two, the registers would spill).
 #include "mma_small.cuh"
 
 #include "pq2_device.cuh"
@@ -44,7 +51,23 @@ __device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
   return i == 0 ? q.x : (i == 1 ? q.y : (i == 2 ? q.z : q.w));
 }
 
-template <int TILES, int NT>
+// B fragments of one 64-weight piece (two 32-chunks) for each token tile: 4-byte loads at k 4t
+// and 16 + 4t of each chunk.
+template <int NT>
+__device__ __forceinline__ void load_b(uint32_t (&b)[NT][2][2], const int8_t* const (&xrow)[NT],
+                                       int piece, int t) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    const int8_t* xk = xrow[nt] + 64 * piece + 4 * t;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      b[nt][c][0] = __ldg(reinterpret_cast<const uint32_t*>(xk + 32 * c));
+      b[nt][c][1] = __ldg(reinterpret_cast<const uint32_t*>(xk + 32 * c + 16));
+    }
+  }
+}
+
+template <int TILES, int NT, bool PIPE>
 __global__ void __launch_bounds__(kThreads)
     pq2_mma_small_kernel(const __grid_constant__ Pq2LinearParams p) {
   extern __shared__ __align__(16) char smem[];
@@ -54,15 +77,20 @@ __global__ void __launch_bounds__(kThreads)
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int row0 = blockIdx.x * kRows;
+  const int groups = p.k / 128;
+  const int grp_lo = warp * groups / kWarps, grp_hi = (warp + 1) * groups / kWarps;
 
   // 1. Every code and scale of the CTA's rows (rows past N read row N - 1, not stored);
-  //    independent of the previous kernel, so before the grid-dependency wait.
+  //    independent of the previous kernel, so before the grid-dependency wait. PIPE: the
+  //    scales first (all threads), then each warp its K slice's codes group by group.
   const int pieces = L.row_bytes / 16;
-  for (int i = tid; i < kRows * pieces; i += kThreads) {
-    const int r = i / pieces, j = i % pieces;
-    const int row = min(row0 + r, p.n - 1);
-    cp_async16(smem + r * L.row_stride + 16 * j,
-               reinterpret_cast<const char*>(p.codes + row * p.stride_c) + 16 * j);
+  if constexpr (!PIPE) {
+    for (int i = tid; i < kRows * pieces; i += kThreads) {
+      const int r = i / pieces, j = i % pieces;
+      const int row = min(row0 + r, p.n - 1);
+      cp_async16(smem + r * L.row_stride + 16 * j,
+                 reinterpret_cast<const char*>(p.codes + row * p.stride_c) + 16 * j);
+    }
   }
   for (int i = tid; i < kRows * L.scale_words; i += kThreads) {
     const int r = i / L.scale_words, j = i % L.scale_words;
@@ -70,6 +98,17 @@ __global__ void __launch_bounds__(kThreads)
     cp_async4(smem + L.scales + 4 * i, p.scales + row * p.stride_s + 2 * j);
   }
   cp_async_commit();
+  if constexpr (PIPE) {
+    for (int grp = grp_lo; grp < grp_hi; ++grp) {  // the group's two 16-byte pieces a row
+      for (int i = lane; i < 2 * kRows; i += 32) {
+        const int r = i >> 1, j = 2 * grp + (i & 1);
+        const int row = min(row0 + r, p.n - 1);
+        cp_async16(smem + r * L.row_stride + 16 * j,
+                   reinterpret_cast<const char*>(p.codes + row * p.stride_c) + 16 * j);
+      }
+      cp_async_commit();
+    }
+  }
   if (p.pdl) pdl_wait();  // the activation is complete past here
 
   // This lane's tokens: its B column g + 8 nt, its C columns 8 nt + 2t and + 1 (past M:
@@ -87,17 +126,26 @@ __global__ void __launch_bounds__(kThreads)
       qs_c[nt][c] = p.qsum + tok * p.stride_g;
     }
   }
-  const int groups = p.k / 128;
-  const int grp_lo = warp * groups / kWarps, grp_hi = (warp + 1) * groups / kWarps;
 
   float acc[TILES][NT][4];
   fill(acc, 0.f);
 
-  cp_async_wait<0>();
+  if constexpr (PIPE) {
+    cp_async_wait_at_most(grp_hi - grp_lo);  // the scales (the first group) have landed
+  } else {
+    cp_async_wait<0>();
+  }
   __syncthreads();
   const uint32_t* scales = reinterpret_cast<const uint32_t*>(smem + L.scales);
+  constexpr bool kPrefetchB = PIPE && NT == 1;
+  uint32_t b[NT][2][2];  // [token tile][32-chunk of the piece][reg]
+  if (kPrefetchB && grp_lo < grp_hi) load_b<NT>(b, xrow, 2 * grp_lo, t);
 
   for (int grp = grp_lo; grp < grp_hi; ++grp) {
+    if constexpr (PIPE) {
+      cp_async_wait_at_most(grp_hi - 1 - grp);  // this warp's copies of the group landed
+      __syncwarp();                             // and are visible to all its lanes
+    }
     int32_t isum[TILES][NT][4];
     fill(isum, 0);
     float s[NT][2];  // the group's activation scales and sums of this lane's C tokens,
@@ -112,15 +160,11 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {  // 64 weights: one 16-byte piece of each row
       const int piece = 2 * grp + half;
-      uint32_t b[NT][2][2];  // [token tile][32-chunk of the piece][reg]
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const int8_t* xk = xrow[nt] + 64 * piece + 4 * t;
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          b[nt][c][0] = __ldg(reinterpret_cast<const uint32_t*>(xk + 32 * c));
-          b[nt][c][1] = __ldg(reinterpret_cast<const uint32_t*>(xk + 32 * c + 16));
-        }
+      uint32_t bn[NT][2][2];  // the next piece's, requested before this piece's MMAs
+      if constexpr (kPrefetchB) {
+        if (piece + 1 < 2 * grp_hi) load_b<NT>(bn, xrow, piece + 1, t);
+      } else {
+        load_b<NT>(b, xrow, piece, t);
       }
 #pragma unroll
       for (int i = 0; i < TILES; ++i) {
@@ -137,6 +181,15 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt) mma_s8(isum[i][nt], a, b[nt][c][0], b[nt][c][1]);
         }
+      }
+      if constexpr (kPrefetchB) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            b[nt][c][0] = bn[nt][c][0];
+            b[nt][c][1] = bn[nt][c][1];
+          }
       }
     }
     // Group end: y += d[row] * sx[token] * (sum - qsum[token]) for this lane's 4 (row, token).
@@ -184,9 +237,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <int TILES, int NT>
+template <int TILES, int NT, bool PIPE>
 cudaError_t launch(const Pq2LinearParams& p, int bytes, cudaStream_t stream) {
-  cudaError_t err = cudaFuncSetAttribute(pq2_mma_small_kernel<TILES, NT>,
+  cudaError_t err = cudaFuncSetAttribute(pq2_mma_small_kernel<TILES, NT, PIPE>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
   if (err != cudaSuccess) return err;
   cudaLaunchConfig_t cfg = {};
@@ -196,17 +249,24 @@ cudaError_t launch(const Pq2LinearParams& p, int bytes, cudaStream_t stream) {
   cfg.stream = stream;
   cudaLaunchAttribute attr;
   set_pdl(cfg, attr, p.pdl);
-  return cudaLaunchKernelEx(&cfg, pq2_mma_small_kernel<TILES, NT>, p);
+  return cudaLaunchKernelEx(&cfg, pq2_mma_small_kernel<TILES, NT, PIPE>, p);
 }
 
-template <int NT>
+template <int NT, bool PIPE>
 cudaError_t launch_tiles(const Pq2LinearParams& p, int tiles, int bytes, cudaStream_t stream) {
   switch (tiles) {
-    case 8: return launch<8, NT>(p, bytes, stream);
-    case 4: return launch<4, NT>(p, bytes, stream);
-    case 2: return launch<2, NT>(p, bytes, stream);
-    default: return launch<1, NT>(p, bytes, stream);
+    case 8: return launch<8, NT, PIPE>(p, bytes, stream);
+    case 4: return launch<4, NT, PIPE>(p, bytes, stream);
+    case 2: return launch<2, NT, PIPE>(p, bytes, stream);
+    default: return launch<1, NT, PIPE>(p, bytes, stream);
   }
+}
+
+template <bool PIPE>
+cudaError_t launch_nt(const Pq2LinearParams& p, int nt, int tiles, int bytes,
+                      cudaStream_t stream) {
+  return nt == 1 ? launch_tiles<1, PIPE>(p, tiles, bytes, stream)
+                 : launch_tiles<2, PIPE>(p, tiles, bytes, stream);
 }
 
 // Rows a CTA owns: 128 where two CTAs a multiprocessor still fit, fewer (down to 16) where
@@ -222,9 +282,12 @@ int pq2_mma_small_rows(int n, int k, int m, int sm_count, int smem_max) {
 
 }  // namespace
 
-cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream) {
+cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream,
+                                 int variant) {
   if (p.n <= 0 || p.m <= 0) return cudaSuccess;
-  if (p.m > kPq2SmallMaxM || p.k % 128 != 0) return cudaErrorInvalidValue;
+  if (p.m > kPq2SmallMaxM || p.k % 128 != 0 || variant < 0 || variant > 1) {
+    return cudaErrorInvalidValue;
+  }
   // 16-byte cp.async of code rows, 4-byte ones of scale pairs, 4-byte activation loads
   if (reinterpret_cast<uintptr_t>(p.codes) % 16 || (p.stride_c * 4) % 16 ||
       reinterpret_cast<uintptr_t>(p.scales) % 4 || p.stride_s % 2 ||
@@ -236,8 +299,8 @@ cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStr
   const int nt = p.m <= 8 ? 1 : 2;
   const int bytes = SmallSmem(p.k, rows, nt).bytes;
   if (bytes > smem_max) return cudaErrorInvalidValue;  // K too long for 16 rows
-  return nt == 1 ? launch_tiles<1>(p, rows / 16, bytes, stream)
-                 : launch_tiles<2>(p, rows / 16, bytes, stream);
+  return variant == 1 ? launch_nt<true>(p, nt, rows / 16, bytes, stream)
+                      : launch_nt<false>(p, nt, rows / 16, bytes, stream);
 }
 
 }  // namespace vllm_prism

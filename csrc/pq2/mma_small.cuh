@@ -18,7 +18,10 @@ namespace vllm_prism {
 
 constexpr int kPq2SmallMaxM = 16;
 
-// Launches y[M, N] for 1 <= p.m <= 16 (p.split is not read; K % 128 == 0).
-cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream);
+// Launches y[M, N] for 1 <= p.m <= 16 (p.split is not read; K % 128 == 0). variant 0: all of a
+// CTA's codes land before it computes; 1: each warp's K slice group by group, computed as it
+// lands (mma_small.cu, PIPE); the same result bit for bit.
+cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream,
+                                 int variant = 0);
 
 }  // namespace vllm_prism

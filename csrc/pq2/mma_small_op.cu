@@ -11,7 +11,7 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
                                  const torch::Tensor& xq, const torch::Tensor& sx,
                                  const torch::Tensor& qsum,
                                  const std::optional<torch::Tensor>& bias,
-                                 c10::ScalarType out_dtype, bool pdl) {
+                                 c10::ScalarType out_dtype, bool pdl, int64_t variant) {
   vllm_prism::check_weight_planes("pq2_mma_small_int8", codes, scales);
   TORCH_CHECK(xq.dtype() == torch::kInt8 && xq.dim() == 2 && xq.stride(1) == 1 &&
                   xq.stride(0) % 16 == 0,
@@ -27,6 +27,8 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
               k);
   TORCH_CHECK(k % 128 == 0, "pq2_mma_small_int8: K = ", k, " is not a multiple of 128");
   TORCH_CHECK(n < (int64_t{1} << 31), "pq2_mma_small_int8: too many rows");
+  TORCH_CHECK(variant == 0 || variant == 1, "pq2_mma_small_int8: variant ", variant,
+              " (0: loads, then compute; 1: pipelined)");
   const c10::cuda::CUDAGuard guard(codes.device());
   torch::Tensor out = torch::empty({m, n}, codes.options().dtype(out_dtype));
   if (n == 0) return out;
@@ -37,7 +39,8 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
   p.pdl = pdl;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const cudaError_t err =
-      vllm_prism::pq2_mma_small_launch(p, sms, at::cuda::getCurrentCUDAStream().stream());
+      vllm_prism::pq2_mma_small_launch(p, sms, at::cuda::getCurrentCUDAStream().stream(),
+                                       static_cast<int>(variant));
   TORCH_CHECK(err == cudaSuccess, "pq2_mma_small_int8: launch failed: ",
               cudaGetErrorString(err));
   return out;

@@ -32,8 +32,9 @@ ODD_SHAPES = [(37, 640, 128), (300, 2304, 256), (4097, 5120, 1024), (96, 384, No
 M_FULL = list(range(1, 17)) + [24, 32, 48, 64, 128, 512, 2048]
 TOL = {"gemv_a16": 4e-3, "mma_a16": 8e-3, "gemm_a16": 8e-3, "gemv_a8": 3e-2, "mma_a8": 3e-2,
        "gemm_a8": 3e-2, "ptq1_gemv": 4e-3, "mma_cuda": 3e-2, "gemv_cuda": 3e-2, "gemm_dq": 1e-2,
-       "mma_small_cuda": 3e-2}
-A8 = {"gemv_a8", "mma_a8", "gemm_a8", "mma_cuda", "gemv_cuda", "mma_small_cuda"}
+       "mma_small_cuda": 3e-2, "mma_small_pipe_cuda": 3e-2}
+A8 = {"gemv_a8", "mma_a8", "gemm_a8", "mma_cuda", "gemv_cuda", "mma_small_cuda",
+      "mma_small_pipe_cuda"}
 
 
 def kernels_for(m: int, n: int = 0) -> list[str]:
@@ -231,6 +232,25 @@ def test_mma_small_cuda(shape: tuple[int, int], m: int) -> None:
     raw, q, d, signs, w = make_case(n, k, 128)
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n + m))
     check_kernel("mma_small_cuda", x.bfloat16(), raw, q, d, signs, 128, w)
+
+
+@pytest.mark.parametrize("m", [1, 2, 8, 9, 16])
+@pytest.mark.parametrize("shape", [(12288, 5120), (5120, 17408), (300, 2304), (17000, 1024),
+                                   (64, 768)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_mma_small_pipe_cuda(shape: tuple[int, int], m: int) -> None:
+    """The pipelined variant of the small-batch kernel (op variant 1): against the exact and
+    the integer reference, and bit for bit equal to variant 0 (same sums in the same order);
+    K = 17408 gives each warp 17 groups (more than the 15 a wait can name), K = 768 some
+    warps none."""
+    _need_mma_cuda("mma_small_pipe_cuda")
+    n, k = shape
+    raw, q, d, signs, w = make_case(n, k, 128)
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n + m))
+    check_kernel("mma_small_pipe_cuda", x.bfloat16(), raw, q, d, signs, 128, w)
+    pipe, base = dispatch._BY_NAME["mma_small_pipe_cuda"], dispatch._BY_NAME["mma_small_cuda"]
+    act = pipe.make_activation(x.bfloat16(), w)
+    assert torch.equal(pipe.run(act, w, None, torch.float32),
+                       base.run(act, w, None, torch.float32))
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 64, 65, 128, 300])

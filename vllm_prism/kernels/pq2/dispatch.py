@@ -408,11 +408,27 @@ class MmaSmallCudaA8Kernel(_CudaOpKernel):
             return False, f"K = {c.k} is not a multiple of 128"
         return _pq2_only(c)
 
+    variant: ClassVar[int] = 0  # the op's kernel variant (mma_small.cuh)
+
     @classmethod
     def run(cls, act, w, bias, out_dtype):
         return torch.ops._C_prism.pq2_mma_small_int8(w.codes, w.scales, act.data,
                                                      act.group_scale, act.group_sum, bias,
-                                                     out_dtype, use_pdl(w.device))
+                                                     out_dtype, use_pdl(w.device), cls.variant)
+
+
+class MmaSmallPipeCudaA8Kernel(MmaSmallCudaA8Kernel):
+    """``mma_small_cuda`` with its loads laid out for overlap (op variant 1): each warp
+    requests its K slice's codes one 128-group at a time and computes a group as soon as it
+    has landed, and (M <= 8) requests the next piece's activation before the current piece's
+    MMAs; the same arithmetic in the same order, so the same result bit for bit. Written after
+    the H200 timing put ``mma_small_cuda`` at 16-34 % of the bandwidth at M = 1..8 (its CTAs
+    wait for all their codes before computing); runs only where ``VLLM_PRISM_PQ2_KERNEL`` names
+    it until a GPU run has timed it against ``mma_small_cuda``."""
+
+    name = "mma_small_pipe_cuda"
+    in_auto = False
+    variant = 1
 
 
 class TorchKernel(PQ2LinearKernel):
@@ -451,11 +467,11 @@ class TorchKernel(PQ2LinearKernel):
 # issue-bound, see triton_gemv), then the Triton int8 tensor-core kernels (1.1-1.5x faster
 # than bf16 at every M measured), gemm_dq from M = 512. The bf16/fp16 kernels (*_a16) stay for
 # the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the CUDA C++
-# GEMV (gemv_cuda) only where named.
+# GEMV (gemv_cuda) and the pipelined small-batch variant (mma_small_pipe_cuda) only where named.
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel, GemmDqKernel,
     MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel, GemmA16Kernel, GemvCudaA8Kernel,
-    TorchKernel,
+    MmaSmallPipeCudaA8Kernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 
