@@ -32,21 +32,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Wait until at most `pending` of this thread's commit groups are in flight (0..7; more is
-// treated as 7, which waits longer than needed but never too little).
-__device__ __forceinline__ void cp_async_wait_at_most(int pending) {
-  switch (pending) {
-    case 0: cp_async_wait<0>(); break;
-    case 1: cp_async_wait<1>(); break;
-    case 2: cp_async_wait<2>(); break;
-    case 3: cp_async_wait<3>(); break;
-    case 4: cp_async_wait<4>(); break;
-    case 5: cp_async_wait<5>(); break;
-    case 6: cp_async_wait<6>(); break;
-    default: cp_async_wait<7>(); break;
-  }
-}
-
 // One code group (16 codes x 4 words) against its 64 activation bytes.
 __device__ __forceinline__ int dot64(const uint4& w, const int4 (&x)[4]) {
   const uint32_t words[4] = {w.x, w.y, w.z, w.w};
