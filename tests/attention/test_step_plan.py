@@ -55,4 +55,6 @@ def test_routing_reads_no_device_value() -> None:
                            query_start_loc=torch.empty(4, dtype=torch.int32, device="meta"),
                            max_query_len=4, max_seq_len=9,
                            query_start_loc_cpu=torch.tensor([0, 1, 5, 9], dtype=torch.int32))
-    assert md.query_lens() == [1, 4, 4]
+    assert md.query_lens() == [1, 4, 4] and md.num_tokens == 9
+    with pytest.raises(NotImplementedError):  # seq_lens are copied only where read
+        md.host_seq_lens()

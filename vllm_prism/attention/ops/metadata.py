@@ -24,11 +24,12 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_reqs + 1] int32
     max_query_len: int
     max_seq_len: int
-    # Host copies (optional): routing in mixed batches and the prefill path read them; built
-    # on demand (one device sync) when absent.
+    # Host copies (optional): routing in mixed batches and the prefill path read them; each
+    # is built on demand (one device sync) when absent, and only when read.
     query_start_loc_cpu: torch.Tensor | None = None
     seq_lens_cpu: torch.Tensor | None = None
-    _host: tuple[list[int], list[int]] | None = field(default=None, repr=False)
+    _qsl_host: list[int] | None = field(default=None, repr=False)
+    _sl_host: list[int] | None = field(default=None, repr=False)
 
     @property
     def num_reqs(self) -> int:
@@ -36,27 +37,30 @@ class AttentionMetadata:
 
     @property
     def num_tokens(self) -> int:
-        return int(self.host()[0][-1])
+        return int(self.host_query_start_loc()[-1])
+
+    def host_query_start_loc(self) -> list[int]:
+        """``query_start_loc`` as a Python list (from its host copy where there is one)."""
+        if self._qsl_host is None:
+            qsl = self.query_start_loc_cpu
+            self._qsl_host = (self.query_start_loc.cpu() if qsl is None else qsl).tolist()
+        return self._qsl_host
+
+    def host_seq_lens(self) -> list[int]:
+        """``seq_lens`` as a Python list (from its host copy where there is one)."""
+        if self._sl_host is None:
+            sl = self.seq_lens_cpu
+            self._sl_host = (self.seq_lens.cpu() if sl is None else sl).tolist()
+        return self._sl_host
 
     def host(self) -> tuple[list[int], list[int]]:
         """(query_start_loc, seq_lens) as Python lists."""
-        if self._host is None:
-            qsl = self.query_start_loc_cpu
-            if qsl is None:
-                qsl = self.query_start_loc.cpu()
-            sl = self.seq_lens_cpu
-            if sl is None:
-                sl = self.seq_lens.cpu()
-            self._host = (qsl.tolist(), sl.tolist())
-        return self._host
+        return self.host_query_start_loc(), self.host_seq_lens()
 
     def query_lens(self) -> list[int]:
-        """Query tokens per request, from the host copy of ``query_start_loc`` where there is
-        one (the backend's builder routes every step with it: no device sync)."""
-        if self._host is None and self.query_start_loc_cpu is not None:
-            qsl = self.query_start_loc_cpu.tolist()
-        else:
-            qsl = self.host()[0]
+        """Query tokens per request, from the host ``query_start_loc`` alone (the backend's
+        builder routes every step with it: no device sync where vLLM gave its host copy)."""
+        qsl = self.host_query_start_loc()
         return [qsl[i + 1] - qsl[i] for i in range(len(qsl) - 1)]
 
     @classmethod
