@@ -135,16 +135,12 @@ def _mma_cuda(a, w, split: int) -> torch.Tensor:
 
 
 def _cuda_kernels(m: int, w: PQ2Weight) -> list[type[dispatch.PQ2LinearKernel]]:
-    """The CUDA C++ kernels of vllm_prism._C that can run this call (their dispatch entries:
-    built here, and M and K within their range)."""
+    """The CUDA C++ kernels of vllm_prism._C that can run this call (every dispatch entry on
+    one of its ops: built here, and M and K within its range)."""
     cap = torch.cuda.get_device_capability()
     cfg = dispatch.PQ2LinearConfig.of(m, w, torch.bfloat16)
-    out = []
-    for name in ("gemv_cuda", "mma_small_cuda", "mma_small_pipe_cuda", "mma_cuda"):
-        kern = dispatch._BY_NAME[name]
-        if kern.is_supported(cap)[0] and kern.can_implement(cfg)[0]:
-            out.append(kern)
-    return out
+    return [kern for kern in dispatch.KERNELS if issubclass(kern, dispatch._CudaOpKernel)
+            and kern.is_supported(cap)[0] and kern.can_implement(cfg)[0]]
 
 
 def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],

@@ -13,18 +13,10 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
                                  const std::optional<torch::Tensor>& bias,
                                  c10::ScalarType out_dtype, bool pdl, int64_t variant) {
   vllm_prism::check_weight_planes("pq2_mma_small_int8", codes, scales);
-  TORCH_CHECK(xq.dtype() == torch::kInt8 && xq.dim() == 2 && xq.stride(1) == 1 &&
-                  xq.stride(0) % 16 == 0,
-              "pq2_mma_small_int8: xq must be int8 [M, K] with 16-byte aligned rows");
-  TORCH_CHECK(sx.dtype() == torch::kFloat32 && qsum.dtype() == torch::kInt32 &&
-                  sx.stride(1) == 1 && qsum.stride(1) == 1 && sx.stride(0) == qsum.stride(0),
-              "pq2_mma_small_int8: sx (fp32) and qsum (int32) must be [M, G] with one row "
-              "stride");
+  vllm_prism::check_int8_activation("pq2_mma_small_int8", codes, xq, sx, qsum);
   const int64_t m = xq.size(0), n = codes.size(0), k = codes.size(1) * 16;
   TORCH_CHECK(m >= 1 && m <= vllm_prism::kPq2SmallMaxM, "pq2_mma_small_int8: M = ", m,
               " outside 1..", vllm_prism::kPq2SmallMaxM);
-  TORCH_CHECK(xq.size(1) == k, "pq2_mma_small_int8: xq has K = ", xq.size(1), ", codes have ",
-              k);
   TORCH_CHECK(k % 128 == 0, "pq2_mma_small_int8: K = ", k, " is not a multiple of 128");
   TORCH_CHECK(n < (int64_t{1} << 31), "pq2_mma_small_int8: too many rows");
   TORCH_CHECK(variant == 0 || variant == 1, "pq2_mma_small_int8: variant ", variant,

@@ -69,11 +69,10 @@ def main() -> None:
     llm = LLM(model, **kwargs)
     if request.get("record_cudagraphs"):
         llm.collective_rpc(_install_recorder)
+    greedy_params = SamplingParams(max_tokens=request["max_tokens"], temperature=0,
+                                   ignore_eos=True, detokenize=request.get("detokenize", True))
     greedy = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["prompts"]],
-                          SamplingParams(max_tokens=request["max_tokens"], temperature=0,
-                                         ignore_eos=True,
-                                         detokenize=request.get("detokenize", True)),
-                          use_tqdm=False)
+                          greedy_params, use_tqdm=False)
     graphs = llm.collective_rpc(_read_recorder)[0] if request.get("record_cudagraphs") else None
     scored = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["score"]],
                           SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0),
@@ -85,8 +84,6 @@ def main() -> None:
     result = {"greedy": [list(o.outputs[0].token_ids) for o in greedy], "score": scores}
     if graphs is not None:
         result["cudagraphs"] = graphs
-    greedy_params = SamplingParams(max_tokens=request["max_tokens"], temperature=0,
-                                   ignore_eos=True)
     if request.get("single"):  # one request alone in the engine (batch 1)
         alone = llm.generate([TokensPrompt(prompt_token_ids=request["single"])],
                              greedy_params, use_tqdm=False)

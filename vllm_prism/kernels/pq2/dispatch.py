@@ -328,9 +328,10 @@ class GemvCudaA8Kernel(_CudaOpKernel):
     """M = 1: int8 dp4a GEMV in CUDA C++ (csrc/pq2/gemv_int8.cu, op
     ``torch.ops._C_prism.pq2_gemv_int8``): a CTA requests all the codes and scales of its
     rows into shared memory before computing, then reduces one row per warp and round. Needs
-    vllm_prism._C; runs only where ``VLLM_PRISM_PQ2_KERNEL`` names it until a GPU run has
-    timed it (its register-ring predecessor was slower than the Triton GEMV: 141.9 against
-    166.4 tok/s at batch 1 through vLLM, 14.4 against 11.4 us on 12288x5120)."""
+    vllm_prism._C; runs only where ``VLLM_PRISM_PQ2_KERNEL`` names it: timed on the H200
+    (2026-12-01) it is still slower than the Triton GEMV on three of four Bonsai shapes (13.9
+    against 11.3 us on 12288x5120; equal on 5120x6144), as its register-ring predecessor was
+    (141.9 against 166.4 tok/s at batch 1 through vLLM)."""
 
     name = "gemv_cuda"
     op = "pq2_gemv_int8"
