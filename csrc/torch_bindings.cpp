@@ -15,7 +15,7 @@ TORCH_LIBRARY(_C_prism, m) {
       "pq2_mma_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor qsum, "
       "Tensor? bias, ScalarType out_dtype, int split_k, bool pdl) -> Tensor");
   m.impl("pq2_mma_int8", c10::kCUDA, &pq2_mma_int8);
-  // y [1, N] = W_st @ x for one int8 activation row (csrc/pq2/gemv_int8.cu).
+  // y [M, N] = W_st @ x for M = 1..4 int8 activation rows (csrc/pq2/gemv_int8.cu).
   m.def(
       "pq2_gemv_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor? bias, "
       "ScalarType out_dtype, bool pdl) -> Tensor");

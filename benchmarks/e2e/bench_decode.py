@@ -497,9 +497,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--side-by-side", action="store_true",
                    help="start every engine at once (--gpu-memory shared among them); they "
                    "measure one at a time")
-    p.add_argument("--kv-cache-gib", type=float, default=4.0,
+    p.add_argument("--kv-cache-gib", type=float, default=8.0,
                    help="with --side-by-side: each engine's KV cache (vLLM's free-memory "
-                   "profiling cannot size it while other engines start)")
+                   "profiling cannot size it while other engines start); the 27B-shaped "
+                   "file's Gated DeltaNet state takes ~25 MiB a sequence, and vLLM wants one "
+                   "state block per sequence of max_num_seqs (256): 4 GiB held only 163")
     p.add_argument("--out-dir", default=str(HERE.parent / "results"))
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--turn-lock", help=argparse.SUPPRESS)

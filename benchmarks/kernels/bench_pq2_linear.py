@@ -308,6 +308,8 @@ def candidates(m: int) -> list[str]:
     small = ["mma_small_cuda", "mma_small_pipe_cuda"]
     if m == 1:
         return ["gemv_a8", "gemv_a16", "gemv_cuda", "mma_cuda", *small]
+    if m <= dispatch.GEMV_CUDA_MAX_M:
+        return ["gemv_a8_rows", "gemv_cuda", "mma_a8", "mma_cuda", *small]
     if m <= 8:
         return ["gemv_a8_rows", "mma_a8", "mma_a16", "mma_cuda", *small]
     if m <= 16:

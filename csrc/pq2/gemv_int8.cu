@@ -1,17 +1,22 @@
-// PQ2 GEMV for M = 1 (see gemv_int8.cuh). Torch-free; the torch op is in gemv_int8_op.cu.
+// PQ2 GEMV for M = 1..4 (see gemv_int8.cuh). Torch-free; the torch op is in gemv_int8_op.cu.
 //
-// Layout of the work: a CTA owns R consecutive weight rows (R = 1..32, chosen on the host so
-// that a few CTAs fit on each multiprocessor) and requests every byte of them at its start:
-// the codes and fp16 scales of all R rows go to shared memory through cp.async, one commit
-// group per round of rows (a round is one row per warp). Nothing of the weights waits for
-// the computation, so a multiprocessor holds its whole share of a mid-size matrix in flight
-// (the register-ring design before this one kept four rows a warp in flight and was bound by
-// memory latency at 15-17 % occupancy: benchmarks/results/pq2_linear_h200_notes.md). The
-// activation (int8, K bytes) is staged in shared memory after the grid-dependency wait,
-// stored piece-major ([4][K/64] of 16 bytes) so that lane l reads group l without bank
-// conflicts, with the int32 sum of each 64-group. Per round, each warp reduces one row: lane l
-// takes the 64-weight groups l, l + 32, ...; per group the integer dot minus the activation's
-// own sum is exact, then scaled by the weight's and the activation's 128-group scales in fp32.
+// A streaming design: the weights go global -> registers, 16 bytes (one 64-weight chunk) per
+// load, and the loads of a whole row are issued at once, so with ~32 warps a multiprocessor
+// keeps ~100 KiB of weights in flight without shared-memory staging or CTA barriers. LANES
+// lanes of a warp (8, 16 or 32) share one row, lane l taking the chunks l, l + LANES, ... (at
+// most CMAX of them in registers: longer rows take several passes), so a warp reduces
+// 32 / LANES rows at a time. Warps walk their rows grid-stride; with PREFETCH the next
+// row's (or pass's) loads are issued before the current one is computed. The first loads of
+// every warp are issued before the grid-dependency wait (programmatic dependent launch): they
+// do not depend on the producer of the activation.
+//
+// The M int8 activation rows are staged in shared memory once per CTA, piece-major ([4][K/64]
+// of 16 bytes a row: lanes reading consecutive chunks hit distinct banks), with the int32 sum
+// of each 64-chunk and the fp32 scale of each 128-group; a chunk of codes in registers is
+// decoded once for all M rows. Per chunk and row the integer dot (16 dp4a) minus
+// the chunk's activation sum is exact; it is scaled by the weight's and the activation's
+// group scales in fp32 and summed in chunk order per lane, then over the lanes by a fixed
+// shuffle tree: the result does not depend on timing.
 #include "gemv_int8.cuh"
 
 #include "pq2_device.cuh"
@@ -19,173 +24,290 @@
 namespace vllm_prism {
 namespace {
 
-constexpr int kMaxWarps = 8;
-constexpr int kMaxRows = 32;
 constexpr uint32_t kMask = 0x03030303u;
-// Shared memory a CTA may ask for: four CTAs a multiprocessor where the rows allow it.
-constexpr int kSmemTarget = 56 * 1024;
-constexpr int kSmemMax = 200 * 1024;
+constexpr int kThreads = 256;
+// Resident 256-thread CTAs the compiler sizes the registers for (__launch_bounds__); 1 leaves
+// it free. Other values are for the kernel sweep's register experiments (-D...).
+#ifndef PQ2_GEMV_MIN_BLOCKS
+#define PQ2_GEMV_MIN_BLOCKS 1
+#endif
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// One code group (16 codes x 4 words) against its 64 activation bytes.
-__device__ __forceinline__ int dot64(const uint4& w, const int4 (&x)[4]) {
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-  int acc = 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t c = words[i];
-    acc = __dp4a(static_cast<int>(c & kMask), x[i].x, acc);
-    acc = __dp4a(static_cast<int>((c >> 2) & kMask), x[i].y, acc);
-    acc = __dp4a(static_cast<int>((c >> 4) & kMask), x[i].z, acc);
-    acc = __dp4a(static_cast<int>((c >> 6) & kMask), x[i].w, acc);
-  }
-  return acc;
-}
-
-// Where each part lives in a CTA's dynamic shared memory (byte offsets, 16-byte aligned).
+// Byte offsets of a CTA's dynamic shared memory.
 struct GemvSmem {
-  int g64, g128;        // 64- and 128-groups of a row
-  int row_bytes;        // codes of one row: K / 4
-  int scale_words;      // 4-byte words of one row's scales: ceil(K / 256)
-  int x, xsum, sx, codes, scales, bytes;
+  int g64, g128, x, xsum, sx, bytes;
 
-  __host__ __device__ GemvSmem(int k, int rows) {
+  __host__ __device__ GemvSmem(int k, int m) {
     g64 = k / 64;
     g128 = (k + 127) / 128;
-    row_bytes = k / 4;
-    scale_words = (g128 + 1) / 2;
-    x = 0;                                        // int4 [4][g64]
-    xsum = x + k;                                 // int32 [g64]
-    sx = xsum + align16(4 * g64);                 // fp32 [g128]
-    codes = sx + align16(4 * g128);               // [rows][row_bytes]
-    scales = codes + rows * row_bytes;            // [rows][scale_words] uint32
-    bytes = scales + align16(4 * rows * scale_words);
+    x = 0;                                // int4 [m][4][g64]
+    xsum = x + m * k;                     // int32 [m][g64]
+    sx = xsum + align16(4 * m * g64);     // fp32 [m][g128]
+    bytes = sx + align16(4 * m * g128);
   }
 };
 
-__global__ void __launch_bounds__(kMaxWarps * 32)
-    pq2_gemv_int8_kernel(const __grid_constant__ Pq2LinearParams p, int rows) {
+// 16 bytes of codes, read-only, by the cache policy HINT: 0 default (L1 allocate), 1 no L1
+// allocation, 2 no L1 allocation and a 256-byte L2 prefetch.
+template <int HINT>
+__device__ __forceinline__ uint4 load_codes(const int32_t* ptr) {
+  uint4 v;
+  if constexpr (HINT == 0) {
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  } else if constexpr (HINT == 1) {
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  } else {
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(ptr));
+  }
+  return v;
+}
+
+// One lane's share of one row pass: CMAX chunks of codes and their fp16 scales.
+template <int CMAX>
+struct Frag {
+  uint4 w[CMAX];
+  uint16_t d[CMAX];
+};
+
+// Where a warp is: its row group (32 / LANES rows) and pass over K.
+struct Cursor {
+  int rg, pass;
+};
+
+template <int LANES, int CMAX, int HINT>
+__device__ __forceinline__ void load_frag(Frag<CMAX>& f, const Pq2LinearParams& p, Cursor c,
+                                          int hl, int sub, int g64) {
+  const int row = min(c.rg * (32 / LANES) + sub, p.n - 1);
+  const int32_t* crow = p.codes + static_cast<int64_t>(row) * p.stride_c;
+  const uint16_t* srow = p.scales + static_cast<int64_t>(row) * p.stride_s;
+  const int g0 = c.pass * (LANES * CMAX) + hl;
+#pragma unroll
+  for (int i = 0; i < CMAX; ++i) {
+    const int g = g0 + LANES * i;
+    if (g < g64) {
+      f.w[i] = load_codes<HINT>(crow + 4 * g);
+      f.d[i] = __ldg(srow + (g >> 1));
+    }
+  }
+}
+
+// Adds one lane's share of a row pass to the sums of the M activation rows.
+template <int LANES, int CMAX, int M>
+__device__ __forceinline__ void dot_frag(float (&acc)[M], const Frag<CMAX>& f, Cursor c, int hl,
+                                         const GemvSmem& L, const char* smem) {
+  const int g0 = c.pass * (LANES * CMAX) + hl;
+#pragma unroll
+  for (int i = 0; i < CMAX; ++i) {
+    const int g = g0 + LANES * i;
+    if (g < L.g64) {
+      const uint32_t words[4] = {f.w[i].x, f.w[i].y, f.w[i].z, f.w[i].w};
+      const float d = __half2float(__ushort_as_half(f.d[i]));
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const int4* xs = reinterpret_cast<const int4*>(smem + L.x) + m * 4 * L.g64;
+        int dot = -reinterpret_cast<const int*>(smem + L.xsum)[m * L.g64 + g];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int4 x = xs[j * L.g64 + g];
+          const uint32_t cw = words[j];
+          dot = __dp4a(static_cast<int>(cw & kMask), x.x, dot);
+          dot = __dp4a(static_cast<int>((cw >> 2) & kMask), x.y, dot);
+          dot = __dp4a(static_cast<int>((cw >> 4) & kMask), x.z, dot);
+          dot = __dp4a(static_cast<int>((cw >> 6) & kMask), x.w, dot);
+        }
+        const float sx = reinterpret_cast<const float*>(smem + L.sx)[m * L.g128 + (g >> 1)];
+        acc[m] += exact_float(dot) * (d * sx);
+      }
+    }
+  }
+}
+
+template <int LANES, int CMAX, int HINT, bool PREFETCH, int M>
+__global__ void __launch_bounds__(kThreads, PQ2_GEMV_MIN_BLOCKS)
+    pq2_gemv_int8_kernel(const __grid_constant__ Pq2LinearParams p) {
   extern __shared__ __align__(16) char smem[];
   if (p.pdl) pdl_launch_dependents();
-  const GemvSmem L(p.k, rows);
-  const int tid = threadIdx.x, nthreads = blockDim.x;
-  const int warps = nthreads >> 5, warp = tid >> 5, lane = tid & 31;
-  const int rounds = rows / warps;
-  const int row0 = blockIdx.x * rows;
-  const int pieces = L.row_bytes / 16;  // 16-byte code pieces of a row
+  constexpr int kRowsPerWarp = 32 / LANES;
+  const GemvSmem L(p.k, M);
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int hl = lane % LANES, sub = lane / LANES;
+  const int warps = blockDim.x >> 5;
+  const int stride = gridDim.x * warps;  // warps of the grid
+  const int groups = (p.n + kRowsPerWarp - 1) / kRowsPerWarp;
+  const int passes = (L.g64 + LANES * CMAX - 1) / (LANES * CMAX);
 
-  // 1. Every weight byte of the CTA's rows, one commit group per round (rows past N read
-  //    row N - 1; their results are not stored). Independent of the previous kernel, so
-  //    issued before the grid-dependency wait.
-  for (int rd = 0; rd < rounds; ++rd) {
-    const int per_round = warps * pieces;
-    for (int i = tid; i < per_round; i += nthreads) {
-      const int r = rd * warps + i / pieces, j = i % pieces;
-      const int row = min(row0 + r, p.n - 1);
-      cp_async16(smem + L.codes + r * L.row_bytes + 16 * j,
-                 reinterpret_cast<const char*>(p.codes + row * p.stride_c) + 16 * j);
-    }
-    for (int i = tid; i < warps * L.scale_words; i += nthreads) {
-      const int r = rd * warps + i / L.scale_words, j = i % L.scale_words;
-      const int row = min(row0 + r, p.n - 1);
-      cp_async4(smem + L.scales + 4 * (r * L.scale_words + j),
-                p.scales + row * p.stride_s + 2 * j);
-    }
-    cp_async_commit();
-  }
+  // 1. The first row's codes: independent of the previous kernel.
+  Cursor cur{static_cast<int>(blockIdx.x) * warps + (tid >> 5), 0};
+  Frag<CMAX> f;
+  if (cur.rg < groups) load_frag<LANES, CMAX, HINT>(f, p, cur, hl, sub, L.g64);
   if (p.pdl) pdl_wait();  // the activation is complete past here
 
-  // 2. The activation, piece-major, and its scales.
-  int4* xs = reinterpret_cast<int4*>(smem + L.x);
-  const int4* xg = reinterpret_cast<const int4*>(p.xq);
-  for (int q = tid; q < L.g64 * 4; q += nthreads) xs[(q & 3) * L.g64 + (q >> 2)] = __ldg(xg + q);
-  float* sxs = reinterpret_cast<float*>(smem + L.sx);
-  for (int g = tid; g < L.g128; g += nthreads) sxs[g] = __ldg(p.sx + g);
-  __syncthreads();
-  int* xsum = reinterpret_cast<int*>(smem + L.xsum);
-  for (int g = tid; g < L.g64; g += nthreads) {
+  // 2. The activation rows, piece-major, with their 64-chunk sums and 128-group scales.
+  for (int i = tid; i < M * L.g64; i += blockDim.x) {
+    const int m = i / L.g64, g = i - m * L.g64;
+    const int4* xg = reinterpret_cast<const int4*>(p.xq + m * p.stride_x) + 4 * g;
+    int4* xs = reinterpret_cast<int4*>(smem + L.x) + m * 4 * L.g64;
     int s = 0;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int4 v = xs[i * L.g64 + g];
+    for (int j = 0; j < 4; ++j) {
+      const int4 v = __ldg(xg + j);
+      xs[j * L.g64 + g] = v;
       s = __dp4a(0x01010101, v.x, s);
       s = __dp4a(0x01010101, v.y, s);
       s = __dp4a(0x01010101, v.z, s);
       s = __dp4a(0x01010101, v.w, s);
     }
-    xsum[g] = s;
+    reinterpret_cast<int*>(smem + L.xsum)[i] = s;
   }
+  for (int i = tid; i < M * L.g128; i += blockDim.x) {
+    const int m = i / L.g128;
+    reinterpret_cast<float*>(smem + L.sx)[i] = __ldg(p.sx + m * p.stride_g + (i - m * L.g128));
+  }
+  __syncthreads();
 
-  // 3. Round by round, as its group lands: one row per warp.
-  const uint16_t* scales = reinterpret_cast<const uint16_t*>(smem + L.scales);
-  for (int rd = 0; rd < rounds; ++rd) {
-    cp_async_wait_at_most(rounds - 1 - rd);
-    __syncthreads();  // every thread's part of this round (and, the first time, xsum)
-    const int r = rd * warps + warp;
-    const char* codes = smem + L.codes + r * L.row_bytes;
-    const uint16_t* d_row = scales + 2 * r * L.scale_words;
-    float acc = 0.f;
-    for (int g = lane; g < L.g64; g += 32) {
-      const uint4 w = *reinterpret_cast<const uint4*>(codes + 16 * g);
-      int4 x[4];
+  // 3. Row group by row group (pass by pass for long rows).
+  float acc[M];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) x[i] = xs[i * L.g64 + g];
-      const int dot = dot64(w, x) - xsum[g];
-      const float d = __half2float(__ushort_as_half(d_row[g >> 1]));
-      acc += exact_float(dot) * (d * sxs[g >> 1]);
+  for (int m = 0; m < M; ++m) acc[m] = 0.f;
+  while (cur.rg < groups) {
+    Cursor next{cur.rg, cur.pass + 1};
+    if (next.pass == passes) next = Cursor{cur.rg + stride, 0};
+    if constexpr (PREFETCH) {
+      Frag<CMAX> nf;
+      if (next.rg < groups) load_frag<LANES, CMAX, HINT>(nf, p, next, hl, sub, L.g64);
+      dot_frag<LANES, CMAX, M>(acc, f, cur, hl, L, smem);
+      f = nf;
+    } else {
+      dot_frag<LANES, CMAX, M>(acc, f, cur, hl, L, smem);
+      if (next.rg < groups) load_frag<LANES, CMAX, HINT>(f, p, next, hl, sub, L.g64);
     }
-    acc = warp_sum(acc);
-    const int row = row0 + r;
-    if (lane == 0 && row < p.n) {
-      const float b = p.bias ? load_as_float(p.bias, row, p.bias_dtype) : 0.f;
-      store_out(p, row, acc + b);
+    if (next.pass == 0) {  // the row is complete: reduce over its LANES lanes
+      const int row = cur.rg * kRowsPerWarp + sub;
+      const float b = p.bias && row < p.n ? load_as_float(p.bias, row, p.bias_dtype) : 0.f;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float v = acc[m];
+#pragma unroll
+        for (int o = LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (hl == 0 && row < p.n) store_out(p, m * p.stride_o + row, v + b);
+        acc[m] = 0.f;
+      }
     }
+    cur = next;
   }
 }
 
-// Rows a CTA owns: as many as fit the shared-memory target (up to 32), fewer where the grid
-// would leave multiprocessors idle, fewer still where a block may not have that much shared
-// memory (`smem_max`), a power of two.
-int rows_per_cta(int n, int k, int sm_count, int smem_max) {
-  int rows = kMaxRows;
-  while (rows > 8 && GemvSmem(k, rows).bytes > kSmemTarget) rows >>= 1;
-  while (rows > 8 && (n + rows - 1) / rows < sm_count) rows >>= 1;
-  while (rows > 1 && GemvSmem(k, rows).bytes > smem_max) rows >>= 1;
-  return rows;
+using KernelFn = void (*)(Pq2LinearParams);
+
+// A kernel for M = 1..MAXM activation rows of one layout.
+template <int L, int C, int H, bool P, int MAXM = kPq2GemvMaxM>
+KernelFn kernel_for_m(int m) {
+  if (m == 1) return &pq2_gemv_int8_kernel<L, C, H, P, 1>;
+#ifdef PQ2_GEMV_ALL_CONFIGS
+  if constexpr (H != 1) return nullptr;  // the sweep times cache hints at M = 1 only
+#endif
+  if (m > MAXM) return nullptr;
+  switch (m) {
+    case 2: return &pq2_gemv_int8_kernel<L, C, H, P, 2>;
+    case 3: return &pq2_gemv_int8_kernel<L, C, H, P, MAXM >= 3 ? 3 : 1>;
+    case 4: return &pq2_gemv_int8_kernel<L, C, H, P, MAXM >= 4 ? 4 : 1>;
+    default: return nullptr;
+  }
 }
+
+// The compiled configurations (lanes, chunks a lane holds, cache hint, prefetch). The
+// library keeps the layouts pq2_gemv_default_config chooses; PQ2_GEMV_ALL_CONFIGS (the
+// kernel sweep, benchmarks/kernels/pq2_gemv_sweep.cu) compiles a wider set.
+#define PQ2_GEMV_CONFIG(L, C, H, P, ...) \
+  if (cfg.lanes == L && cfg.cmax == C && cfg.hint == H && cfg.prefetch == P) \
+    return kernel_for_m<L, C, H, P, ##__VA_ARGS__>(m);
+
+KernelFn kernel_for(const GemvConfig& cfg, int m) {
+#ifdef PQ2_GEMV_ALL_CONFIGS
+#define PQ2_GEMV_HINTS(L, C)                                                  \
+  PQ2_GEMV_CONFIG(L, C, 0, false) PQ2_GEMV_CONFIG(L, C, 1, false)             \
+  PQ2_GEMV_CONFIG(L, C, 2, false) PQ2_GEMV_CONFIG(L, C, 0, true)              \
+  PQ2_GEMV_CONFIG(L, C, 1, true) PQ2_GEMV_CONFIG(L, C, 2, true)
+  PQ2_GEMV_HINTS(8, 5) PQ2_GEMV_HINTS(8, 10)
+  PQ2_GEMV_HINTS(16, 3) PQ2_GEMV_HINTS(16, 5) PQ2_GEMV_HINTS(16, 6) PQ2_GEMV_HINTS(16, 9)
+  PQ2_GEMV_HINTS(32, 3) PQ2_GEMV_HINTS(32, 5) PQ2_GEMV_HINTS(32, 9)
+#undef PQ2_GEMV_HINTS
+#else
+  PQ2_GEMV_CONFIG(8, 5, 1, false)
+  PQ2_GEMV_CONFIG(16, 5, 1, false)
+  PQ2_GEMV_CONFIG(16, 3, 1, true, 2)  // M <= 2: at M = 3 it spills on sm_80
+  PQ2_GEMV_CONFIG(16, 6, 1, false)
+#endif
+  return nullptr;
+}
+#undef PQ2_GEMV_CONFIG
 
 }  // namespace
 
-cudaError_t pq2_gemv_int8_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream) {
+// Timed on the H200 (benchmarks/results/pq2_gemv_sweep_h200.md): rows of up to 5120 weights
+// in two passes of 8 lanes x 5 chunks (four rows a warp; 4-warp CTAs, at most 8 a
+// multiprocessor, at M = 1; 8-warp CTAs above), 16 lanes and 8 warps below 4096 rows; up to
+// 6144 weights 16 lanes x 3 chunks with prefetch (M <= 2); longer rows (and M > 2) 16 lanes x
+// 6 chunks.
+GemvConfig pq2_gemv_default_config(int n, int k, int m) {
+  const int g64 = k / 64;
+  GemvConfig cfg;
+  cfg.hint = 1;
+  cfg.warps = 8;
+  if (g64 <= 80 && n >= 4096) {
+    cfg.lanes = 8, cfg.cmax = 5, cfg.prefetch = false;
+    if (m == 1) cfg.warps = 4, cfg.ctas_per_sm = 8;
+  } else if (g64 <= 80) {
+    cfg.lanes = 16, cfg.cmax = 5, cfg.prefetch = false, cfg.ctas_per_sm = 4;
+  } else if (g64 <= 96 && m <= 2) {
+    cfg.lanes = 16, cfg.cmax = 3, cfg.prefetch = true, cfg.ctas_per_sm = 8;
+    if (m == 1) cfg.warps = 4;
+  } else {
+    cfg.lanes = 16, cfg.cmax = 6, cfg.prefetch = false, cfg.ctas_per_sm = 0;
+  }
+  return cfg;
+}
+
+cudaError_t pq2_gemv_int8_launch_config(const Pq2LinearParams& p, const GemvConfig& cfg,
+                                        int sm_count, cudaStream_t stream) {
   if (p.n <= 0) return cudaSuccess;
-  if (p.m != 1 || p.k % 64 != 0 || p.split != 1) return cudaErrorInvalidValue;
-  // 16-byte cp.async of code rows and activation pieces, 4-byte ones of scale pairs
+  if (p.m < 1 || p.m > kPq2GemvMaxM || p.k % 64 != 0 || p.split != 1) {
+    return cudaErrorInvalidValue;
+  }
+  // 16-byte loads of code chunks and activation pieces
   if (reinterpret_cast<uintptr_t>(p.codes) % 16 || (p.stride_c * 4) % 16 ||
-      reinterpret_cast<uintptr_t>(p.xq) % 16 || reinterpret_cast<uintptr_t>(p.scales) % 4 ||
-      p.stride_s % 2) {
+      reinterpret_cast<uintptr_t>(p.xq) % 16 || (p.m > 1 && p.stride_x % 16)) {
     return cudaErrorMisalignedAddress;
   }
-  const int smem_max = min(kSmemMax, max_dynamic_smem_per_block());
-  const int rows = rows_per_cta(p.n, p.k, sm_count, smem_max);
-  const GemvSmem layout(p.k, rows);
-  if (layout.bytes > smem_max) return cudaErrorInvalidValue;  // K too long for one row
-  cudaError_t err = cudaFuncSetAttribute(pq2_gemv_int8_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         layout.bytes);
-  if (err != cudaSuccess) return err;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3((p.n + rows - 1) / rows, 1, 1);
-  cfg.blockDim = dim3(32 * (rows < kMaxWarps ? rows : kMaxWarps), 1, 1);
-  cfg.dynamicSmemBytes = layout.bytes;
-  cfg.stream = stream;
+  const KernelFn fn = kernel_for(cfg, p.m);
+  if (fn == nullptr || cfg.warps < 1 || cfg.warps * 32 > kThreads) return cudaErrorInvalidValue;
+  const GemvSmem layout(p.k, p.m);
+  if (layout.bytes > 48 * 1024) {
+    if (layout.bytes > max_dynamic_smem_per_block()) return cudaErrorInvalidValue;
+    const cudaError_t err =
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, layout.bytes);
+    if (err != cudaSuccess) return err;
+  }
+  const int64_t groups = (p.n + 32 / cfg.lanes - 1) / (32 / cfg.lanes);
+  int64_t grid = (groups + cfg.warps - 1) / cfg.warps;
+  if (cfg.ctas_per_sm > 0 && grid > static_cast<int64_t>(sm_count) * cfg.ctas_per_sm) {
+    grid = static_cast<int64_t>(sm_count) * cfg.ctas_per_sm;
+  }
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
+  lc.blockDim = dim3(32 * cfg.warps, 1, 1);
+  lc.dynamicSmemBytes = layout.bytes;
+  lc.stream = stream;
   cudaLaunchAttribute attr;
-  set_pdl(cfg, attr, p.pdl);
-  return cudaLaunchKernelEx(&cfg, pq2_gemv_int8_kernel, p, rows);
+  set_pdl(lc, attr, p.pdl);
+  return cudaLaunchKernelEx(&lc, fn, p);
+}
+
+cudaError_t pq2_gemv_int8_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream) {
+  return pq2_gemv_int8_launch_config(p, pq2_gemv_default_config(p.n, p.k, p.m), sm_count,
+                                     stream);
 }
 
 }  // namespace vllm_prism

@@ -1,18 +1,41 @@
-// PQ2 GEMV for one int8 activation row (M = 1), torch-free; the formula is in pq2_params.cuh.
+// PQ2 GEMV for 1..4 int8 activation rows (M = 1 decode; a few streams or a short verify
+// step), torch-free; the formula is in pq2_params.cuh.
 //
-// A CTA owns up to 32 consecutive weight rows and requests all their codes and scales into
-// shared memory (cp.async) before it computes anything, so the loads of a multiprocessor's
-// whole share of a mid-size matrix are in flight at once; with programmatic dependent launch
-// they are issued before the grid-dependency wait. The int8 activation is staged in shared
-// memory with its 64-group sums; each warp then reduces one row per round, lane l taking the
-// 64-weight groups l, l + 32, ... (4 dp4a per word of 16 codes).
+// Weights stream global -> registers, 16 bytes per load, every load of a row issued at once;
+// LANES lanes share a row, warps walk the rows grid-stride, the activation is staged once per
+// CTA in shared memory with its 64-chunk sums; each weight chunk in registers serves every
+// activation row (gemv_int8.cu).
 #pragma once
 
 #include "pq2_params.cuh"
 
 namespace vllm_prism {
 
-// Launches y[1, N] for p.m == 1 (p.qsum and p.split are not read; K % 64 == 0).
+constexpr int kPq2GemvMaxM = 4;
+
+// How a launch is laid out: `lanes` lanes per row (8, 16 or 32), `cmax` 64-weight chunks a
+// lane holds per pass, the load cache policy `hint` (0 default, 1 no L1 allocation, 2 that and
+// a 256-byte L2 prefetch), `prefetch` (the next row's loads before the current row's sums),
+// `warps` per CTA, and at most `ctas_per_sm` CTAs per multiprocessor (0: one warp per row
+// group, no grid-stride). Only the configurations gemv_int8.cu compiles launch.
+struct GemvConfig {
+  int lanes = 16;
+  int cmax = 5;
+  int hint = 1;
+  bool prefetch = false;
+  int warps = 8;
+  int ctas_per_sm = 0;
+};
+
+// The configuration pq2_gemv_int8_launch uses for an N x K matrix and M activation rows.
+GemvConfig pq2_gemv_default_config(int n, int k, int m);
+
+// Launches y[M, N] for 1 <= p.m <= kPq2GemvMaxM (p.qsum and p.split are not read;
+// K % 64 == 0).
 cudaError_t pq2_gemv_int8_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream);
+
+// The same with an explicit configuration (cudaErrorInvalidValue where it is not compiled).
+cudaError_t pq2_gemv_int8_launch_config(const Pq2LinearParams& p, const GemvConfig& cfg,
+                                        int sm_count, cudaStream_t stream);
 
 }  // namespace vllm_prism

@@ -114,3 +114,15 @@ def test_every_symbol_of_ours_is_defined(op_objects) -> None:
             (undefined if kind == "U" else defined).add(name)
     assert undefined, "no cross-file calls found: the symbol scan is broken"
     assert undefined <= defined, sorted(undefined - defined)
+
+
+@pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
+def test_gemv_sweep_compiles(tmp_path: Path) -> None:
+    """The GEMV's configuration sweep (benchmarks/kernels/pq2_gemv_sweep.cu) still builds
+    against the kernel it includes (its quick form, the library's configurations only)."""
+    res = subprocess.run([NVCC, "-std=c++17", "-O3", "-arch=sm_90", "-DPQ2_GEMV_DEFAULT_ONLY",
+                          f"-I{ROOT / 'csrc'}", str(ROOT / "benchmarks/kernels/pq2_gemv_sweep.cu"),
+                          "-o", str(tmp_path / "sweep")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert (tmp_path / "sweep").is_file()

@@ -133,10 +133,10 @@ def test_env_override_tries_a_list_of_kernels_in_order(monkeypatch) -> None:
 
 def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
     """Where vllm_prism._C holds the CUDA C++ kernels (pretended here), the automatic choice
-    keeps the Triton GEMV at M = 1 (gemv_cuda only where named), takes mma_small_cuda for
-    M = 2..8 (but M > 4 on a K past 8192), mma_cuda past it up to M = 511 and gemm_dq from
-    M = 512 (bf16 activations; fp32 ones stay on the int8 kernels); naming a kernel runs it
-    at any M it can take."""
+    takes the CUDA C++ GEMV (gemv_cuda) for M = 1..2, mma_small_cuda for M = 3..8 (but
+    M > 4 on a K past 8192), mma_cuda past it up to M = 511 and gemm_dq from M = 512 (bf16
+    activations; fp32 ones stay on the int8 kernels); naming a kernel runs it at any M it can
+    take, and the GEMV refuses M > 4 and activations too long for its shared memory."""
     monkeypatch.setattr(dispatch._CudaOpKernel, "is_supported",
                         classmethod(lambda cls, cap: (True, "")))
     w = _interpreted_weight(monkeypatch, "auto")
@@ -145,17 +145,22 @@ def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
     long_k = PQ2Weight.from_raw(raw, random_signs(8448, gen), 128)
     try:
         chosen = {m: dispatch.select_kernel(m, w, torch.bfloat16).name
-                  for m in (1, 2, 4, 8, 9, 16, 64, 511, 512, 4096)}
-        assert chosen == {1: "gemv_a8", 2: "mma_small_cuda", 4: "mma_small_cuda",
+                  for m in (1, 2, 3, 4, 8, 9, 16, 64, 511, 512, 4096)}
+        assert chosen == {1: "gemv_cuda", 2: "gemv_cuda", 3: "mma_small_cuda", 4: "mma_small_cuda",
                           8: "mma_small_cuda", 9: "mma_cuda", 16: "mma_cuda", 64: "mma_cuda",
                           511: "mma_cuda", 512: "gemm_dq", 4096: "gemm_dq"}
         assert dispatch.select_kernel(4096, w, torch.float32).name == "gemm_a8"
-        assert [dispatch.select_kernel(m, long_k, torch.bfloat16).name for m in (4, 5, 8)] \
-            == ["mma_small_cuda", "mma_cuda", "mma_cuda"]
+        assert [dispatch.select_kernel(m, long_k, torch.bfloat16).name for m in (1, 4, 5, 8)] \
+            == ["gemv_cuda", "mma_small_cuda", "mma_cuda", "mma_cuda"]
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "mma_cuda")
         assert dispatch.select_kernel(4096, w, torch.bfloat16).name == "mma_cuda"
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_cuda")
-        assert dispatch.select_kernel(1, w, torch.bfloat16).name == "gemv_cuda"
+        assert dispatch.select_kernel(4, w, torch.bfloat16).name == "gemv_cuda"
+        assert dispatch.select_kernel(5, w, torch.bfloat16).name == "mma_small_cuda"  # auto
+        ok, why = dispatch.GemvCudaA8Kernel.can_implement(dispatch.PQ2LinearConfig(
+            m=4, n=16, k=49152, dtype=torch.bfloat16, fmt="PQ2_0", device_type="cuda",
+            capability=(9, 0)))
+        assert not ok and "shared memory" in why
     finally:
         dispatch._select.cache_clear()
 

@@ -198,12 +198,27 @@ def _need_mma_cuda(name: str = "mma_cuda") -> None:
 @pytest.mark.parametrize("shape", BONSAI_SHAPES + [(300, 2304), (8, 49152)],
                          ids=lambda s: f"{s[0]}x{s[1]}")
 def test_gemv_cuda(shape: tuple[int, int]) -> None:
-    """The CUDA GEMV (csrc/pq2/gemv_int8.cu) at M = 1: CTAs of 32, 16 and 8 rows (four, two
-    and one round of rows a CTA: K = 5120, 6144, 17408 and above), rows past N (300 rows)."""
+    """The CUDA GEMV (csrc/pq2/gemv_int8.cu) at M = 1 on every Bonsai shape: each layout the
+    launch chooses (8 lanes a row and two passes at K = 5120 on >= 4096 rows, 16 lanes below;
+    16 lanes x 3 chunks with prefetch at K = 6144; 16 x 6 in three passes at K = 17408, eight
+    at 49152 with more than 48 KiB of shared memory), rows past N (300 rows)."""
     _need_mma_cuda("gemv_cuda")
     n, k = shape
     raw, q, d, signs, w = make_case(n, k, 128)
     x = torch.randn(1, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n))
+    check_kernel("gemv_cuda", x.bfloat16(), raw, q, d, signs, 128, w)
+
+
+@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("shape", [(12288, 5120), (1024, 5120), (5120, 6144), (5120, 17408),
+                                   (300, 2304), (8, 16384)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_gemv_cuda_several_rows(shape: tuple[int, int], m: int) -> None:
+    """The CUDA GEMV with 2..4 activation rows (one chunk of codes in registers serves every
+    row): each layout, rows past N; against the exact and the integer reference."""
+    _need_mma_cuda("gemv_cuda")
+    n, k = shape
+    raw, q, d, signs, w = make_case(n, k, 128)
+    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n + m))
     check_kernel("gemv_cuda", x.bfloat16(), raw, q, d, signs, 128, w)
 
 

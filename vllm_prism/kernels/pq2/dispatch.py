@@ -55,8 +55,14 @@ GEMM_DQ_AUTO_MAX_BYTES = 512 << 20
 MMA_CUDA_AUTO_MAX_M = GEMM_DQ_AUTO_MIN_M - 1
 # The automatic range of the small-batch CUDA C++ kernel (mma_small_cuda), and the K above
 # which it leaves M > 4 to mma_cuda (MmaSmallCudaA8Kernel).
-MMA_SMALL_AUTO_M = (2, 8)
+MMA_SMALL_AUTO_M = (3, 8)
 MMA_SMALL_AUTO_LONG_K = 8192
+# The rows the CUDA C++ GEMV (gemv_cuda) takes, and its automatic range (GemvCudaA8Kernel).
+GEMV_CUDA_MAX_M = 4
+GEMV_CUDA_AUTO_M = (1, 2)
+# The most int8 activation bytes (M x K) the GEMV stages in shared memory: with their sums and
+# scales about 78 KiB, under the 99 KiB a block may take on sm_86 / sm_89.
+GEMV_CUDA_MAX_MK = 73728
 
 
 @dataclass(frozen=True)
@@ -325,24 +331,33 @@ class _CudaOpKernel(PQ2LinearKernel):
 
 
 class GemvCudaA8Kernel(_CudaOpKernel):
-    """M = 1: int8 dp4a GEMV in CUDA C++ (csrc/pq2/gemv_int8.cu, op
-    ``torch.ops._C_prism.pq2_gemv_int8``): a CTA requests all the codes and scales of its
-    rows into shared memory before computing, then reduces one row per warp and round. Needs
-    vllm_prism._C; runs only where ``VLLM_PRISM_PQ2_KERNEL`` names it: timed on the H200
-    (2026-12-01) it is still slower than the Triton GEMV on three of four Bonsai shapes (13.9
-    against 11.3 us on 12288x5120; equal on 5120x6144), as its register-ring predecessor was
-    (141.9 against 166.4 tok/s at batch 1 through vLLM)."""
+    """M = 1..4: int8 dp4a GEMV in CUDA C++ (csrc/pq2/gemv_int8.cu, op
+    ``torch.ops._C_prism.pq2_gemv_int8``): the codes stream global -> registers, 16 bytes a
+    load and every load of a row pass issued at once, a few lanes per row, warps grid-stride;
+    each chunk of codes serves every activation row. Needs vllm_prism._C. The automatic
+    choice for M in ``GEMV_CUDA_AUTO_M`` (1..2). On the H200 (2026-12-01,
+    benchmarks/results/pq2_linear_h200.md, producer included) it took 10.3 / 17.9 / 7.9 /
+    13.9 us at M = 1 on 12288x5120 / 34816x5120 / 5120x6144 / 5120x17408 against the Triton
+    GEMV's 11.4 / 23.8 / 9.6 / 15.9, and 12.9 / 26.4 / 9.6 / 18.5 at M = 2 against
+    mma_small_cuda's 15.8 / 32.4 / 11.7 / 22.5; at M = 3 they are even (15.0 / 33.8 / 11.8 /
+    23.4 against 15.9 / 32.9 / 11.8 / 22.7: its dp4a count grows with M) and at M = 4
+    mma_small_cuda wins. Kernel alone it reads at 0.70-0.84 of the speed of a streaming read
+    of the same bytes (pq2_gemv_sweep_h200.md). Through vLLM batch-1 decode went from 185.8
+    to 208.5 tok/s (e2e_h200.md)."""
 
     name = "gemv_cuda"
     op = "pq2_gemv_int8"
-    in_auto = False
+    auto_min_m, auto_max_m = GEMV_CUDA_AUTO_M
 
     @classmethod
     def can_implement(cls, c):
-        if c.m != 1:
-            return False, f"M = {c.m} (GEMV takes M = 1)"
+        if not 1 <= c.m <= GEMV_CUDA_MAX_M:
+            return False, f"M = {c.m} outside 1..{GEMV_CUDA_MAX_M}"
         if c.k % 64 or c.k > 49152:
             return False, f"K = {c.k}: needs a multiple of 64, at most 49152"
+        if c.m * c.k > GEMV_CUDA_MAX_MK:
+            return False, (f"M x K = {c.m * c.k} activation bytes exceed the {GEMV_CUDA_MAX_MK} "
+                           "its shared memory holds on every sm_80+ GPU")
         return _pq2_only(c)
 
     @classmethod
@@ -384,7 +399,8 @@ class MmaSmallCudaA8Kernel(_CudaOpKernel):
     a tile, decoded from the code words straight into the fragment) and the tokens its B
     operand (8 a tile), a CTA requests all of its rows' codes into shared memory before
     computing and its warps split K. Needs vllm_prism._C. The automatic choice for M in
-    ``MMA_SMALL_AUTO_M`` (2..8), but M > 4 with K > ``MMA_SMALL_AUTO_LONG_K``: on the H200 at
+    ``MMA_SMALL_AUTO_M`` (3..8; below it gemv_cuda), but M > 4 with K >
+    ``MMA_SMALL_AUTO_LONG_K``: on the H200 at
     M = 4 it took 12-33 us against 18-54 us for the int8 GEMV and 17-58 us for mma_cuda, at
     M = 8 14-36 us against mma_cuda's 16-52 us, except K = 17408 (31.5 against 27.3 us); at
     M = 16 mma_cuda wins every shape. Through vLLM 8 streams ran at 965-968 tok/s against
@@ -461,17 +477,17 @@ class TorchKernel(PQ2LinearKernel):
 
 
 # Automatic order (H200 measurements in benchmarks/results/pq2_linear_h200.md, each choice
-# also timed through vLLM in e2e_h200.md): the int8 Triton GEMV at M = 1; where vllm_prism._C
-# is built, the CUDA C++ small-batch kernel (mma_small_cuda) at M = 2..8, the CUDA C++
-# tensor-core kernel (mma_cuda) past it up to M = 511 and the dequantize-then-cuBLAS prefill
-# (gemm_dq) from M = 512. Without _C: the GEMV up to M = 2 (4 on large N; the fp32 GEMV is
+# also timed through vLLM in e2e_h200.md): where vllm_prism._C is built, the CUDA C++ GEMV
+# (gemv_cuda) at M = 1..2, the CUDA C++ small-batch kernel (mma_small_cuda) at M = 3..8, the
+# CUDA C++ tensor-core kernel (mma_cuda) past it up to M = 511 and the dequantize-then-cuBLAS
+# prefill (gemm_dq) from M = 512. Without _C: the Triton GEMV up to M = 2 (4 on large N; the fp32 GEMV is
 # issue-bound, see triton_gemv), then the Triton int8 tensor-core kernels (1.1-1.5x faster
 # than bf16 at every M measured), gemm_dq from M = 512. The bf16/fp16 kernels (*_a16) stay for
-# the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the CUDA C++
-# GEMV (gemv_cuda) and the pipelined small-batch variant (mma_small_pipe_cuda) only where named.
+# the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the pipelined
+# small-batch variant (mma_small_pipe_cuda) only where named.
 KERNELS: list[type[PQ2LinearKernel]] = [
-    PTQ1GemvKernel, MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel, GemmDqKernel,
-    MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel, GemmA16Kernel, GemvCudaA8Kernel,
+    PTQ1GemvKernel, GemvCudaA8Kernel, MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel,
+    GemmDqKernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel, GemmA16Kernel,
     MmaSmallPipeCudaA8Kernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
