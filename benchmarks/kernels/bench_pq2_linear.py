@@ -308,10 +308,9 @@ def candidates(m: int) -> list[str]:
     small = ["mma_small_cuda", "mma_small_pipe_cuda"]
     if m == 1:
         return ["gemv_a8", "gemv_a16", "gemv_cuda", "mma_cuda", *small]
-    if m <= dispatch.GEMV_CUDA_MAX_M:
-        return ["gemv_a8_rows", "gemv_cuda", "mma_a8", "mma_cuda", *small]
     if m <= 8:
-        return ["gemv_a8_rows", "mma_a8", "mma_a16", "mma_cuda", *small]
+        gemv = ["gemv_cuda"] if m <= dispatch.GEMV_CUDA_MAX_M else []
+        return ["gemv_a8_rows", *gemv, "mma_a8", "mma_a16", "mma_cuda", *small]
     if m <= 16:
         return ["mma_a8", "mma_a16", "mma_cuda", *small]
     if m <= 64:

@@ -206,15 +206,20 @@ template <int L, int C, int H, bool P, int MAXM = kPq2GemvMaxM>
 KernelFn kernel_for_m(int m) {
   if (m == 1) return &pq2_gemv_int8_kernel<L, C, H, P, 1>;
 #ifdef PQ2_GEMV_ALL_CONFIGS
-  if constexpr (H != 1) return nullptr;  // the sweep times cache hints at M = 1 only
+  constexpr bool kRows = H == 1;  // the sweep times cache hints at M = 1 only
+#else
+  constexpr bool kRows = true;
 #endif
-  if (m > MAXM) return nullptr;
-  switch (m) {
-    case 2: return &pq2_gemv_int8_kernel<L, C, H, P, 2>;
-    case 3: return &pq2_gemv_int8_kernel<L, C, H, P, MAXM >= 3 ? 3 : 1>;
-    case 4: return &pq2_gemv_int8_kernel<L, C, H, P, MAXM >= 4 ? 4 : 1>;
-    default: return nullptr;
+  if constexpr (kRows) {
+    if (m == 2) return &pq2_gemv_int8_kernel<L, C, H, P, 2>;
+    if constexpr (MAXM >= 3) {
+      if (m == 3) return &pq2_gemv_int8_kernel<L, C, H, P, 3>;
+    }
+    if constexpr (MAXM >= 4) {
+      if (m == 4) return &pq2_gemv_int8_kernel<L, C, H, P, 4>;
+    }
   }
+  return nullptr;
 }
 
 // The compiled configurations (lanes, chunks a lane holds, cache hint, prefetch). The

@@ -12,6 +12,9 @@
 namespace vllm_prism {
 
 constexpr int kPq2GemvMaxM = 4;
+// The most int8 activation bytes (M x K) a CTA stages: with their sums and scales about 78 KiB,
+// under the 99 KiB a block may take on sm_86 / sm_89 (dispatch.py GEMV_CUDA_MAX_MK).
+constexpr int kPq2GemvMaxMK = 73728;
 
 // How a launch is laid out: `lanes` lanes per row (8, 16 or 32), `cmax` 64-weight chunks a
 // lane holds per pass, the load cache policy `hint` (0 default, 1 no L1 allocation, 2 that and

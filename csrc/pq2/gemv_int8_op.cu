@@ -12,19 +12,19 @@ torch::Tensor pq2_gemv_int8(const torch::Tensor& codes, const torch::Tensor& sca
                             const std::optional<torch::Tensor>& bias, c10::ScalarType out_dtype,
                             bool pdl) {
   vllm_prism::check_weight_planes("pq2_gemv_int8", codes, scales);
-  TORCH_CHECK(xq.dtype() == torch::kInt8 && xq.dim() == 2 && xq.size(0) >= 1 &&
-                  xq.size(0) <= vllm_prism::kPq2GemvMaxM && xq.stride(1) == 1 &&
-                  xq.stride(0) % 16 == 0,
-              "pq2_gemv_int8: xq must be int8 [M, K] with M = 1..", vllm_prism::kPq2GemvMaxM,
-              " and 16-byte aligned rows");
-  TORCH_CHECK(sx.dtype() == torch::kFloat32 && sx.size(0) == xq.size(0) && sx.stride(1) == 1,
+  vllm_prism::check_int8_rows("pq2_gemv_int8", codes, xq);
+  const int64_t m = xq.size(0), n = codes.size(0), k = codes.size(1) * 16;
+  TORCH_CHECK(m >= 1 && m <= vllm_prism::kPq2GemvMaxM, "pq2_gemv_int8: M = ", m,
+              " outside 1..", vllm_prism::kPq2GemvMaxM);
+  TORCH_CHECK(sx.dtype() == torch::kFloat32 && sx.size(0) == m && sx.stride(1) == 1,
               "pq2_gemv_int8: sx must be fp32 [M, G]");
-  const int64_t n = codes.size(0), k = codes.size(1) * 16;
-  TORCH_CHECK(xq.size(1) == k, "pq2_gemv_int8: xq has K = ", xq.size(1), ", codes have ", k);
   TORCH_CHECK(k % 64 == 0 && k <= 49152, "pq2_gemv_int8: K = ", k,
               " must be a multiple of 64, at most 49152");
+  TORCH_CHECK(m * k <= vllm_prism::kPq2GemvMaxMK, "pq2_gemv_int8: M x K = ", m * k,
+              " activation bytes exceed the ", vllm_prism::kPq2GemvMaxMK,
+              " its shared memory holds on every sm_80+ GPU");
   const c10::cuda::CUDAGuard guard(codes.device());
-  torch::Tensor out = torch::empty({xq.size(0), n}, codes.options().dtype(out_dtype));
+  torch::Tensor out = torch::empty({m, n}, codes.options().dtype(out_dtype));
   if (n == 0) return out;
   vllm_prism::Pq2LinearParams p{};
   vllm_prism::fill_common(p, codes, scales, xq, sx, bias, out);

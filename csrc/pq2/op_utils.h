@@ -26,20 +26,25 @@ inline void check_weight_planes(const char* op, const torch::Tensor& codes,
               op, ": scales must be fp16 [N, G_pad] with an even row stride");
 }
 
-// The int8 activation of the tensor-core ops: xq int8 [M, K] with 16-byte aligned rows (K that
-// of the codes), its per-group scales sx (fp32) and sums qsum (int32) [M, G] sharing one row
-// stride.
-inline void check_int8_activation(const char* op, const torch::Tensor& codes,
-                                  const torch::Tensor& xq, const torch::Tensor& sx,
-                                  const torch::Tensor& qsum) {
+// The int8 activation rows every op reads: xq int8 [M, K] with 16-byte aligned rows, K that of
+// the codes.
+inline void check_int8_rows(const char* op, const torch::Tensor& codes, const torch::Tensor& xq) {
   TORCH_CHECK(xq.dtype() == torch::kInt8 && xq.dim() == 2 && xq.stride(1) == 1 &&
                   xq.stride(0) % 16 == 0,
               op, ": xq must be int8 [M, K] with 16-byte aligned rows");
+  TORCH_CHECK(xq.size(1) == codes.size(1) * 16, op, ": xq has K = ", xq.size(1),
+              ", codes have ", codes.size(1) * 16);
+}
+
+// The int8 activation of the tensor-core ops: the rows (check_int8_rows), their per-group
+// scales sx (fp32) and sums qsum (int32) [M, G] sharing one row stride.
+inline void check_int8_activation(const char* op, const torch::Tensor& codes,
+                                  const torch::Tensor& xq, const torch::Tensor& sx,
+                                  const torch::Tensor& qsum) {
+  check_int8_rows(op, codes, xq);
   TORCH_CHECK(sx.dtype() == torch::kFloat32 && qsum.dtype() == torch::kInt32 &&
                   sx.stride(1) == 1 && qsum.stride(1) == 1 && sx.stride(0) == qsum.stride(0),
               op, ": sx (fp32) and qsum (int32) must be [M, G] with one row stride");
-  TORCH_CHECK(xq.size(1) == codes.size(1) * 16, op, ": xq has K = ", xq.size(1),
-              ", codes have ", codes.size(1) * 16);
 }
 
 // Pointers, sizes, strides and dtypes every kernel reads (not split, pdl or qsum).

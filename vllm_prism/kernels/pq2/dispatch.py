@@ -61,7 +61,8 @@ MMA_SMALL_AUTO_LONG_K = 8192
 GEMV_CUDA_MAX_M = 4
 GEMV_CUDA_AUTO_M = (1, 2)
 # The most int8 activation bytes (M x K) the GEMV stages in shared memory: with their sums and
-# scales about 78 KiB, under the 99 KiB a block may take on sm_86 / sm_89.
+# scales about 78 KiB, under the 99 KiB a block may take on sm_86 / sm_89 (kPq2GemvMaxMK of
+# csrc/pq2/gemv_int8.cuh, which its op checks too).
 GEMV_CUDA_MAX_MK = 73728
 
 
