@@ -22,3 +22,13 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
                                  const torch::Tensor& qsum,
                                  const std::optional<torch::Tensor>& bias,
                                  c10::ScalarType out_dtype, bool pdl, int64_t variant);
+
+// Split-KV decode attention over vLLM's NHD int8_per_token_head cache
+// (csrc/attention/int8_decode.cu): one query token per selected request; with num_segs > 1
+// it writes the segments' partial outputs and log2-sum-exps for the merge kernel.
+void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache,
+                           const torch::Tensor& block_table, const torch::Tensor& seq_lens,
+                           const torch::Tensor& query_start_loc,
+                           const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
+                           torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
+                           int64_t num_segs, int64_t min_tiles);

@@ -26,6 +26,13 @@ TORCH_LIBRARY(_C_prism, m) {
       "pq2_mma_small_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor qsum, "
       "Tensor? bias, ScalarType out_dtype, bool pdl, int variant=0) -> Tensor");
   m.impl("pq2_mma_small_int8", c10::kCUDA, &pq2_mma_small_int8);
+  // Split-KV decode attention over the INT8 paged cache (csrc/attention/int8_decode.cu):
+  // writes out (one segment) or the segments' partials for the merge kernel.
+  m.def(
+      "int8_decode_attention(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
+      "Tensor query_start_loc, Tensor? req_ids, Tensor(a!) out, Tensor(b!) part_o, "
+      "Tensor(c!) part_lse, float scale, int num_segs, int min_tiles) -> ()");
+  m.impl("int8_decode_attention", c10::kCUDA, &int8_decode_attention);
 }
 
 static struct PyModuleDef prism_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, 0, nullptr};

@@ -4,6 +4,7 @@
         [--mode default|eager] [--batches 1 8 32 64] [--context 1024] [--long-context 32768]
         [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 0 [1]]
         [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
+        [--attn-kernel auto [triton]]
         [--profile-batches 1 [8]] [--side-by-side] [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
@@ -34,6 +35,8 @@ prefilled. Prompts are random token ids, distinct per request.
   value (records carry ``pq2_kernel``; a kernel that cannot run a call falls back to auto);
   ``--gemv-tuning 'depth=2,scales=1' split=4`` likewise with ``VLLM_PRISM_GEMV_TUNING`` (the
   int8 GEMV's tile overrides, shown in brackets after the kernel).
+* ``--attn-kernel auto triton`` likewise with ``VLLM_PRISM_ATTN_KERNEL`` (the CUDA C++ INT8
+  decode attention against the Triton split-KV kernel); records carry ``attn_kernel``.
 * ``--side-by-side`` starts every engine of the run at once, each with ``--gpu-memory`` over
   the number of engines (their compiles and CUDA-graph captures overlap: a cold start of the
   27B-shaped file takes about 4 minutes); each warms up (one short generation per prompt
@@ -339,7 +342,8 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
 
     base = {"kv": kv, "mode": args.mode, "tp": args.tp[0],
             "pdl": int(use_pdl(torch.device("cuda"))),
-            "pq2_kernel": _kernel_label()}
+            "pq2_kernel": _kernel_label(),
+            "attn_kernel": os.environ.get("VLLM_PRISM_ATTN_KERNEL", "auto") or "auto"}
     if args.spec_k:
         _progress("verify", 1, args.context)
         return [_verify_record(llm, args, base, vocab)]
@@ -395,8 +399,10 @@ def _kernel_label() -> str:
 
 
 def _variant(r: dict) -> tuple:
-    """What distinguishes runs of one measurement: KV dtype, mode, TP size, PDL, PQ2 kernel."""
-    return (r["kv"], r["mode"], r.get("tp", 1), r.get("pdl", 0), r.get("pq2_kernel", "auto"))
+    """What distinguishes runs of one measurement: KV dtype, mode, TP size, PDL, PQ2 kernel,
+    attention kernel."""
+    return (r["kv"], r["mode"], r.get("tp", 1), r.get("pdl", 0), r.get("pq2_kernel", "auto"),
+            r.get("attn_kernel", "auto"))
 
 
 def _add_verify_ratios(records: list[dict]) -> None:
@@ -431,9 +437,9 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
              "each run; `ceiling_frac` uses its own run's figure):", ""]
     lines += [f"- {d}: `{c}` ({g:.0f} GB/s; decode step from {t or 'request timestamps'})"
               for c, (d, g, t) in runs.items()]
-    lines += ["", "| kind | mode | kv | tp | pdl | pq2 kernel | batch | q_tokens | context | "
-              "tok/s | ms/step | ceiling_frac | gpu_busy_frac | verify / plain step |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| kind | mode | kv | tp | pdl | pq2 kernel | attn | batch | q_tokens | "
+              "context | tok/s | ms/step | ceiling_frac | gpu_busy_frac | verify / plain step |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for r in sorted(merged, key=lambda r: (r["kind"], *_variant(r), r["context"], r["batch"],
                                            r.get("q_tokens", 1))):
@@ -443,7 +449,7 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
             mark = " *"
         lines.append(f"| {r['kind']} | {r['mode']} | {r['kv']} | {r.get('tp', 1)} | "
                      f"{r.get('pdl', 0)} | {r.get('pq2_kernel', 'auto')} | "
-                     f"{r['batch']} | {r.get('q_tokens', 1)} | "
+                     f"{r.get('attn_kernel', 'auto')} | {r['batch']} | {r.get('q_tokens', 1)} | "
                      f"{r['context']} | {r['tok_s']:.1f}{mark} | {r['ms_per_step']:.2f} | "
                      f"{r.get('ceiling_frac', float('nan')):.3f} | "
                      f"{r.get('gpu_busy_frac', float('nan')):.3f} | "
@@ -456,6 +462,7 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
                      else f"{r['kind']} step of {r.get('q_tokens', 1)} tokens")
         lines += ["", f"Batch-{r['batch']} {step_kind} by kernel family ({r['mode']}, {r['kv']}, "
                   f"pdl {r.get('pdl', 0)}, {r.get('pq2_kernel', 'auto')}, "
+                  f"attention {r.get('attn_kernel', 'auto')}, "
                   f"context {r['context']}): {r['kernels_per_step']:.0f} kernels, "
                   f"{r['busy_us_per_step']:.0f} us busy of {r['ms_per_step'] * 1e3:.0f} us", "",
                   "| family | us per step | share of step |", "|---|---|---|"]
@@ -491,6 +498,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "engine with and without")
     p.add_argument("--pq2-kernel", nargs="+", default=["auto"],
                    help="VLLM_PRISM_PQ2_KERNEL for the engines, each in turn")
+    p.add_argument("--attn-kernel", nargs="+", default=["auto"], choices=["auto", "triton"],
+                   help="VLLM_PRISM_ATTN_KERNEL for the engines, each in turn (auto: the CUDA "
+                   "C++ INT8 decode attention where built; triton: the Triton split-KV kernel)")
     p.add_argument("--gemv-tuning", nargs="+", default=[""],
                    help="VLLM_PRISM_GEMV_TUNING for the engines, each in turn (e.g. "
                    "'depth=2,scales=1' 'split=4'; '' for the defaults)")
@@ -520,18 +530,20 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
     if args.spec_k:
         runs += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
                                str(drafter), "--batches", "1"]) for k in args.spec_k]
-    runs = [(kv, more, pdl, kern, tune) for tune in args.gemv_tuning for kern in args.pq2_kernel
+    runs = [(kv, more, pdl, kern, tune, attn) for attn in args.attn_kernel
+            for tune in args.gemv_tuning for kern in args.pq2_kernel
             for pdl in args.pdl for kv, more in runs]
     out = []
-    for kv, more, pdl, kern, tune in runs:
+    for kv, more, pdl, kern, tune, attn in runs:
         cmd = [sys.executable, __file__, "--child", *argv, "--kv", kv, *more]
         if lock:  # vLLM's free-memory profiling would count the other engines' growth
             cmd += ["--turn-lock", lock, "--engines", str(len(runs)),
                     "--gpu-memory", f"{args.gpu_memory / len(runs):.3f}",
                     "--kv-cache-gib", str(args.kv_cache_gib)]
         env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern,
-               "VLLM_PRISM_GEMV_TUNING": tune}
-        label = f"kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} gemv={tune or 'default'}"
+               "VLLM_PRISM_GEMV_TUNING": tune, "VLLM_PRISM_ATTN_KERNEL": attn}
+        label = (f"kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} gemv={tune or 'default'} "
+                 f"attn={attn}")
         out.append((cmd, env, label))
     return out
 

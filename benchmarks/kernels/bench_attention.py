@@ -45,8 +45,10 @@ sys.path.insert(0, str(ROOT))
 
 import timing  # noqa: E402
 from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry,  # noqa: E402
-                                      decode_attention, gpu_geometry, make_kv_cache,
-                                      prefill_attention, reference_attention, verify_attention)
+                                      cuda_decode, decode_attention, gpu_geometry,
+                                      make_kv_cache, prefill_attention, reference_attention,
+                                      verify_attention)
+from vllm_prism.attention.ops.cuda_decode import cuda_decode_problem  # noqa: E402
 from vllm_prism.attention.ops.layout import kv_format  # noqa: E402
 
 DEVICE = "cuda"
@@ -144,20 +146,22 @@ def sdpa_time(ctx: int, q_len: int, causal: bool = False) -> tuple[float, str]:
 
 
 def ours_time(cache: Cache, ctx: int, q_len: int, geometry: SplitGeometry | None = None,
-              int_qk: bool = False, check: bool = False):
-    """Microseconds per call; with ``check``, also the relative error of the first call's
-    output against the fp32 reference."""
+              int_qk: bool = False, check: bool = False, kernel: str = "triton"):
+    """Microseconds per call of ``kernel`` (``triton`` or ``cuda``: the CUDA C++ INT8 decode
+    kernel); with ``check``, also the relative error of the first call's output against the
+    fp32 reference."""
     copies = cache.copies(ctx)
     q = torch.randn(q_len, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
     outs = [torch.empty_like(q) for _ in range(copies)]
     mds = [cache.metadata(ctx, q_len, i) for i in range(copies)]
     if q_len == 1:
         calls = [lambda i=i: decode_attention(q, cache.cache, mds[i], out=outs[i],
-                                              geometry=geometry, int_qk=int_qk)
+                                              geometry=geometry, int_qk=int_qk,
+                                              kernel=kernel)
                  for i in range(copies)]
     else:
         calls = [lambda i=i: verify_attention(q, cache.cache, mds[i], out=outs[i],
-                                              geometry=geometry)
+                                              geometry=geometry, kernel=kernel)
                  for i in range(copies)]
     us = time_graph(calls * max(1, 20 // copies))
     if not check:
@@ -174,6 +178,9 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--sweep", action="store_true", help="also time geometry variants")
     ap.add_argument("--deadline", type=float, default=1e9, help="seconds; skip work after it")
+    ap.add_argument("--cuda-sweep", action="store_true",
+                    help="first time the CUDA C++ INT8 decode kernel's segmentation variants "
+                    "(CTAs per SM x minimum tiles per segment, CUDA_SWEEP)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -196,7 +203,7 @@ def main() -> None:
                                                     "head_size": HS},
            "geometry": {k: g.short()
                         for k, g in vars(gpu_geometry(torch.device(DEVICE))).items()},
-           "read_gbps": None, "records": [], "sweep": [], "errors": []}
+           "read_gbps": None, "records": [], "sweep": [], "cuda_sweep": [], "errors": []}
 
     def save():
         (out_dir / f"attention_{gpu}.json").write_text(json.dumps(res, indent=1))
@@ -215,6 +222,12 @@ def main() -> None:
             sdpa_cache[key] = sdpa_time(ctx, ql, causal)
         return sdpa_cache[key]
 
+    if args.cuda_sweep and DEVICE == "cuda":
+        cache = Cache(torch.int8, args.block_size, 131072)
+        if cuda_decode_ready(cache):
+            run_cuda_sweep(cache, res, late, read_bw, save)
+        del cache
+        torch.cuda.empty_cache()
     best: dict[tuple[str, str], SplitGeometry] = {}
     if args.sweep:  # first (bounded by --deadline); the records below use the winners
         for kv_name, dtype in (("int8", torch.int8), ("bf16", torch.bfloat16)):
@@ -237,19 +250,30 @@ def main() -> None:
         for ctx in contexts:
             try:
                 bytes_ = ctx * cache.tok_bytes
-                dec = ours_time(cache, ctx, 1, geometry=geom("decode", kv_name))
+                dec = triton_dec = ours_time(cache, ctx, 1, geometry=geom("decode", kv_name))
                 s_us, backend = sdpa(ctx, 1)
-                rec = dict(kind="decode", context=ctx, q_tokens=1, kv=kv_name, us=round(dec, 2),
-                           geometry=geom("decode", kv_name).short(),
+                rec = dict(kind="decode", kernel="triton", context=ctx, q_tokens=1, kv=kv_name,
+                           us=round(dec, 2), geometry=geom("decode", kv_name).short(),
                            bw_frac=round(bytes_ / (dec * 1e-6) / 1e9 / read_bw, 3),
                            vs_sdpa=round(s_us / dec, 3), sdpa_us=round(s_us, 2),
                            sdpa_backend=backend)
                 res["records"].append(rec)
                 print(json.dumps(rec), flush=True)
+                if kv_name == "int8" and cuda_decode_ready(cache):
+                    # the CUDA C++ kernel, what decode runs on an INT8 cache by default
+                    dec, err = ours_time(cache, ctx, 1, check=True, kernel="cuda")
+                    rec = dict(kind="decode", kernel="cuda", context=ctx, q_tokens=1,
+                               kv=kv_name, us=round(dec, 2),
+                               bw_frac=round(bytes_ / (dec * 1e-6) / 1e9 / read_bw, 3),
+                               vs_sdpa=round(s_us / dec, 3), vs_triton=round(triton_dec / dec, 3),
+                               sdpa_us=round(s_us, 2), err=float(f"{err:.3g}"))
+                    res["records"].append(rec)
+                    print(json.dumps(rec), flush=True)
                 for ql in VERIFY_Q:
                     us = ours_time(cache, ctx, ql, geometry=geom("verify", kv_name))
                     s_us, backend = sdpa(ctx, ql)
-                    rec = dict(kind="verify", context=ctx, q_tokens=ql, kv=kv_name,
+                    rec = dict(kind="verify", kernel="triton", context=ctx, q_tokens=ql,
+                               kv=kv_name,
                                us=round(us, 2), geometry=geom("verify", kv_name).short(),
                                bw_frac=round(bytes_ / (us * 1e-6) / 1e9 / read_bw, 3),
                                vs_sdpa=round(s_us / us, 3), vs_decode=round(us / dec, 3),
@@ -259,10 +283,11 @@ def main() -> None:
                 if kv_name == "int8":
                     us = ours_time(cache, ctx, 1, geometry=geom("decode", kv_name),
                                    int_qk=True)
-                    rec = dict(kind="decode_int_qk", context=ctx, q_tokens=1, kv=kv_name,
+                    rec = dict(kind="decode_int_qk", kernel="triton", context=ctx, q_tokens=1,
+                               kv=kv_name,
                                us=round(us, 2),
                                bw_frac=round(bytes_ / (us * 1e-6) / 1e9 / read_bw, 3),
-                               vs_decode=round(us / dec, 3))
+                               vs_decode=round(us / triton_dec, 3))
                     res["records"].append(rec)
                     print(json.dumps(rec), flush=True)
             except Exception:  # noqa: BLE001 - keep going, report
@@ -363,7 +388,8 @@ def sweep(cache: Cache, kv_name: str, res: dict, late, read_bw: float, save) -> 
                 if late():
                     return
                 try:
-                    us, err = ours_time(cache, ctx, ql, geometry=geom, check=True)
+                    us, err = ours_time(cache, ctx, ql, geometry=geom, check=True,
+                                        kernel="triton")
                     bw = ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw
                     rec = dict(kind=kind, kv=kv_name, context=ctx, q_tokens=ql,
                                geometry=geom.short(), us=round(us, 2), bw_frac=round(bw, 3),
@@ -379,6 +405,43 @@ def sweep(cache: Cache, kv_name: str, res: dict, late, read_bw: float, save) -> 
             save()
 
 
+# (CTAs per multiprocessor, minimum 16-slot tiles per segment) of the CUDA decode kernel:
+# the batch-1 segment count is sms x CTAs per SM; the first is the library's default.
+CUDA_SWEEP = [(2, 4), (2, 8), (2, 16), (1, 4), (1, 8), (3, 4), (4, 4), (2, 2)]
+
+
+def run_cuda_sweep(cache: Cache, res: dict, late, read_bw: float, save) -> None:
+    """Time the CUDA decode kernel's segmentation variants at 4K / 32K / 128K (one request),
+    each checked against the fp32 reference."""
+    default = (cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES)
+    try:
+        for ctas, min_tiles in CUDA_SWEEP:
+            cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES = ctas, min_tiles
+            for ctx in (4096, 32768, 131072):
+                if late():
+                    return
+                us, err = ours_time(cache, ctx, 1, check=True, kernel="cuda")
+                rec = dict(kind="decode", kernel="cuda", kv="int8", context=ctx,
+                           ctas_per_sm=ctas, min_tiles=min_tiles, us=round(us, 2),
+                           bw_frac=round(ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw, 3),
+                           err=float(f"{err:.3g}"))
+                res["cuda_sweep"].append(rec)
+                print(json.dumps(rec), flush=True)
+            save()
+    finally:
+        cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES = default
+
+
+def cuda_decode_ready(cache: Cache) -> bool:
+    """Whether the CUDA C++ INT8 decode kernel can serve this cache (built, NHD, aligned)."""
+    fmt = kv_format(cache.cache, HS)
+    q = torch.empty(1, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
+    why = cuda_decode_problem(q, cache.cache, fmt, q)
+    if why:
+        print(f"CUDA decode kernel not timed: {why}", flush=True)
+    return why is None
+
+
 def markdown(res: dict) -> str:
     lines = [f"# Attention kernels on {res['gpu']}", "",
              f"{res['date']}, `{res['command']}`, torch {res.get('torch')}, block size "
@@ -386,15 +449,22 @@ def markdown(res: dict) -> str:
              f"{res['read_gbps'] or 0:.0f} GB/s. Shape: 24 query / 4 KV heads, head dim 256, "
              "one request. `bw_frac` = (K+V bytes of the context, scales included) / time / "
              "read bandwidth; `vs_sdpa` = torch SDPA flash time on BF16 K/V / ours; "
-             "`vs_decode` = verify time / decode time (same cache, same context).", "",
-             "| kind | kv | context | q tokens | us | bw_frac | vs_sdpa | vs_decode | sdpa us | "
-             "geometry |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "`vs_decode` = verify time / the default decode kernel's time (same cache, same "
+             "context; the CUDA C++ kernel on INT8 where built; `decode_int_qk`: the Triton "
+             "decode); "
+             "`vs_triton` = Triton decode time / CUDA C++ decode time; `err` = relative L2 "
+             "error against the fp32 reference.", "",
+             "| kind | kernel | kv | context | q tokens | us | bw_frac | vs_sdpa | vs_decode | "
+             "vs_triton | err | sdpa us | geometry |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["records"]:
         if r["kind"] == "prefill":
             continue
-        lines.append(f"| {r['kind']} | {r['kv']} | {r['context']} | {r['q_tokens']} | "
+        lines.append(f"| {r['kind']} | {r.get('kernel', 'triton')} | {r['kv']} | "
+                     f"{r['context']} | {r['q_tokens']} | "
                      f"{r['us']} | {r.get('bw_frac', '')} | {r.get('vs_sdpa', '')} | "
-                     f"{r.get('vs_decode', '')} | {r.get('sdpa_us', '')} | "
+                     f"{r.get('vs_decode', '')} | {r.get('vs_triton', '')} | "
+                     f"{r.get('err', '')} | {r.get('sdpa_us', '')} | "
                      f"{r.get('geometry', '')} |")
     pre = [r for r in res["records"] if r["kind"] == "prefill"]
     if pre:
@@ -411,6 +481,14 @@ def markdown(res: dict) -> str:
             lines.append(f"| {r['kind']} | {r['kv']} | {r['context']} | {r['geometry']} | "
                          f"{r.get('us', r.get('error'))} | {r.get('bw_frac', '')} | "
                          f"{r.get('err', '')} |")
+    if res.get("cuda_sweep"):
+        lines += ["", "CUDA C++ INT8 decode, segmentation variants (one request; first row of "
+                  "each context: the library's default):", "",
+                  "| context | CTAs per SM | min tiles | us | bw_frac | rel err |",
+                  "|---|---|---|---|---|---|"]
+        for r in sorted(res["cuda_sweep"], key=lambda r: r["context"]):
+            lines.append(f"| {r['context']} | {r['ctas_per_sm']} | {r['min_tiles']} | "
+                         f"{r['us']} | {r['bw_frac']} | {r['err']} |")
     if res.get("errors"):
         lines += ["", "Errors:", ""] + [f"    {e.splitlines()[-1]}" for e in res["errors"]]
     return "\n".join(lines) + "\n"

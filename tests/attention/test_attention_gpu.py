@@ -18,6 +18,10 @@ from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry, decode_a
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
+# The CUDA INT8 decode kernel: fp16 operands (exact int8 K/V, fp16 Q and P in [0, 1]), fp32
+# accumulation; its error is the bf16 / fp16 output rounding plus a little.
+CUDA_TOL = 4e-3
+KERNELS = ["triton", "cuda"]
 DTYPES = [torch.int8, torch.bfloat16]
 
 
@@ -83,22 +87,82 @@ def test_mixed_hybrid_block_size(dtype):
     assert max(errs) < TOL, errs
 
 
-def test_decode_cuda_graph_contexts_grow():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_decode_cuda_graph_contexts_grow(kernel):
     """Captured once, replayed after the contexts grew: segments follow seq_lens on device."""
     b = make_batch([50000, 3000, 20], [1, 1, 1], torch.int8, device="cuda", seed=5)
     md = AttentionMetadata.build(b.block_table, [40000, 1000, 5], [1, 1, 1])
     out = poisoned_out(b.q)
-    decode_attention(b.q, b.cache, md, out=out)
+    decode_attention(b.q, b.cache, md, out=out, kernel=kernel)
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        decode_attention(b.q, b.cache, md, out=out)
+        decode_attention(b.q, b.cache, md, out=out, kernel=kernel)
     md.seq_lens.copy_(torch.tensor(b.seq_lens, dtype=torch.int32))
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
     errs = _per_request(out, _ref(b), b)
     assert max(errs) < TOL, errs
+
+
+# (KV heads, query heads per KV head, head size, block size, query dtype): the 27B's layer, a
+# hybrid model's large block, and the other compiled head sizes / KV head counts (a TP shard).
+CUDA_SHAPES = [(4, 6, 256, 16, torch.bfloat16), (4, 6, 256, 784, torch.bfloat16),
+               (2, 8, 128, 32, torch.float16), (1, 6, 64, 48, torch.bfloat16),
+               (4, 3, 64, 16, torch.float16), (2, 6, 256, 16, torch.bfloat16)]
+
+
+@pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(
+    *s[:4], str(s[4]).split(".")[-1]))
+def test_cuda_decode(shape):
+    """The CUDA C++ INT8 decode kernel: partial first/last tiles, every segment count from one
+    tile up, 128K context; and its one-segment (direct output) form."""
+    nkv, group, hs, bs, qdt = shape
+    lens = [1, 15, 16, 17, 1000, 4101, 70001, 131072 if hs == 256 and nkv == 4 else 9000]
+    b = make_batch(lens, [1] * len(lens), torch.int8, device="cuda", block_size=bs,
+                   head_size=hs, num_kv_heads=nkv, group=group, q_dtype=qdt, seed=11)
+    ref = _ref(b)
+    for segs in (None, 1):
+        out = poisoned_out(b.q)
+        decode_attention(b.q, b.cache, b.md, out=out, kernel="cuda", num_segs=segs)
+        errs = _per_request(out, ref, b)
+        assert max(errs) < CUDA_TOL, (segs, errs)
+
+
+def test_cuda_decode_selected_requests():
+    """A mixed step: decode requests picked by index among prefill and verify requests, the
+    other rows left untouched by the decode kernel."""
+    b = make_batch([3000, 70000, 500, 12, 40000], [1, 6, 1, 12, 1], torch.int8, device="cuda",
+                   seed=12)
+    out = poisoned_out(b.q)
+    mixed_attention(b.q, b.cache, b.md, out=out)
+    errs = _per_request(out, _ref(b), b)
+    assert max(errs) < TOL, errs
+    out = poisoned_out(b.q)
+    ids = torch.tensor([0, 2, 4], dtype=torch.int32, device="cuda")
+    decode_attention(b.q, b.cache, b.md, out=out, req_ids=ids, kernel="cuda")
+    qsl = b.md.query_start_loc_cpu.tolist()
+    assert torch.isnan(out[qsl[1]:qsl[2]].float()).all()  # request 1 not touched
+    errs = [e for r, e in enumerate(_per_request(out, _ref(b), b)) if r in (0, 2, 4)]
+    assert max(errs) < CUDA_TOL, errs
+
+
+def test_cuda_decode_refusals():
+    """What the CUDA kernel cannot serve is refused by name when asked for, and taken by the
+    Triton kernel under ``auto``."""
+    b = make_batch([100, 2000], [1, 1], torch.int8, device="cuda", layout="HND", seed=13)
+    with pytest.raises(ValueError, match="NHD"):
+        decode_attention(b.q, b.cache, b.md, out=poisoned_out(b.q), kernel="cuda")
+    out = poisoned_out(b.q)
+    decode_attention(b.q, b.cache, b.md, out=out)
+    assert max(_per_request(out, _ref(b), b)) < TOL
+    b = make_batch([100], [2], torch.int8, device="cuda", seed=13)
+    with pytest.raises(ValueError, match="INT8 decode"):
+        verify_attention(b.q, b.cache, b.md, out=poisoned_out(b.q), kernel="cuda")
+    with pytest.raises(ValueError, match="int8_per_token_head|INT8 decode"):
+        c = make_batch([100], [1], torch.bfloat16, device="cuda", seed=13)
+        decode_attention(c.q, c.cache, c.md, out=poisoned_out(c.q), kernel="cuda")
 
 
 def test_int_qk_error():
@@ -131,7 +195,7 @@ GEOMETRIES = [  # every kernel variant the geometry table can pick on this GPU
 def test_geometry_variants(dtype, geom):
     b = make_batch([1, 17, 3000, 70001], [1] * 4, dtype, device="cuda", seed=7)
     out = poisoned_out(b.q)
-    decode_attention(b.q, b.cache, b.md, out=out, geometry=geom)
+    decode_attention(b.q, b.cache, b.md, out=out, geometry=geom, kernel="triton")
     errs = _per_request(out, _ref(b), b)
     assert max(errs) < TOL, errs
     b = make_batch([3, 900, 70001], [3, 6, 8], dtype, device="cuda", seed=8)

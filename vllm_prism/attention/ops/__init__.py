@@ -5,7 +5,8 @@ Triton interpreter. The cache is the logical ``(num_blocks, num_kv_heads, block_
 tensor vLLM hands to TRITON_ATTN (see :mod:`.layout`); its dtype picks the kernel variant.
 
 * :func:`decode_attention` - one query token per request: split-KV over segments of the
-  context, merged by log-sum-exp (graph-safe; geometry per GPU in :mod:`.geometry`).
+  context, merged by log-sum-exp (graph-safe; geometry per GPU in :mod:`.geometry`); on an
+  INT8 cache the CUDA C++ kernel of :mod:`.cuda_decode` where ``vllm_prism._C`` is built.
 * :func:`verify_attention` - 2..16 query tokens per request: prefix through the split path with
   the tokens folded into the GQA group, plus an exact causal tail, merged by log-sum-exp.
 * :func:`prefill_attention` - long chunks: cached K/V converted in sections of <= 32K tokens

@@ -1,5 +1,9 @@
 """Split-KV attention over vLLM's paged cache (BF16/FP16 or INT8 per token-head), in Triton.
 
+(INT8 decode goes to the CUDA C++ kernel of :mod:`.cuda_decode` wherever it can serve the
+call; ``kernel="triton"`` or ``VLLM_PRISM_ATTN_KERNEL=triton`` keeps it here. Its segments are
+merged by this module's merge kernel.)
+
 One kernel serves decode (one query token per request) and verification (2..16 query tokens
 per request, e.g. k+1 speculative tokens); the cache dtype is a compile-time parameter, so the
 BF16 and INT8 caches run the same code.
@@ -38,10 +42,14 @@ It saves 6-8 % of the decode time at 32K-128K on the H200 (bench ``decode_int_qk
 
 from __future__ import annotations
 
+import logging
 import math
 
 import torch
 
+from vllm_prism import envs
+from vllm_prism.attention.ops.cuda_decode import (cuda_decode_problem, launch_cuda_decode,
+                                                  num_cuda_segments)
 from vllm_prism.attention.ops.geometry import (SplitGeometry, gpu_geometry, num_segments,
                                                sm_count)
 from vllm_prism.attention.ops.layout import KVFormat, kv_format
@@ -53,10 +61,14 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-__all__ = ["decode_attention", "verify_attention", "split_kv_attention", "MAX_VERIFY_TOKENS",
-           "INT_QK_ERROR"]
+__all__ = ["ATTN_KERNELS", "INT_QK_ERROR", "MAX_VERIFY_TOKENS", "decode_attention",
+           "split_kv_attention", "verify_attention"]
+
+logger = logging.getLogger(__name__)
+_LOGGED: set[str | None] = set()
 
 MAX_VERIFY_TOKENS = 16
+ATTN_KERNELS = ("auto", "triton", "cuda")
 LOG2E = 1.4426950408889634
 
 # Relative L2 error of the output against the fp32 reference on the dequantised cache (see the
@@ -374,13 +386,18 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
                        scale: float, max_q: int, out: torch.Tensor | None = None,
                        req_ids: torch.Tensor | None = None, int_qk: bool = False,
                        geometry: SplitGeometry | None = None,
-                       num_segs: int | None = None) -> torch.Tensor:
+                       num_segs: int | None = None, kernel: str | None = None) -> torch.Tensor:
     """Attention of the last ``q_len <= max_q`` tokens of each selected request.
 
     ``max_q == 1`` is decode (no tail program); ``max_q > 1`` is verification (prefix split +
     exact causal tail). ``req_ids`` (int32, on the device) selects requests of a mixed batch;
     the output rows of the other requests are left untouched. Graph-safe: nothing here reads
     device values on the host.
+
+    ``kernel`` (default: the ``VLLM_PRISM_ATTN_KERNEL`` switch, ``auto``): ``auto`` runs INT8
+    decode on the CUDA C++ kernel (:mod:`.cuda_decode`) wherever it can serve the call and
+    everything else here; ``triton`` always here; ``cuda`` requires the CUDA kernel (an error
+    names why it cannot serve a call).
     """
     fmt = _check_inputs(q, kv_cache)
     if out is None:
@@ -398,6 +415,22 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
     if int_qk and not fmt.is_int8:
         raise ValueError("int_qk needs an INT8 cache (--kv-cache-dtype int8_per_token_head)")
     verify = max_q > 1
+    choice = kernel or envs.VLLM_PRISM_ATTN_KERNEL
+    if choice not in ATTN_KERNELS:
+        raise ValueError(f"attention kernel {choice!r} is not one of {ATTN_KERNELS} "
+                         "(VLLM_PRISM_ATTN_KERNEL)")
+    if choice != "triton" and not verify and fmt.is_int8 and not int_qk:
+        why = cuda_decode_problem(q, kv_cache, fmt, out3)
+        _log_decode_choice(why)
+        if why is None:
+            _cuda_decode(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel, scale,
+                         num_segs)
+            return out
+        if kernel == "cuda":
+            raise ValueError(f"the CUDA decode attention kernel cannot serve this call: {why}")
+    elif kernel == "cuda":
+        raise ValueError("the CUDA attention kernel serves INT8 decode (one query token, exact "
+                         "Q.K) only")
     geom = geometry or gpu_geometry(q.device).pick(verify, fmt.is_int8)
     nkv = fmt.num_kv_heads
     group = q.shape[1] // nkv
@@ -440,38 +473,79 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
         CDT=cdt, HAS_REQ_IDS=has_ids, PREFETCH=geom.prefetch, I8_F16=i8_f16, num_warps=warps,
         num_stages=1 if geom.prefetch else geom.num_stages)
     if not direct:
-        nseg_p2 = max(2, next_power_of_2(nseg_t))
-        dchunk = max(16, min(fmt.head_size, 8192 // nseg_p2))
-        _merge_kernel[(n_sel * max_q, q.shape[1], fmt.head_size // dchunk)](
-            part_o, part_lse, out3, req_ids, md.query_start_loc,
-            part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
-            part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
-            out3.stride(0), out3.stride(1), nseg_t,
-            MAX_Q=max_q, NSEG_P2=nseg_p2, DCHUNK=dchunk, HAS_REQ_IDS=has_ids, num_warps=4)
+        _merge(part_o, part_lse, out3, req_ids, md, n_sel, max_q, nseg_t, has_ids)
     return out
+
+
+def _log_decode_choice(why: str | None) -> None:
+    """Say once per process (and per reason) which kernel INT8 decode attention runs."""
+    if why in _LOGGED:
+        return
+    _LOGGED.add(why)
+    if why is None:
+        logger.info("PRISM attention: INT8 decode on the CUDA C++ kernel (vllm_prism._C)")
+    else:
+        logger.info("PRISM attention: INT8 decode on the Triton kernel (%s)", why)
+
+
+def _merge(part_o: torch.Tensor, part_lse: torch.Tensor, out3: torch.Tensor,
+           req_ids: torch.Tensor, md: AttentionMetadata, n_sel: int, max_q: int, nseg: int,
+           has_ids: bool) -> None:
+    """Merge the ``nseg`` segments' partial outputs of each (query token, head) into ``out3``
+    by their log2-sum-exp."""
+    head_size = part_o.shape[-1]
+    nseg_p2 = max(2, next_power_of_2(nseg))
+    dchunk = max(16, min(head_size, 8192 // nseg_p2))
+    _merge_kernel[(n_sel * max_q, out3.shape[1], head_size // dchunk)](
+        part_o, part_lse, out3, req_ids, md.query_start_loc,
+        part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
+        part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
+        out3.stride(0), out3.stride(1), nseg,
+        MAX_Q=max_q, NSEG_P2=nseg_p2, DCHUNK=dchunk, HAS_REQ_IDS=has_ids, num_warps=4)
+
+
+def _cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
+                 out3: torch.Tensor, req_ids: torch.Tensor | None, n_sel: int, scale: float,
+                 num_segs: int | None) -> None:
+    """INT8 decode on the CUDA C++ kernel, merged here when it splits the context."""
+    segs = num_segs or num_cuda_segments(n_sel, sm_count(q.device))
+    hq, hs = q.shape[1], q.shape[2]
+    if segs > 1:
+        part_o = torch.empty(n_sel, 1, hq, segs, hs, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(n_sel, 1, hq, segs, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
+    launch_cuda_decode(q, kv_cache, md.block_table, md.seq_lens, md.query_start_loc, req_ids,
+                       out3, part_o, part_lse, scale, segs)
+    if segs > 1:
+        ids = md.query_start_loc if req_ids is None else req_ids
+        _merge(part_o, part_lse, out3, ids, md, n_sel, 1, segs, req_ids is not None)
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, *,
                      scale: float | None = None, out: torch.Tensor | None = None,
                      req_ids: torch.Tensor | None = None, int_qk: bool = False,
                      geometry: SplitGeometry | None = None,
-                     num_segs: int | None = None) -> torch.Tensor:
+                     num_segs: int | None = None, kernel: str | None = None) -> torch.Tensor:
     """One query token per request: ``q [num_reqs, num_heads, head_size]`` (rows in
-    ``query_start_loc`` order) against the whole cached context of each request."""
+    ``query_start_loc`` order) against the whole cached context of each request; ``kernel``
+    as in :func:`split_kv_attention`."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     return split_kv_attention(q, kv_cache, md, scale=scale, max_q=1, out=out, req_ids=req_ids,
-                              int_qk=int_qk, geometry=geometry, num_segs=num_segs)
+                              int_qk=int_qk, geometry=geometry, num_segs=num_segs,
+                              kernel=kernel)
 
 
 def verify_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, *,
                      scale: float | None = None, max_query_len: int | None = None,
                      out: torch.Tensor | None = None, req_ids: torch.Tensor | None = None,
                      geometry: SplitGeometry | None = None,
-                     num_segs: int | None = None) -> torch.Tensor:
+                     num_segs: int | None = None, kernel: str | None = None) -> torch.Tensor:
     """2..16 query tokens per request (speculative verification, short chunks): the shared
     prefix through the split path with the tokens folded into the GQA group, plus an exact
     causal tail over the tokens' own K/V, merged by log-sum-exp."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     max_q = md.max_query_len if max_query_len is None else max_query_len
     return split_kv_attention(q, kv_cache, md, scale=scale, max_q=max(2, max_q), out=out,
-                              req_ids=req_ids, geometry=geometry, num_segs=num_segs)
+                              req_ids=req_ids, geometry=geometry, num_segs=num_segs,
+                              kernel=kernel)

@@ -1,0 +1,441 @@
+// Split-KV decode attention over the paged INT8 cache on the fp16 tensor cores
+// (int8_decode.cuh has the data layout and the parameters).
+//
+// One CTA = one (request, segment), 4 warps. A stage holds 64 (slot, KV head) rows: 16 slots of
+// every KV head (4 heads), or 2 x 16 slots of 2 heads, or 4 x 16 slots of one head; warp w
+// takes head w % heads of sub-tile w / heads. Per warp and 16-slot tile, with the tile's slots
+// as the MMA's M rows and the query heads of the GQA group (<= 8, zero padded) as its N columns:
+//
+//   S^T [16 slots x 8 heads] = K [16 x hd] . Q^T          (A = K rows, fp16 from int8 bits)
+//   O^T [hd x 8 heads]      += V^T [hd x 16 slots] . P^T  (A = V columns, B = P^T)
+//
+// K rows go straight into the A operand: the dot product's dimension order is free, so each
+// thread reads 8 consecutive bytes of a row (two k-steps) and Q's B operand uses the same
+// order. S^T's accumulator fragment becomes P^T's B operand by one `movmatrix.trans` per 8 rows.
+// V^T's A operand needs 2 slots of one dimension per register: each thread reads one 4-byte
+// word from 4 slots and byte-transposes them with `prmt`. int8 -> fp16 is exact from the bits:
+// (v ^ 0x80) as the low byte under 0x64 is the fp16 1152 + v; one f16x2 subtraction leaves v.
+//
+// Scales: S = (K_int8 . Q) * k_scale[slot] (the softmax scale and log2(e) are folded into Q);
+// P^T carries v_scale[slot] / max(v_scale of the tile), so its fp16 values lie in [0, 1]; the
+// accumulator is kept in units of the current tile's max scale and rescaled with the softmax's
+// alpha. Slot rows map to slots by a fixed permutation (`slot_of_row`) chosen so that every
+// shared-memory read of K (8 bytes a lane) and V (4 bytes) is free of bank conflicts.
+//
+// The segment's partial output (fp32, normalised) and its log2-sum-exp go to part_o / part_lse
+// for the merge kernel (vllm_prism/attention/ops/triton_split_kv.py), or, with one segment,
+// the output itself.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "int8_decode.cuh"
+
+namespace vllm_prism {
+namespace {
+
+constexpr int kSlots = 16;  // slots of a tile (the MMA's M)
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kHeads = 8;  // the MMA's N: query heads of a group, zero padded
+constexpr uint32_t kSignFlip = 0x80808080u;
+constexpr uint32_t kF16Bias = 0x64806480u;  // fp16 1152 in both halves
+
+__device__ __forceinline__ int slot_of_row(int row) {
+  // rows 0..7 -> slots 0 1 2 3 5 4 7 6, rows 8..15 -> 8 + the same
+  const int r = row & 7;
+  return (row & 8) | (r < 4 ? r : (r ^ 1));
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Two signed bytes of `flipped` (already ^ 0x80) as an fp16 pair: sel 0x4140 takes bytes 0, 1,
+// sel 0x4342 bytes 2, 3.
+__device__ __forceinline__ uint32_t f16x2_of(uint32_t flipped, uint32_t sel) {
+  const uint32_t h = __byte_perm(flipped, 0x64646464u, sel);
+  uint32_t r;
+  asm("sub.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(h), "r"(kF16Bias));
+  return r;
+}
+
+__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t transpose8x8(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+}
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ float ld_f32(const uint8_t* p) {
+  return *reinterpret_cast<const float*>(p);
+}
+
+__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+// 8 query values from `q` (fp16 or bf16) scaled into fp16 pairs.
+__device__ __forceinline__ void load_q8(const void* q, int dtype, float scale, uint32_t (&h)[4]) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(q);
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float lo, hi;
+    if (dtype == 2) {
+      const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&w[i]);
+      lo = __low2float(b);
+      hi = __high2float(b);
+    } else {
+      const __half2 b = *reinterpret_cast<const __half2*>(&w[i]);
+      lo = __low2float(b);
+      hi = __high2float(b);
+    }
+    h[i] = pack_f16x2(lo * scale, hi * scale);
+  }
+}
+
+__device__ __forceinline__ void store_out(void* out, int dtype, const float (&v)[4]) {
+  if (dtype == 2) {
+    __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]);
+    __nv_bfloat162 b = __floats2bfloat162_rn(v[2], v[3]);
+    uint2 u = {*reinterpret_cast<uint32_t*>(&a), *reinterpret_cast<uint32_t*>(&b)};
+    *reinterpret_cast<uint2*>(out) = u;
+  } else {
+    __half2 a = __floats2half2_rn(v[0], v[1]);
+    __half2 b = __floats2half2_rn(v[2], v[3]);
+    uint2 u = {*reinterpret_cast<uint32_t*>(&a), *reinterpret_cast<uint32_t*>(&b)};
+    *reinterpret_cast<uint2*>(out) = u;
+  }
+}
+
+template <int HD, int NKV>
+struct Shape {
+  static constexpr int kRow = 2 * HD + 8;  // bytes of one (slot, head) row
+  static constexpr int kSlotBytes = NKV * kRow;
+  static constexpr int kSubBytes = kSlots * kSlotBytes;  // one 16-slot tile, every head
+  static constexpr int kSubs = kWarps / NKV;  // tiles a stage holds
+  static constexpr int kStageBytes = kSubs * kSubBytes;  // = 64 rows
+  static constexpr int kStages = HD >= 256 ? 3 : 4;
+  static constexpr int kSmem = kStages * kStageBytes;
+  static constexpr int kFinalBytes = kWarps * (kHeads * HD + 2 * kHeads) * 4;
+  static_assert(kFinalBytes <= kSmem, "the merge of the warps reuses the stage buffers");
+  static_assert(kSubBytes % 16 == 0, "16-byte copies");
+};
+
+template <int HD, int NKV>
+__global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8DecodeParams p) {
+  using S = Shape<HD, NKV>;
+  constexpr int KSTEPS2 = HD / 32;  // pairs of k-steps (QK) = word groups (PV)
+  constexpr int MT = HD / 16;  // O^T accumulator tiles
+  extern __shared__ __align__(16) uint8_t smem[];
+
+  const int sel = blockIdx.x;
+  const int seg = blockIdx.y;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  const int head = warp % NKV;
+  const int sub = warp / NKV;
+
+  const int req = p.req_ids != nullptr ? p.req_ids[sel] : sel;
+  const int q_row = p.qsl[req];
+  const int seq_len = p.seq_lens[req];
+  const int n_tiles = (seq_len + kSlots - 1) / kSlots;
+  const int tps = max((n_tiles + p.num_segs - 1) / p.num_segs, p.min_tiles);
+  const int t0 = seg * tps;
+  const int t1 = min(t0 + tps, n_tiles);
+  const int n_iter = t1 > t0 ? (t1 - t0 + S::kSubs - 1) / S::kSubs : 0;
+  const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.stride_bt;
+  const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.cache);
+
+  auto issue = [&](int it) {
+    uint8_t* dst = smem + (it % S::kStages) * S::kStageBytes;
+#pragma unroll
+    for (int s = 0; s < S::kSubs; ++s) {
+      const int tile = t0 + it * S::kSubs + s;
+      if (tile < t1) {
+        const int pos0 = tile * kSlots;
+        const int blk = bt[pos0 / p.block_size];
+        const uint8_t* src = cache + static_cast<int64_t>(blk) * p.stride_cb +
+                             static_cast<int64_t>(pos0 % p.block_size) * p.stride_cn;
+        const uint32_t d = smem_u32(dst + s * S::kSubBytes);
+        for (int c = threadIdx.x; c < S::kSubBytes / 16; c += kThreads)
+          cp_async16(d + c * 16, src + c * 16);
+      }
+    }
+  };
+
+  // Start the copies before anything else.
+#pragma unroll
+  for (int s = 0; s < S::kStages - 1; ++s) {
+    if (s < n_iter) issue(s);
+    cp_async_commit();
+  }
+
+  // Q as the B operand of S^T = K . Q^T: k-step 2 * kk + e of thread (g, t) covers the query
+  // dimensions 32 kk + 8 t + 4 e + 0..3 of head g.
+  uint32_t qf[KSTEPS2][4];
+  {
+    const int hq = head * p.group + g;
+    if (g < p.group) {
+      const int64_t elem = static_cast<int64_t>(q_row) * p.stride_qt +
+                           static_cast<int64_t>(hq) * p.stride_qh;
+      const uint8_t* qp = reinterpret_cast<const uint8_t*>(p.q) + elem * 2;
+#pragma unroll
+      for (int kk = 0; kk < KSTEPS2; ++kk) load_q8(qp + (32 * kk + 8 * t) * 2, p.q_dtype,
+                                                    p.qk_scale, qf[kk]);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < KSTEPS2; ++kk) qf[kk][0] = qf[kk][1] = qf[kk][2] = qf[kk][3] = 0u;
+    }
+  }
+
+  float acc[MT][4];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  float cur_vmax = 1.f;
+
+  const int rg = slot_of_row(g);  // S^T rows g and g + 8
+  const int rg8 = rg + 8;
+  const int r0 = slot_of_row(2 * t);  // P^T / V^T k rows 2t, 2t+1, 2t+8, 2t+9
+  const int r1 = slot_of_row(2 * t + 1);
+  const int r2 = r0 + 8;
+  const int r3 = r1 + 8;
+
+  for (int it = 0; it < n_iter; ++it) {
+    cp_async_wait<S::kStages - 2>();
+    __syncthreads();
+    if (it + S::kStages - 1 < n_iter) issue(it + S::kStages - 1);
+    cp_async_commit();
+
+    const int tile = t0 + it * S::kSubs + sub;
+    if (tile >= t1) continue;
+    const uint8_t* base = smem + (it % S::kStages) * S::kStageBytes + sub * S::kSubBytes +
+                          head * S::kRow;
+    const uint8_t* row_g = base + rg * S::kSlotBytes;
+    const uint8_t* row_g8 = base + rg8 * S::kSlotBytes;
+
+    // ---- S^T = K . Q^T
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < KSTEPS2; ++kk) {
+      const uint2 ka = *reinterpret_cast<const uint2*>(row_g + 32 * kk + 8 * t);
+      const uint2 kb = *reinterpret_cast<const uint2*>(row_g8 + 32 * kk + 8 * t);
+      const uint32_t xa = ka.x ^ kSignFlip, xb = kb.x ^ kSignFlip;
+      mma16816(s, f16x2_of(xa, 0x4140), f16x2_of(xb, 0x4140), f16x2_of(xa, 0x4342),
+               f16x2_of(xb, 0x4342), qf[kk][0], qf[kk][1]);
+      const uint32_t ya = ka.y ^ kSignFlip, yb = kb.y ^ kSignFlip;
+      mma16816(s, f16x2_of(ya, 0x4140), f16x2_of(yb, 0x4140), f16x2_of(ya, 0x4342),
+               f16x2_of(yb, 0x4342), qf[kk][2], qf[kk][3]);
+    }
+
+    // ---- online softmax over the tile (columns: heads 2t, 2t+1)
+    const float ks_g = ld_f32(row_g + HD), ks_g8 = ld_f32(row_g8 + HD);
+    float vs_g = ld_f32(row_g + 2 * HD + 4), vs_g8 = ld_f32(row_g8 + 2 * HD + 4);
+    float s0 = s[0] * ks_g, s1 = s[1] * ks_g, s2 = s[2] * ks_g8, s3 = s[3] * ks_g8;
+    const int pos0 = tile * kSlots;
+    if (pos0 + kSlots > seq_len) {  // the last, partial tile: slots past the end hold garbage
+      if (pos0 + rg >= seq_len) {
+        s0 = s1 = -INFINITY;
+        vs_g = 0.f;
+      }
+      if (pos0 + rg8 >= seq_len) {
+        s2 = s3 = -INFINITY;
+        vs_g8 = 0.f;
+      }
+    }
+    float mx0 = fmaxf(s0, s2), mx1 = fmaxf(s1, s3), vmax = fmaxf(vs_g, vs_g8);
+#pragma unroll
+    for (int o = 4; o < 32; o <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);  // finite: a tile has a valid slot
+    const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);
+    const float p0 = exp2f(s0 - mn0), p1 = exp2f(s1 - mn1);
+    const float p2 = exp2f(s2 - mn0), p3 = exp2f(s3 - mn1);
+    l0 = l0 * a0 + p0 + p2;
+    l1 = l1 * a1 + p1 + p3;
+    m0 = mn0;
+    m1 = mn1;
+    const float inv_vmax = 1.f / vmax;
+    const float f0 = a0 * cur_vmax * inv_vmax, f1 = a1 * cur_vmax * inv_vmax;
+    cur_vmax = vmax;
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+      acc[i][0] *= f0;
+      acc[i][1] *= f1;
+      acc[i][2] *= f0;
+      acc[i][3] *= f1;
+    }
+    const float wg = vs_g * inv_vmax, wg8 = vs_g8 * inv_vmax;
+    const uint32_t b0 = transpose8x8(pack_f16x2(p0 * wg, p1 * wg));
+    const uint32_t b1 = transpose8x8(pack_f16x2(p2 * wg8, p3 * wg8));
+
+    // ---- O^T += V^T . P^T: word c = 8 pp + g of slots r0..r3 -> dims 4c..4c+3
+    const uint8_t* v0 = base + r0 * S::kSlotBytes + HD + 4;
+    const uint8_t* v1 = base + r1 * S::kSlotBytes + HD + 4;
+    const uint8_t* v2 = base + r2 * S::kSlotBytes + HD + 4;
+    const uint8_t* v3 = base + r3 * S::kSlotBytes + HD + 4;
+#pragma unroll
+    for (int pp = 0; pp < KSTEPS2; ++pp) {
+      const int off = 4 * (8 * pp + g);
+      const uint32_t w0 = ld_u32(v0 + off) ^ kSignFlip, w1 = ld_u32(v1 + off) ^ kSignFlip;
+      const uint32_t w2 = ld_u32(v2 + off) ^ kSignFlip, w3 = ld_u32(v3 + off) ^ kSignFlip;
+      const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+      const uint32_t lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+      mma16816(acc[2 * pp], f16x2_of(lo01, 0x4140), f16x2_of(lo01, 0x4342),
+               f16x2_of(lo23, 0x4140), f16x2_of(lo23, 0x4342), b0, b1);
+      mma16816(acc[2 * pp + 1], f16x2_of(hi01, 0x4140), f16x2_of(hi01, 0x4342),
+               f16x2_of(hi23, 0x4140), f16x2_of(hi23, 0x4342), b0, b1);
+    }
+  }
+
+  // ---- merge the warps of a head (sub-tiles) and write
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+  }
+  cp_async_wait<0>();
+  __syncthreads();
+  float* fin = reinterpret_cast<float*>(smem);
+  float* facc = fin + warp * kHeads * HD;  // [8 heads][HD], true units
+  float* fml = fin + kWarps * kHeads * HD + warp * 2 * kHeads;  // m[8], l[8]
+#pragma unroll
+  for (int pp = 0; pp < KSTEPS2; ++pp) {
+    const int d = 4 * (8 * pp + g);
+    const float4 h0 = make_float4(acc[2 * pp][0] * cur_vmax, acc[2 * pp][2] * cur_vmax,
+                                  acc[2 * pp + 1][0] * cur_vmax, acc[2 * pp + 1][2] * cur_vmax);
+    const float4 h1 = make_float4(acc[2 * pp][1] * cur_vmax, acc[2 * pp][3] * cur_vmax,
+                                  acc[2 * pp + 1][1] * cur_vmax, acc[2 * pp + 1][3] * cur_vmax);
+    *reinterpret_cast<float4*>(facc + (2 * t) * HD + d) = h0;
+    *reinterpret_cast<float4*>(facc + (2 * t + 1) * HD + d) = h1;
+  }
+  if (g == 0) {
+    fml[2 * t] = m0;
+    fml[2 * t + 1] = m1;
+    fml[kHeads + 2 * t] = l0;
+    fml[kHeads + 2 * t + 1] = l1;
+  }
+  __syncthreads();
+
+  const bool direct = p.num_segs == 1;
+  const int per_head = HD / 4;
+  const int total = NKV * p.group * per_head;
+  for (int i = threadIdx.x; i < total; i += kThreads) {
+    const int d = (i % per_head) * 4;
+    const int j = (i / per_head) % p.group;
+    const int h = i / (per_head * p.group);
+    float mmax = -INFINITY;
+#pragma unroll
+    for (int s = 0; s < S::kSubs; ++s)
+      mmax = fmaxf(mmax, fin[kWarps * kHeads * HD + (s * NKV + h) * 2 * kHeads + j]);
+    float lsum = 0.f;
+    float o[4] = {0.f, 0.f, 0.f, 0.f};
+    if (mmax != -INFINITY) {
+#pragma unroll
+      for (int s = 0; s < S::kSubs; ++s) {
+        const int w = s * NKV + h;
+        const float* ml = fin + kWarps * kHeads * HD + w * 2 * kHeads;
+        const float wgt = exp2f(ml[j] - mmax);
+        lsum += ml[kHeads + j] * wgt;
+        const float4 a = *reinterpret_cast<const float4*>(fin + w * kHeads * HD + j * HD + d);
+        o[0] += a.x * wgt;
+        o[1] += a.y * wgt;
+        o[2] += a.z * wgt;
+        o[3] += a.w * wgt;
+      }
+    }
+    const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) o[k] *= inv;
+    const int hq = h * p.group + j;
+    if (direct) {
+      uint8_t* op = reinterpret_cast<uint8_t*>(p.out) +
+                    (static_cast<int64_t>(q_row) * p.stride_ot +
+                     static_cast<int64_t>(hq) * p.stride_oh + d) * 2;
+      store_out(op, p.out_dtype, o);
+    } else {
+      if (lsum > 0.f) {
+        float* po = p.part_o + sel * p.stride_pr + hq * p.stride_ph + seg * p.stride_ps + d;
+        *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
+      }
+      if (d == 0)
+        p.part_lse[sel * p.stride_lr + hq * p.stride_lh + seg] =
+            lsum > 0.f ? mmax + log2f(lsum) : -INFINITY;
+    }
+  }
+}
+
+template <int HD, int NKV>
+cudaError_t launch(const Int8DecodeParams& p, int num_selected, cudaStream_t stream) {
+  using S = Shape<HD, NKV>;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      int8_decode_kernel<HD, NKV>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+  if (attr != cudaSuccess) return attr;
+  int8_decode_kernel<HD, NKV>
+      <<<dim3(num_selected, p.num_segs), kThreads, S::kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int HD>
+cudaError_t launch_hd(const Int8DecodeParams& p, int num_selected, cudaStream_t stream) {
+  switch (p.num_kv_heads) {
+    case 1: return launch<HD, 1>(p, num_selected, stream);
+    case 2: return launch<HD, 2>(p, num_selected, stream);
+    case 4: return launch<HD, 4>(p, num_selected, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+bool int8_decode_supported(int head_dim, int num_kv_heads) {
+  return (head_dim == 64 || head_dim == 128 || head_dim == 256) &&
+         (num_kv_heads == 1 || num_kv_heads == 2 || num_kv_heads == 4);
+}
+
+cudaError_t int8_decode_launch(const Int8DecodeParams& p, int num_selected, cudaStream_t stream) {
+  if (num_selected <= 0 || p.num_segs <= 0) return cudaSuccess;
+  if (p.group < 1 || p.group > kInt8DecodeMaxGroup || p.block_size % kSlots != 0)
+    return cudaErrorInvalidValue;
+  switch (p.head_dim) {
+    case 64: return launch_hd<64>(p, num_selected, stream);
+    case 128: return launch_hd<128>(p, num_selected, stream);
+    case 256: return launch_hd<256>(p, num_selected, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace vllm_prism

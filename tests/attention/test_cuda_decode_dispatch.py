@@ -1,0 +1,68 @@
+"""Which decode attention kernel a call gets (vllm_prism/attention/ops/cuda_decode.py and the
+``kernel`` argument of the split-KV API), on the CPU: the CUDA C++ kernel's layout rules, its
+segment count, and the refusals a caller sees. The kernel itself is checked on the GPU
+(tests/attention/test_attention_gpu.py::test_cuda_decode*)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attn_helpers import make_batch, poisoned_out
+from vllm_prism.attention.ops import (cuda_decode, decode_attention, kv_format, make_kv_cache,
+                                      verify_attention)
+from vllm_prism.attention.ops.cuda_decode import layout_problem, num_cuda_segments
+
+
+def _problem(nkv: int = 4, group: int = 6, hs: int = 256, bs: int = 16, layout: str = "NHD",
+             dtype: torch.dtype = torch.int8, q_dtype: torch.dtype = torch.bfloat16):
+    cache = make_kv_cache(3, nkv, bs, hs, dtype, layout)
+    q = torch.empty(2, nkv * group, hs, dtype=q_dtype)
+    return layout_problem(q, cache, kv_format(cache, hs), torch.empty_like(q))
+
+
+def test_layouts_it_takes():
+    assert _problem() is None  # Bonsai 2 27B
+    assert _problem(nkv=2, group=8, hs=128, bs=32) is None
+    assert _problem(nkv=1, group=3, hs=64, bs=784, q_dtype=torch.float16) is None
+
+
+@pytest.mark.parametrize("kwargs, why", [
+    ({"layout": "HND"}, "NHD"),
+    ({"hs": 512}, "no kernel for head size 512"),
+    ({"nkv": 8}, "with 8 KV heads"),
+    ({"group": 12}, "more than 8 query heads"),
+    ({"dtype": torch.bfloat16}, "int8_per_token_head"),
+    ({"q_dtype": torch.float32}, "bfloat16 or float16"),
+])
+def test_layouts_it_refuses(kwargs, why):
+    assert why in (_problem(**kwargs) or "")
+
+
+def test_unaligned_query_rows_are_refused():
+    cache = make_kv_cache(3, 4, 16, 256, torch.int8)
+    q = torch.empty(2, 24, 260, dtype=torch.bfloat16)[..., 1:257]  # rows 2 bytes off
+    assert "16-byte" in layout_problem(q, cache, kv_format(cache, 256),
+                                         torch.empty(2, 24, 256, dtype=torch.bfloat16))
+
+
+def test_segments_depend_on_the_batch_only():
+    sms = 132
+    assert num_cuda_segments(1, sms) == min(cuda_decode.MAX_SEGMENTS,
+                                            sms * cuda_decode.CTAS_PER_SM)
+    assert num_cuda_segments(8, sms) == -(-sms * cuda_decode.CTAS_PER_SM // 8)
+    assert num_cuda_segments(10_000, sms) == 1
+
+
+def test_kernel_choice_refusals(monkeypatch):
+    b = make_batch([40, 70], [1, 1], torch.int8, block_size=16)
+    with pytest.raises(ValueError, match="not a CUDA tensor"):
+        decode_attention(b.q, b.cache, b.md, out=poisoned_out(b.q), kernel="cuda")
+    with pytest.raises(ValueError, match="is not one of"):
+        decode_attention(b.q, b.cache, b.md, out=poisoned_out(b.q), kernel="fast")
+    monkeypatch.setenv("VLLM_PRISM_ATTN_KERNEL", "fast")
+    with pytest.raises(ValueError, match="VLLM_PRISM_ATTN_KERNEL"):
+        decode_attention(b.q, b.cache, b.md, out=poisoned_out(b.q))
+    v = make_batch([40], [3], torch.int8, block_size=16)
+    with pytest.raises(ValueError, match="INT8 decode"):
+        verify_attention(v.q, v.cache, v.md, out=poisoned_out(v.q), kernel="cuda")

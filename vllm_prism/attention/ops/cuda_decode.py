@@ -1,0 +1,92 @@
+"""The CUDA C++ INT8 decode attention (csrc/attention/int8_decode.cu) behind the split-KV API.
+
+It serves one query token per request over vLLM's NHD ``int8_per_token_head`` cache: one CTA
+per (request, segment) reads the contiguous 16-slot runs of every KV head into shared memory
+(16-byte ``cp.async``, three or four tiles in flight) and runs both products on the fp16
+tensor cores, the int8 K/V turned into fp16 operands from their bits. The segments' partial
+outputs are merged by the same log-sum-exp kernel as the Triton path's.
+
+:func:`cuda_decode_problem` says why a call cannot take it (``None`` when it can): the
+extension not built, a layout other than NHD, a head size / KV head count / GQA group without
+a compiled kernel, or unaligned rows. ``decode_attention(kernel="auto")`` (and the
+``VLLM_PRISM_ATTN_KERNEL`` switch) takes it wherever it can serve the call.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_prism._custom_ops import has_compiled_op
+from vllm_prism.attention.ops.layout import KVFormat
+
+__all__ = ["CTAS_PER_SM", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP", "MAX_SEGMENTS", "MIN_TILES",
+           "cuda_decode_problem", "launch_cuda_decode", "layout_problem", "num_cuda_segments"]
+
+OP = "int8_decode_attention"
+HEAD_SIZES = (64, 128, 256)
+KV_HEADS = (1, 2, 4)
+MAX_GROUP = 8
+TILE = 16  # slots a tile
+CTAS_PER_SM = 2  # resident CTAs per multiprocessor (about 100 KiB of shared memory each)
+MAX_SEGMENTS = 256
+MIN_TILES = 4  # a segment covers at least 64 context tokens
+
+
+def _aligned(t: torch.Tensor, elem_strides: tuple[int, ...], align: int) -> bool:
+    es = t.element_size()
+    return t.data_ptr() % align == 0 and all((s * es) % align == 0 for s in elem_strides)
+
+
+def cuda_decode_problem(q: torch.Tensor, kv_cache: torch.Tensor, fmt: KVFormat,
+                        out: torch.Tensor) -> str | None:
+    """Why the CUDA kernel cannot serve this decode call, or None when it can."""
+    if not q.is_cuda:
+        return "not a CUDA tensor"
+    if not fmt.is_int8:
+        return "the cache is not int8_per_token_head"
+    if not has_compiled_op(OP):
+        return "vllm_prism._C is not built"
+    return layout_problem(q, kv_cache, fmt, out)
+
+
+def layout_problem(q: torch.Tensor, kv_cache: torch.Tensor, fmt: KVFormat,
+                   out: torch.Tensor) -> str | None:
+    """What of the tensors' layout, shape or alignment the compiled kernels do not take (the
+    op checks the same and refuses), or None."""
+    if not fmt.is_int8:
+        return "the cache is not int8_per_token_head"
+    row = 2 * fmt.head_size + 8
+    if fmt.stride_head != row or fmt.stride_slot != fmt.num_kv_heads * row:
+        return "the cache is not in vLLM's NHD layout"
+    if fmt.head_size not in HEAD_SIZES or fmt.num_kv_heads not in KV_HEADS:
+        return (f"no kernel for head size {fmt.head_size} with {fmt.num_kv_heads} KV heads "
+                f"(head sizes {HEAD_SIZES}, KV heads {KV_HEADS})")
+    if q.shape[1] // fmt.num_kv_heads > MAX_GROUP:
+        return f"more than {MAX_GROUP} query heads per KV head"
+    if fmt.block_size % TILE or kv_cache.data_ptr() % 16 or fmt.stride_block % 16:
+        return "cache blocks not 16-byte aligned"
+    if q.dtype not in (torch.bfloat16, torch.float16) or out.dtype not in (torch.bfloat16,
+                                                                           torch.float16):
+        return "q / out not bfloat16 or float16"
+    if q.stride(2) != 1 or not _aligned(q, (q.stride(0), q.stride(1)), 16):
+        return "q head rows not 16-byte aligned"
+    if out.stride(2) != 1 or not _aligned(out, (out.stride(0), out.stride(1)), 8):
+        return "output head rows not 8-byte aligned"
+    return None
+
+
+def num_cuda_segments(num_selected: int, sms: int) -> int:
+    """Segments per request: about CTAS_PER_SM CTAs per multiprocessor over the batch (it
+    depends on the batch only, so a captured CUDA graph stays valid as contexts grow)."""
+    want = -(-sms * CTAS_PER_SM // max(1, num_selected))
+    return max(1, min(MAX_SEGMENTS, want))
+
+
+def launch_cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                       seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                       req_ids: torch.Tensor | None, out: torch.Tensor, part_o: torch.Tensor,
+                       part_lse: torch.Tensor, scale: float, num_segs: int) -> None:
+    """One launch: ``out`` directly (one segment) or the partials for the merge kernel."""
+    torch.ops._C_prism.int8_decode_attention(q, kv_cache, block_table, seq_lens,
+                                             query_start_loc, req_ids, out, part_o, part_lse,
+                                             float(scale), int(num_segs), MIN_TILES)
