@@ -33,6 +33,12 @@ TORCH_LIBRARY(_C_prism, m) {
       "Tensor query_start_loc, Tensor? req_ids, Tensor(a!) out, Tensor(b!) part_o, "
       "Tensor(c!) part_lse, float scale, int num_segs, int min_tiles) -> ()");
   m.impl("int8_decode_attention", c10::kCUDA, &int8_decode_attention);
+  // Split-KV verification attention over the INT8 paged cache (csrc/attention/int8_verify.cu).
+  m.def(
+      "int8_verify_attention(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
+      "Tensor query_start_loc, Tensor? req_ids, Tensor(a!) out, Tensor(b!) part_o, "
+      "Tensor(c!) part_lse, float scale, int max_q, int num_segs, int min_tiles) -> ()");
+  m.impl("int8_verify_attention", c10::kCUDA, &int8_verify_attention);
 }
 
 static struct PyModuleDef prism_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, 0, nullptr};

@@ -33,7 +33,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Decode attention kernel over an INT8 KV cache (attention/ops/triton_split_kv.py):
     # "auto" (default) runs the CUDA C++ kernel of vllm_prism._C (attention/ops/cuda_decode.py)
     # wherever it can serve the call, the Triton split-KV kernel elsewhere; "triton" always the
-    # Triton kernel. Read per call (inside vLLM's attention op, outside any traced graph).
+    # Triton kernel; "cuda" also INT8 verification on the CUDA C++ kernel (opt-in, not yet run
+    # on a GPU). Read per call (inside vLLM's attention op, outside any traced graph).
     "VLLM_PRISM_ATTN_KERNEL": lambda: os.getenv("VLLM_PRISM_ATTN_KERNEL", "auto").strip().lower(),
     # Tile overrides for the int8 GEMV (kernels/pq2/triton_gemv.py), to measure a variant
     # through vLLM: comma-separated key=value among n (rows per program), g (groups per step),

@@ -280,6 +280,17 @@ def main() -> None:
                                sdpa_us=round(s_us, 2), sdpa_backend=backend)
                     res["records"].append(rec)
                     print(json.dumps(rec), flush=True)
+                    if kv_name == "int8" and cuda_verify_ready(cache, ql):
+                        triton_us = us
+                        us, err = ours_time(cache, ctx, ql, check=True, kernel="cuda")
+                        rec = dict(kind="verify", kernel="cuda", context=ctx, q_tokens=ql,
+                                   kv=kv_name, us=round(us, 2),
+                                   bw_frac=round(bytes_ / (us * 1e-6) / 1e9 / read_bw, 3),
+                                   vs_sdpa=round(s_us / us, 3), vs_decode=round(us / dec, 3),
+                                   vs_triton=round(triton_us / us, 3), sdpa_us=round(s_us, 2),
+                                   err=float(f"{err:.3g}"))
+                        res["records"].append(rec)
+                        print(json.dumps(rec), flush=True)
                 if kv_name == "int8":
                     us = ours_time(cache, ctx, 1, geometry=geom("decode", kv_name),
                                    int_qk=True)
@@ -442,6 +453,13 @@ def cuda_decode_ready(cache: Cache) -> bool:
     return why is None
 
 
+def cuda_verify_ready(cache: Cache, q_len: int) -> bool:
+    """Whether the CUDA C++ INT8 verification kernel can serve ``q_len`` query tokens here."""
+    fmt = kv_format(cache.cache, HS)
+    q = torch.empty(q_len, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
+    return cuda_decode.cuda_verify_problem(q, cache.cache, fmt, q, q_len) is None
+
+
 def markdown(res: dict) -> str:
     lines = [f"# Attention kernels on {res['gpu']}", "",
              f"{res['date']}, `{res['command']}`, torch {res.get('torch')}, block size "
@@ -452,7 +470,7 @@ def markdown(res: dict) -> str:
              "`vs_decode` = verify time / the default decode kernel's time (same cache, same "
              "context; the CUDA C++ kernel on INT8 where built; `decode_int_qk`: the Triton "
              "decode); "
-             "`vs_triton` = Triton decode time / CUDA C++ decode time; `err` = relative L2 "
+             "`vs_triton` = Triton time / CUDA C++ time of the same kind; `err` = relative L2 "
              "error against the fp32 reference.", "",
              "| kind | kernel | kv | context | q tokens | us | bw_frac | vs_sdpa | vs_decode | "
              "vs_triton | err | sdpa us | geometry |",

@@ -31,109 +31,17 @@
 #include <cmath>
 
 #include "int8_decode.cuh"
+#include "int8_tile.cuh"
 
 namespace vllm_prism {
 namespace {
+
+using namespace attn;
 
 constexpr int kSlots = 16;  // slots of a tile (the MMA's M)
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kHeads = 8;  // the MMA's N: query heads of a group, zero padded
-constexpr uint32_t kSignFlip = 0x80808080u;
-constexpr uint32_t kF16Bias = 0x64806480u;  // fp16 1152 in both halves
-
-__device__ __forceinline__ int slot_of_row(int row) {
-  // rows 0..7 -> slots 0 1 2 3 5 4 7 6, rows 8..15 -> 8 + the same
-  const int r = row & 7;
-  return (row & 8) | (r < 4 ? r : (r ^ 1));
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
-}
-
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
-
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-// Two signed bytes of `flipped` (already ^ 0x80) as an fp16 pair: sel 0x4140 takes bytes 0, 1,
-// sel 0x4342 bytes 2, 3.
-__device__ __forceinline__ uint32_t f16x2_of(uint32_t flipped, uint32_t sel) {
-  const uint32_t h = __byte_perm(flipped, 0x64646464u, sel);
-  uint32_t r;
-  asm("sub.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(h), "r"(kF16Bias));
-  return r;
-}
-
-__device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t transpose8x8(uint32_t a) {
-  uint32_t d;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
-  return d;
-}
-
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-__device__ __forceinline__ float ld_f32(const uint8_t* p) {
-  return *reinterpret_cast<const float*>(p);
-}
-
-__device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
-// 8 query values from `q` (fp16 or bf16) scaled into fp16 pairs.
-__device__ __forceinline__ void load_q8(const void* q, int dtype, float scale, uint32_t (&h)[4]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(q);
-  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float lo, hi;
-    if (dtype == 2) {
-      const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&w[i]);
-      lo = __low2float(b);
-      hi = __high2float(b);
-    } else {
-      const __half2 b = *reinterpret_cast<const __half2*>(&w[i]);
-      lo = __low2float(b);
-      hi = __high2float(b);
-    }
-    h[i] = pack_f16x2(lo * scale, hi * scale);
-  }
-}
-
-__device__ __forceinline__ void store_out(void* out, int dtype, const float (&v)[4]) {
-  if (dtype == 2) {
-    __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]);
-    __nv_bfloat162 b = __floats2bfloat162_rn(v[2], v[3]);
-    uint2 u = {*reinterpret_cast<uint32_t*>(&a), *reinterpret_cast<uint32_t*>(&b)};
-    *reinterpret_cast<uint2*>(out) = u;
-  } else {
-    __half2 a = __floats2half2_rn(v[0], v[1]);
-    __half2 b = __floats2half2_rn(v[2], v[3]);
-    uint2 u = {*reinterpret_cast<uint32_t*>(&a), *reinterpret_cast<uint32_t*>(&b)};
-    *reinterpret_cast<uint2*>(out) = u;
-  }
-}
-
 template <int HD, int NKV>
 struct Shape {
   static constexpr int kRow = 2 * HD + 8;  // bytes of one (slot, head) row

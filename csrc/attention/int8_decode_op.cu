@@ -4,28 +4,8 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../ops.h"
+#include "attn_op_utils.h"
 #include "int8_decode.cuh"
-
-namespace {
-
-bool aligned(const torch::Tensor& x, int bytes) {
-  return reinterpret_cast<uintptr_t>(x.data_ptr()) % bytes == 0;
-}
-
-int half_dtype(const torch::Tensor& x, const char* name) {
-  if (x.scalar_type() == torch::kFloat16) return 1;
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16, "int8_decode_attention: ", name,
-              " must be float16 or bfloat16");
-  return 2;
-}
-
-void check_int32_vector(const torch::Tensor& x, const char* name) {
-  TORCH_CHECK(x.is_cuda() && x.scalar_type() == torch::kInt32 && x.dim() == 1 &&
-                  x.stride(0) == 1,
-              "int8_decode_attention: ", name, " must be a contiguous int32 CUDA vector");
-}
-
-}  // namespace
 
 void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache,
                            const torch::Tensor& block_table, const torch::Tensor& seq_lens,
@@ -34,11 +14,8 @@ void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
                            torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
                            int64_t num_segs, int64_t min_tiles) {
   const char* op = "int8_decode_attention";
-  TORCH_CHECK(q.is_cuda() && q.dim() == 3 && q.stride(2) == 1, op,
-              ": q must be a CUDA [tokens, heads, head_size] tensor, contiguous per head");
+  vllm_prism::check_attention_io(op, q, out, block_table, seq_lens, query_start_loc, req_ids);
   const int64_t hs = q.size(2);
-  TORCH_CHECK(aligned(q, 16) && (q.stride(0) * 2) % 16 == 0 && (q.stride(1) * 2) % 16 == 0, op,
-              ": q head rows must be 16-byte aligned");
   TORCH_CHECK(kv_cache.scalar_type() == torch::kInt8 && kv_cache.dim() == 4, op,
               ": kv_cache must be the int8 [blocks, kv heads, block size, content] cache");
   const int64_t nkv = kv_cache.size(1), block_size = kv_cache.size(2);
@@ -47,7 +24,9 @@ void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
                   kv_cache.stride(2) == nkv * row,
               op, ": kv_cache must be vLLM's NHD int8_per_token_head layout with rows of ", row,
               " bytes");
-  TORCH_CHECK(aligned(kv_cache, 16) && kv_cache.stride(0) % 16 == 0 && block_size % 16 == 0, op,
+  TORCH_CHECK(vllm_prism::aligned_to(kv_cache, 16) && kv_cache.stride(0) % 16 == 0 &&
+                  block_size % 16 == 0,
+              op,
               ": kv_cache blocks must be 16-byte aligned with a block size that is a multiple "
               "of 16");
   TORCH_CHECK(vllm_prism::int8_decode_supported(static_cast<int>(hs), static_cast<int>(nkv)),
@@ -55,37 +34,17 @@ void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
   TORCH_CHECK(q.size(1) % nkv == 0 && q.size(1) / nkv <= vllm_prism::kInt8DecodeMaxGroup, op,
               ": ", q.size(1), " query heads over ", nkv, " KV heads: at most ",
               vllm_prism::kInt8DecodeMaxGroup, " per KV head");
-  TORCH_CHECK(block_table.is_cuda() && block_table.scalar_type() == torch::kInt32 &&
-                  block_table.dim() == 2 && block_table.stride(1) == 1,
-              op, ": block_table must be int32 [requests, blocks]");
-  check_int32_vector(seq_lens, "seq_lens");
-  check_int32_vector(query_start_loc, "query_start_loc");
-  if (req_ids.has_value()) check_int32_vector(*req_ids, "req_ids");
-  TORCH_CHECK(out.sizes() == q.sizes() && out.stride(2) == 1 && aligned(out, 8) &&
-                  (out.stride(0) * 2) % 8 == 0 && (out.stride(1) * 2) % 8 == 0,
-              op, ": out must be shaped like q with 8-byte aligned head rows");
   const int64_t n_sel = req_ids.has_value() ? req_ids->size(0) : seq_lens.size(0);
   TORCH_CHECK(num_segs >= 1 && min_tiles >= 1, op, ": num_segs and min_tiles must be >= 1");
-  if (num_segs > 1) {
-    TORCH_CHECK(part_o.scalar_type() == torch::kFloat32 && part_o.dim() == 5 &&
-                    part_o.size(0) >= n_sel && part_o.size(2) == q.size(1) &&
-                    part_o.size(3) >= num_segs && part_o.size(4) == hs && part_o.stride(4) == 1 &&
-                    aligned(part_o, 16) && part_o.stride(3) % 4 == 0 && part_o.stride(2) % 4 == 0 &&
-                    part_o.stride(0) % 4 == 0,
-                op, ": part_o must be fp32 [selected, 1, heads, segments, head_size], rows "
-                "16-byte aligned");
-    TORCH_CHECK(part_lse.scalar_type() == torch::kFloat32 && part_lse.dim() == 4 &&
-                    part_lse.size(0) >= n_sel && part_lse.size(2) == q.size(1) &&
-                    part_lse.size(3) >= num_segs && part_lse.stride(3) == 1,
-                op, ": part_lse must be fp32 [selected, 1, heads, segments]");
-  }
+  if (num_segs > 1)
+    vllm_prism::check_partials(op, part_o, part_lse, n_sel, 1, q.size(1), num_segs, hs);
   if (n_sel == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
   vllm_prism::Int8DecodeParams p{};
   p.q = q.data_ptr();
   p.stride_qt = q.stride(0);
   p.stride_qh = q.stride(1);
-  p.q_dtype = half_dtype(q, "q");
+  p.q_dtype = vllm_prism::half_dtype_code(q, op, "q");
   p.cache = kv_cache.data_ptr<int8_t>();
   p.stride_cb = kv_cache.stride(0);
   p.stride_cn = kv_cache.stride(2);
@@ -97,7 +56,7 @@ void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
   p.out = out.data_ptr();
   p.stride_ot = out.stride(0);
   p.stride_oh = out.stride(1);
-  p.out_dtype = half_dtype(out, "out");
+  p.out_dtype = vllm_prism::half_dtype_code(out, op, "out");
   if (num_segs > 1) {
     p.part_o = part_o.data_ptr<float>();
     p.part_lse = part_lse.data_ptr<float>();

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from attn_helpers import make_batch, poisoned_out, rel_err
+from vllm_prism._custom_ops import has_compiled_op
 from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry, decode_attention,
                                       mixed_attention, prefill_attention, reference_attention,
                                       verify_attention)
@@ -21,7 +22,10 @@ TOL = 1e-2
 # The CUDA INT8 decode kernel: fp16 operands (exact int8 K/V, fp16 Q and P in [0, 1]), fp32
 # accumulation; its error is the bf16 / fp16 output rounding plus a little.
 CUDA_TOL = 4e-3
-KERNELS = ["triton", "cuda"]
+# the CUDA C++ INT8 decode kernel needs vllm_prism._C (PRISM_BUILD=cuda)
+needs_c = pytest.mark.skipif(not has_compiled_op("int8_decode_attention"),
+                             reason="vllm_prism._C is not built")
+KERNELS = ["triton", pytest.param("cuda", marks=needs_c)]
 DTYPES = [torch.int8, torch.bfloat16]
 
 
@@ -113,6 +117,7 @@ CUDA_SHAPES = [(4, 6, 256, 16, torch.bfloat16), (4, 6, 256, 784, torch.bfloat16)
                (4, 3, 64, 16, torch.float16), (2, 6, 256, 16, torch.bfloat16)]
 
 
+@needs_c
 @pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(
     *s[:4], str(s[4]).split(".")[-1]))
 def test_cuda_decode(shape):
@@ -130,6 +135,7 @@ def test_cuda_decode(shape):
         assert max(errs) < CUDA_TOL, (segs, errs)
 
 
+@needs_c
 def test_cuda_decode_selected_requests():
     """A mixed step: decode requests picked by index among prefill and verify requests, the
     other rows left untouched by the decode kernel."""
@@ -148,6 +154,7 @@ def test_cuda_decode_selected_requests():
     assert max(errs) < CUDA_TOL, errs
 
 
+@needs_c
 def test_cuda_decode_refusals():
     """What the CUDA kernel cannot serve is refused by name when asked for, and taken by the
     Triton kernel under ``auto``."""
@@ -157,12 +164,70 @@ def test_cuda_decode_refusals():
     out = poisoned_out(b.q)
     decode_attention(b.q, b.cache, b.md, out=out)
     assert max(_per_request(out, _ref(b), b)) < TOL
-    b = make_batch([100], [2], torch.int8, device="cuda", seed=13)
-    with pytest.raises(ValueError, match="INT8 decode"):
-        verify_attention(b.q, b.cache, b.md, out=poisoned_out(b.q), kernel="cuda")
-    with pytest.raises(ValueError, match="int8_per_token_head|INT8 decode"):
-        c = make_batch([100], [1], torch.bfloat16, device="cuda", seed=13)
+    # the op itself refuses what the kernel cannot read, with the layout it needs
+    empty = torch.empty(0, device="cuda")
+    with pytest.raises(RuntimeError, match="NHD int8_per_token_head layout"):
+        torch.ops._C_prism.int8_decode_attention(
+            b.q, b.cache, b.md.block_table, b.md.seq_lens, b.md.query_start_loc, None, out,
+            empty, empty, 0.0625, 1, 4)
+    c = make_batch([100], [2], torch.bfloat16, device="cuda", seed=13)
+    with pytest.raises(ValueError, match="int8_per_token_head"):
         decode_attention(c.q, c.cache, c.md, out=poisoned_out(c.q), kernel="cuda")
+    with pytest.raises(ValueError, match="int8_per_token_head"):
+        verify_attention(c.q, c.cache, c.md, out=poisoned_out(c.q), kernel="cuda")
+    b = make_batch([100], [16], torch.int8, device="cuda", seed=13)
+    with pytest.raises(ValueError, match="exceed 48 columns"):
+        verify_attention(b.q, b.cache, b.md, out=poisoned_out(b.q), kernel="cuda")
+
+
+# (KV heads, query heads per KV head, head size, block size, layout, query dtype)
+VERIFY_SHAPES = [(4, 6, 256, 16, "NHD", torch.bfloat16), (4, 6, 256, 784, "HND", torch.bfloat16),
+                 (2, 8, 128, 32, "NHD", torch.float16), (1, 6, 64, 48, "NHD", torch.bfloat16)]
+
+
+@needs_c
+@pytest.mark.parametrize("shape", VERIFY_SHAPES, ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(
+    *s[:5]))
+def test_cuda_verify(shape):
+    """The CUDA C++ INT8 verification kernel (opt-in): 2..8 query tokens, requests of
+    different lengths in one launch, the causal tail inside a tile and across tiles, contexts
+    to 70K; many segments and one."""
+    nkv, group, hs, bs, layout, qdt = shape
+    q_lens = [2, 6, 3, 8 if group * 8 <= 48 else 6, 5, 4]
+    lens = [2, 100, 17, 5000, 70001, 33]
+    b = make_batch(lens, q_lens, torch.int8, device="cuda", block_size=bs, layout=layout,
+                   head_size=hs, num_kv_heads=nkv, group=group, q_dtype=qdt, seed=14)
+    ref = _ref(b)
+    for segs in (None, 1):
+        out = poisoned_out(b.q)
+        verify_attention(b.q, b.cache, b.md, out=out, kernel="cuda", num_segs=segs)
+        errs = _per_request(out, ref, b)
+        assert max(errs) < CUDA_TOL, (segs, errs)
+
+
+@needs_c
+def test_cuda_verify_selected_requests_and_graph():
+    """Verification requests picked by index in a mixed step, captured in a CUDA graph and
+    replayed after the contexts grew."""
+    b = make_batch([3000, 70000, 500, 40000], [6, 1, 4, 6], torch.int8, device="cuda",
+                   seed=15)
+    md = AttentionMetadata.build(b.block_table, [2000, 70000, 300, 30000], [6, 1, 4, 6])
+    ids = torch.tensor([0, 2, 3], dtype=torch.int32, device="cuda")
+    out = poisoned_out(b.q)
+    verify_attention(b.q, b.cache, md, out=out, req_ids=ids, max_query_len=6, kernel="cuda")
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        verify_attention(b.q, b.cache, md, out=out, req_ids=ids, max_query_len=6,
+                         kernel="cuda")
+    md.seq_lens.copy_(torch.tensor(b.seq_lens, dtype=torch.int32))
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    qsl = b.md.query_start_loc_cpu.tolist()
+    assert torch.isnan(out[qsl[1]:qsl[2]].float()).all()  # request 1 not selected
+    errs = [e for r, e in enumerate(_per_request(out, _ref(b), b)) if r != 1]
+    assert max(errs) < CUDA_TOL, errs
 
 
 def test_int_qk_error():

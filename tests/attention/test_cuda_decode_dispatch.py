@@ -64,5 +64,10 @@ def test_kernel_choice_refusals(monkeypatch):
     with pytest.raises(ValueError, match="VLLM_PRISM_ATTN_KERNEL"):
         decode_attention(b.q, b.cache, b.md, out=poisoned_out(b.q))
     v = make_batch([40], [3], torch.int8, block_size=16)
-    with pytest.raises(ValueError, match="INT8 decode"):
+    with pytest.raises(ValueError, match="not a CUDA tensor"):
         verify_attention(v.q, v.cache, v.md, out=poisoned_out(v.q), kernel="cuda")
+    f = make_batch([40], [3], torch.bfloat16, block_size=16)
+    with pytest.raises(ValueError, match="int8_per_token_head"):
+        verify_attention(f.q, f.cache, f.md, out=poisoned_out(f.q), kernel="cuda")
+    with pytest.raises(ValueError, match="exact Q.K"):
+        decode_attention(b.q, b.cache, b.md, out=poisoned_out(b.q), kernel="cuda", int_qk=True)

@@ -103,8 +103,10 @@ def vllm_flash_section_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     from vllm.vllm_flash_attn import flash_attn_varlen_func
 
     m, n = q.shape[0], k.shape[0]
-    cu_q = torch.tensor([0, m], dtype=torch.int32, device=q.device)
-    cu_k = torch.tensor([0, n], dtype=torch.int32, device=q.device)
+    # Built on the device: torch.tensor([...], device=cuda) copies from pageable memory and
+    # waits for the stream to drain, a host sync per layer of every prefill step.
+    cu = torch.arange(2, dtype=torch.int32, device=q.device)
+    cu_q, cu_k = cu * m, cu * n
     out, lse = flash_attn_varlen_func(q, k, v, max_seqlen_q=m, cu_seqlens_q=cu_q,
                                       max_seqlen_k=n, cu_seqlens_k=cu_k, softmax_scale=scale,
                                       causal=causal, return_softmax_lse=True)

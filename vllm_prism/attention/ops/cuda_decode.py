@@ -1,4 +1,5 @@
-"""The CUDA C++ INT8 decode attention (csrc/attention/int8_decode.cu) behind the split-KV API.
+"""The CUDA C++ INT8 decode and verification attention (csrc/attention/int8_decode.cu,
+int8_verify.cu) behind the split-KV API.
 
 It serves one query token per request over vLLM's NHD ``int8_per_token_head`` cache: one CTA
 per (request, segment) reads the contiguous 16-slot runs of every KV head into shared memory
@@ -10,6 +11,12 @@ outputs are merged by the same log-sum-exp kernel as the Triton path's.
 extension not built, a layout other than NHD, a head size / KV head count / GQA group without
 a compiled kernel, or unaligned rows. ``decode_attention(kernel="auto")`` (and the
 ``VLLM_PRISM_ATTN_KERNEL`` switch) takes it wherever it can serve the call.
+
+Verification (2..8 query tokens, at most 48 query tokens x GQA heads) has its own kernel: one
+CTA per (request, KV head, segment), the head's rows copied with 8-byte ``cp.async`` (any
+layout), the head dimension split over four warps whose partial ``S`` meet in shared memory,
+prefix and causal tail in one pass. It runs only when asked for
+(``verify_attention(kernel="cuda")``): written and compile-checked, not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -18,11 +25,16 @@ import torch
 
 from vllm_prism._custom_ops import has_compiled_op
 from vllm_prism.attention.ops.layout import KVFormat
+from vllm_prism.kernels.common import device_capability
 
-__all__ = ["CTAS_PER_SM", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP", "MAX_SEGMENTS", "MIN_TILES",
-           "cuda_decode_problem", "launch_cuda_decode", "layout_problem", "num_cuda_segments"]
+__all__ = ["CTAS_PER_SM", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP", "MAX_SEGMENTS",
+           "MAX_VERIFY_COLUMNS", "MIN_TILES", "cuda_decode_problem", "cuda_verify_problem",
+           "launch_cuda_decode", "launch_cuda_verify", "layout_problem", "num_cuda_segments",
+           "num_cuda_verify_segments"]
 
 OP = "int8_decode_attention"
+VERIFY_OP = "int8_verify_attention"
+MAX_VERIFY_COLUMNS = 48  # query tokens x query heads per KV head (int8_verify.cuh)
 HEAD_SIZES = (64, 128, 256)
 KV_HEADS = (1, 2, 4)
 MAX_GROUP = 8
@@ -30,6 +42,7 @@ TILE = 16  # slots a tile
 CTAS_PER_SM = 2  # resident CTAs per multiprocessor (about 100 KiB of shared memory each)
 MAX_SEGMENTS = 256
 MIN_TILES = 4  # a segment covers at least 64 context tokens
+MIN_CAPABILITY = (8, 0)  # the extension's oldest target (CMakeLists.txt: sm_80)
 
 
 def _aligned(t: torch.Tensor, elem_strides: tuple[int, ...], align: int) -> bool:
@@ -40,13 +53,21 @@ def _aligned(t: torch.Tensor, elem_strides: tuple[int, ...], align: int) -> bool
 def cuda_decode_problem(q: torch.Tensor, kv_cache: torch.Tensor, fmt: KVFormat,
                         out: torch.Tensor) -> str | None:
     """Why the CUDA kernel cannot serve this decode call, or None when it can."""
+    return _device_problem(q, fmt, OP) or layout_problem(q, kv_cache, fmt, out)
+
+
+def _device_problem(q: torch.Tensor, fmt: KVFormat, op: str) -> str | None:
+    """What of the device, the cache dtype or the build keeps ``op`` from running."""
     if not q.is_cuda:
         return "not a CUDA tensor"
     if not fmt.is_int8:
         return "the cache is not int8_per_token_head"
-    if not has_compiled_op(OP):
+    if not has_compiled_op(op):
         return "vllm_prism._C is not built"
-    return layout_problem(q, kv_cache, fmt, out)
+    cap = device_capability(q.device)
+    if cap is None or cap < MIN_CAPABILITY:
+        return f"compute capability {cap} below {MIN_CAPABILITY} (cp.async, movmatrix)"
+    return None
 
 
 def layout_problem(q: torch.Tensor, kv_cache: torch.Tensor, fmt: KVFormat,
@@ -65,6 +86,28 @@ def layout_problem(q: torch.Tensor, kv_cache: torch.Tensor, fmt: KVFormat,
         return f"more than {MAX_GROUP} query heads per KV head"
     if fmt.block_size % TILE or kv_cache.data_ptr() % 16 or fmt.stride_block % 16:
         return "cache blocks not 16-byte aligned"
+    return _io_problem(q, out)
+
+
+def cuda_verify_problem(q: torch.Tensor, kv_cache: torch.Tensor, fmt: KVFormat,
+                        out: torch.Tensor, max_q: int) -> str | None:
+    """Why the CUDA verification kernel cannot serve this call, or None when it can."""
+    why = _device_problem(q, fmt, VERIFY_OP)
+    if why:
+        return why
+    if fmt.head_size not in HEAD_SIZES:
+        return f"no kernel for head size {fmt.head_size} (head sizes {HEAD_SIZES})"
+    cols = q.shape[1] // fmt.num_kv_heads * max_q
+    if cols > MAX_VERIFY_COLUMNS:
+        return (f"{max_q} query tokens x {q.shape[1] // fmt.num_kv_heads} heads per KV head "
+                f"exceed {MAX_VERIFY_COLUMNS} columns")
+    if (fmt.block_size % TILE or kv_cache.data_ptr() % 8
+            or any(st % 8 for st in (fmt.stride_block, fmt.stride_head, fmt.stride_slot))):
+        return "cache rows not 8-byte aligned"
+    return _io_problem(q, out)
+
+
+def _io_problem(q: torch.Tensor, out: torch.Tensor) -> str | None:
     if q.dtype not in (torch.bfloat16, torch.float16) or out.dtype not in (torch.bfloat16,
                                                                            torch.float16):
         return "q / out not bfloat16 or float16"
@@ -80,6 +123,22 @@ def num_cuda_segments(num_selected: int, sms: int) -> int:
     depends on the batch only, so a captured CUDA graph stays valid as contexts grow)."""
     want = -(-sms * CTAS_PER_SM // max(1, num_selected))
     return max(1, min(MAX_SEGMENTS, want))
+
+
+def num_cuda_verify_segments(num_selected: int, num_kv_heads: int, sms: int) -> int:
+    """Segments per (request, KV head) of the verification kernel (batch-only, as above)."""
+    want = -(-sms * CTAS_PER_SM // max(1, num_selected * num_kv_heads))
+    return max(1, min(MAX_SEGMENTS, want))
+
+
+def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
+                       seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                       req_ids: torch.Tensor | None, out: torch.Tensor, part_o: torch.Tensor,
+                       part_lse: torch.Tensor, scale: float, max_q: int, num_segs: int) -> None:
+    """One launch of the verification kernel: ``out`` directly or the partials."""
+    torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
+                                             query_start_loc, req_ids, out, part_o, part_lse,
+                                             float(scale), int(max_q), int(num_segs), MIN_TILES)
 
 
 def launch_cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,

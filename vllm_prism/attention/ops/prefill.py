@@ -12,7 +12,9 @@ section-attention function runs on it:
   of those rows sees the section up to its own position).
 
 Each call returns the output and its log-sum-exp; sections are merged exactly by log-sum-exp.
-The scratch never grows with the context; the fp32 accumulators grow with the chunk only.
+The scratch never grows with the context; the fp32 accumulators grow with the chunk only. A
+request whose whole key range fits one section (every prompt up to 32K tokens) takes one causal
+call written straight into the output: no accumulators, no merge.
 
 The section-attention function is a hook (``attn_fn``): ``attn_fn(q, k, v, causal, scale) ->
 (out, lse)`` with ``q [m, Hq, hs]``, ``k, v [n, Hkv, hs]`` (GQA, ``Hq % Hkv == 0``), ``causal``
@@ -200,6 +202,8 @@ def sdpa_section_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
         raise ValueError("causal section attention needs at least as many keys as queries")
     off = n - m
     if native or m <= SQUARE_ROWS:
+        if off == 0:  # a prompt at context 0: one causal call, no merge
+            return _attend_equal_heads(q, k, v, True, scale, native)
         blocks = [(0, m)]
     else:
         blocks = [(a, min(m, a + SQUARE_ROWS)) for a in range(0, m, SQUARE_ROWS)]
@@ -260,6 +264,14 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
         seq_len = sls[r]
         c = seq_len - m
         qr = q[a:b]
+        if seq_len <= sec:
+            # One section (every prompt up to 32K): one causal call straight into the output,
+            # no fp32 accumulators and no merge.
+            k_s, v_s = scratch[0, :seq_len], scratch[1, :seq_len]
+            gather_kv_bf16(kv_cache, md.block_table[r], 0, seq_len, k_s, v_s)
+            o, _ = attn_fn(qr, k_s, v_s, True, scale)
+            out3[a:b] = o.to(out3.dtype)
+            continue
         o_acc = torch.zeros(m, hq, fmt.head_size, dtype=torch.float32, device=q.device)
         lse_acc = torch.full((hq, m), float("-inf"), dtype=torch.float32, device=q.device)
         for s0 in range(0, seq_len, sec):

@@ -48,8 +48,9 @@ import math
 import torch
 
 from vllm_prism import envs
-from vllm_prism.attention.ops.cuda_decode import (cuda_decode_problem, launch_cuda_decode,
-                                                  num_cuda_segments)
+from vllm_prism.attention.ops.cuda_decode import (cuda_decode_problem, cuda_verify_problem,
+                                                  launch_cuda_decode, launch_cuda_verify,
+                                                  num_cuda_segments, num_cuda_verify_segments)
 from vllm_prism.attention.ops.geometry import (SplitGeometry, gpu_geometry, num_segments,
                                                sm_count)
 from vllm_prism.attention.ops.layout import KVFormat, kv_format
@@ -396,8 +397,10 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
 
     ``kernel`` (default: the ``VLLM_PRISM_ATTN_KERNEL`` switch, ``auto``): ``auto`` runs INT8
     decode on the CUDA C++ kernel (:mod:`.cuda_decode`) wherever it can serve the call and
-    everything else here; ``triton`` always here; ``cuda`` requires the CUDA kernel (an error
-    names why it cannot serve a call).
+    everything else here; ``triton`` always here; ``cuda`` runs INT8 verification on the CUDA
+    C++ kernel too (opt-in: not yet run on a GPU). Passed as ``kernel="cuda"`` it requires the
+    CUDA kernels (an error names why one cannot serve a call); from the switch, a call they
+    cannot serve runs here.
     """
     fmt = _check_inputs(q, kv_cache)
     if out is None:
@@ -419,18 +422,26 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
     if choice not in ATTN_KERNELS:
         raise ValueError(f"attention kernel {choice!r} is not one of {ATTN_KERNELS} "
                          "(VLLM_PRISM_ATTN_KERNEL)")
-    if choice != "triton" and not verify and fmt.is_int8 and not int_qk:
-        why = cuda_decode_problem(q, kv_cache, fmt, out3)
-        _log_decode_choice(why)
-        if why is None:
-            _cuda_decode(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel, scale,
-                         num_segs)
-            return out
+    if choice != "triton" and fmt.is_int8 and not int_qk:
+        why = None
+        if not verify:
+            why = cuda_decode_problem(q, kv_cache, fmt, out3)
+            _log_decode_choice(why)
+            if why is None:
+                _cuda_decode(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel, scale,
+                             num_segs)
+                return out
+        elif choice == "cuda":  # verification: only when asked for (not yet run on a GPU)
+            why = cuda_verify_problem(q, kv_cache, fmt, out3, max_q)
+            if why is None:
+                _cuda_verify(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel, scale,
+                             max_q, num_segs)
+                return out
         if kernel == "cuda":
-            raise ValueError(f"the CUDA decode attention kernel cannot serve this call: {why}")
+            raise ValueError(f"the CUDA attention kernel cannot serve this call: {why}")
     elif kernel == "cuda":
-        raise ValueError("the CUDA attention kernel serves INT8 decode (one query token, exact "
-                         "Q.K) only")
+        raise ValueError("the CUDA attention kernels serve the INT8 cache (int8_per_token_head) "
+                         "with exact Q.K only")
     geom = geometry or gpu_geometry(q.device).pick(verify, fmt.is_int8)
     nkv = fmt.num_kv_heads
     group = q.shape[1] // nkv
@@ -502,6 +513,25 @@ def _merge(part_o: torch.Tensor, part_lse: torch.Tensor, out3: torch.Tensor,
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
         out3.stride(0), out3.stride(1), nseg,
         MAX_Q=max_q, NSEG_P2=nseg_p2, DCHUNK=dchunk, HAS_REQ_IDS=has_ids, num_warps=4)
+
+
+def _cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
+                 out3: torch.Tensor, req_ids: torch.Tensor | None, n_sel: int, scale: float,
+                 max_q: int, num_segs: int | None) -> None:
+    """INT8 verification on the CUDA C++ kernel, merged here when it splits the context."""
+    nkv = kv_cache.shape[1]
+    segs = num_segs or num_cuda_verify_segments(n_sel, nkv, sm_count(q.device))
+    hq, hs = q.shape[1], q.shape[2]
+    if segs > 1:
+        part_o = torch.empty(n_sel, max_q, hq, segs, hs, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(n_sel, max_q, hq, segs, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
+    launch_cuda_verify(q, kv_cache, md.block_table, md.seq_lens, md.query_start_loc, req_ids,
+                       out3, part_o, part_lse, scale, max_q, segs)
+    if segs > 1:
+        ids = md.query_start_loc if req_ids is None else req_ids
+        _merge(part_o, part_lse, out3, ids, md, n_sel, max_q, segs, req_ids is not None)
 
 
 def _cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,

@@ -1,0 +1,355 @@
+// Split-KV verification attention over the paged INT8 cache on the fp16 tensor cores
+// (int8_verify.cuh has the parameters). The tile algebra is the decode kernel's
+// (int8_decode.cu): per 16-slot tile, with the slots as the MMA's M rows,
+//
+//   S^T [16 slots x 8*NT columns] = K . Q^T       (columns: query token x GQA head)
+//   O^T [hd x 8*NT]              += V^T . P^T
+//
+// With up to 48 columns the accumulators of all of O^T do not fit one warp, so the head
+// dimension is split over WD warps: warp w owns dimensions [w hd/WD, (w+1) hd/WD) of both
+// products. Each warp computes S^T over its own dimensions, the WD partial sums meet in shared
+// memory and every warp adds them in the same order, so all warps hold the same S and run the
+// same softmax; each then accumulates its own dimensions of O^T. No merge between warps at
+// the end.
+//
+// One CTA per (request, KV head, segment); the head's rows (2 hd + 8 bytes, 8-byte aligned in
+// any vLLM layout) are copied with 8-byte cp.async into shared memory rows padded to a stride
+// of 8 words mod 32, the decode kernel's bank-conflict-free slot order applies. Prefix and
+// causal tail run in one pass: column (token t, head j) sees positions <= prefix + t.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "int8_tile.cuh"
+#include "int8_verify.cuh"
+
+namespace vllm_prism {
+namespace {
+
+using namespace attn;
+
+constexpr int kSlots = 16;
+constexpr int kStages = 4;
+
+template <int HD, int NT>
+struct VShape {
+  static constexpr int kWD = HD / 32 < 4 ? HD / 32 : 4;  // warps (head-dimension split)
+  static constexpr int kThreads = kWD * 32;
+  static constexpr int kP = HD / 32 / kWD;  // 32-dimension groups a warp owns
+  static constexpr int kRow = 2 * HD + 8;  // bytes of one (slot, head) row in the cache
+  static constexpr int kChunks = kRow / 8;
+  // shared-memory row stride: words = 8 mod 32 (conflict-free K and V reads)
+  static constexpr int kSRow = 4 * (((kRow / 4 - 8 + 31) / 32) * 32 + 8);
+  static constexpr int kStageBytes = kSlots * kSRow;
+  static constexpr int kQRow = 2 * HD + 64;  // fp16 query rows: words = 16 mod 32
+  static constexpr int kCols = 8 * NT;
+  static constexpr int kQBytes = kCols * kQRow;
+  static constexpr int kSBytes = kWD > 1 ? kWD * NT * 32 * 16 : 0;
+  static constexpr int kSmem = kStages * kStageBytes + kQBytes + kSBytes;
+  static_assert(kRow % 8 == 0 && kSRow >= kRow && (kSRow / 4) % 32 == 8, "row layout");
+};
+
+template <int HD, int NT>
+__global__ void __launch_bounds__(VShape<HD, NT>::kThreads)
+    int8_verify_kernel(const Int8VerifyParams p) {
+  using S = VShape<HD, NT>;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* stages = smem;
+  uint8_t* qs = smem + kStages * S::kStageBytes;
+  float4* sbuf = reinterpret_cast<float4*>(qs + S::kQBytes);
+
+  const int sel = blockIdx.x;
+  const int kvh = blockIdx.y;
+  const int seg = blockIdx.z;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  const int req = p.req_ids != nullptr ? p.req_ids[sel] : sel;
+  const int q_start = p.qsl[req];
+  const int q_len = min(p.qsl[req + 1] - q_start, p.max_q);
+  if (q_len <= 0) return;
+  const int seq_len = p.seq_lens[req];
+  const int prefix = max(seq_len - q_len, 0);
+  const int n_cols = q_len * p.group;
+  const int n_tiles = (seq_len + kSlots - 1) / kSlots;
+  const int tps = max((n_tiles + p.num_segs - 1) / p.num_segs, p.min_tiles);
+  const int t0 = seg * tps;
+  const int t1 = min(t0 + tps, n_tiles);
+  const int n_iter = t1 > t0 ? t1 - t0 : 0;
+  const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.stride_bt;
+  const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.cache) +
+                         static_cast<int64_t>(kvh) * p.stride_ch;
+
+  auto issue = [&](int it) {
+    const int pos0 = (t0 + it) * kSlots;
+    const int blk = bt[pos0 / p.block_size];
+    const uint8_t* src = cache + static_cast<int64_t>(blk) * p.stride_cb +
+                         static_cast<int64_t>(pos0 % p.block_size) * p.stride_cn;
+    const uint32_t dst = smem_u32(stages + (it % kStages) * S::kStageBytes);
+    for (int c = threadIdx.x; c < kSlots * S::kChunks; c += S::kThreads) {
+      const int slot = c / S::kChunks;
+      const int ch = c - slot * S::kChunks;
+      cp_async8(dst + slot * S::kSRow + ch * 8, src + slot * p.stride_cn + ch * 8);
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_iter) issue(s);
+    cp_async_commit();
+  }
+
+  // Q (scaled by qk_scale) as fp16 rows: column c = token * group + head of the group.
+  for (int i = threadIdx.x; i < S::kCols * (HD / 8); i += S::kThreads) {
+    const int c = i / (HD / 8);
+    const int d = (i - c * (HD / 8)) * 8;
+    uint32_t h[4] = {0u, 0u, 0u, 0u};
+    if (c < n_cols) {
+      const int tq = c / p.group;
+      const int hq = kvh * p.group + (c - tq * p.group);
+      const int64_t elem = static_cast<int64_t>(q_start + tq) * p.stride_qt +
+                           static_cast<int64_t>(hq) * p.stride_qh + d;
+      load_q8(reinterpret_cast<const uint8_t*>(p.q) + elem * 2, p.q_dtype, p.qk_scale, h);
+    }
+    *reinterpret_cast<uint4*>(qs + c * S::kQRow + d * 2) = make_uint4(h[0], h[1], h[2], h[3]);
+  }
+
+  float acc[2 * S::kP][NT][4];
+#pragma unroll
+  for (int i = 0; i < 2 * S::kP; ++i)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
+  float m[NT][2], l[NT][2];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) m[n][0] = m[n][1] = -INFINITY, l[n][0] = l[n][1] = 0.f;
+  float cur_vmax = 1.f;
+  // the query token of each of this thread's columns, and its last visible position
+  int lim[NT][2];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) lim[n][e] = prefix + (n * 8 + 2 * t + e) / p.group;
+
+  const int rg = slot_of_row(g);
+  const int rg8 = rg + 8;
+  const int r0 = slot_of_row(2 * t);
+  const int r1 = slot_of_row(2 * t + 1);
+  const int r2 = r0 + 8;
+  const int r3 = r1 + 8;
+
+  for (int it = 0; it < n_iter; ++it) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    if (it + kStages - 1 < n_iter) issue(it + kStages - 1);
+    cp_async_commit();
+
+    const uint8_t* base = stages + (it % kStages) * S::kStageBytes;
+    const uint8_t* row_g = base + rg * S::kSRow;
+    const uint8_t* row_g8 = base + rg8 * S::kSRow;
+
+    // ---- S^T over this warp's dimensions, then the sum over the warps
+    float s[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+    for (int kq = 0; kq < S::kP; ++kq) {
+      const int kk = warp * S::kP + kq;
+      const uint2 ka = *reinterpret_cast<const uint2*>(row_g + 32 * kk + 8 * t);
+      const uint2 kb = *reinterpret_cast<const uint2*>(row_g8 + 32 * kk + 8 * t);
+      const uint32_t xa = ka.x ^ kSignFlip, xb = kb.x ^ kSignFlip;
+      const uint32_t ya = ka.y ^ kSignFlip, yb = kb.y ^ kSignFlip;
+      const uint32_t a0 = f16x2_of(xa, 0x4140), a1 = f16x2_of(xb, 0x4140);
+      const uint32_t a2 = f16x2_of(xa, 0x4342), a3 = f16x2_of(xb, 0x4342);
+      const uint32_t c0 = f16x2_of(ya, 0x4140), c1 = f16x2_of(yb, 0x4140);
+      const uint32_t c2 = f16x2_of(ya, 0x4342), c3 = f16x2_of(yb, 0x4342);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const uint4 qv =
+            *reinterpret_cast<const uint4*>(qs + (n * 8 + g) * S::kQRow + (32 * kk + 8 * t) * 2);
+        mma16816(s[n], a0, a1, a2, a3, qv.x, qv.y);
+        mma16816(s[n], c0, c1, c2, c3, qv.z, qv.w);
+      }
+    }
+    if constexpr (S::kWD > 1) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+        sbuf[(warp * NT + n) * 32 + lane] = make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
+      __syncthreads();
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        float4 sum = sbuf[n * 32 + lane];
+#pragma unroll
+        for (int w = 1; w < S::kWD; ++w) {
+          const float4 v = sbuf[(w * NT + n) * 32 + lane];
+          sum.x += v.x;
+          sum.y += v.y;
+          sum.z += v.z;
+          sum.w += v.w;
+        }
+        s[n][0] = sum.x;
+        s[n][1] = sum.y;
+        s[n][2] = sum.z;
+        s[n][3] = sum.w;
+      }
+    }
+
+    // ---- online softmax (every warp the same), P^T operands
+    const int pos0 = (t0 + it) * kSlots;
+    const int pg = pos0 + rg, pg8 = pos0 + rg8;
+    const float ks_g = ld_f32(row_g + HD), ks_g8 = ld_f32(row_g8 + HD);
+    float vs_g = ld_f32(row_g + 2 * HD + 4), vs_g8 = ld_f32(row_g8 + 2 * HD + 4);
+    if (pg >= seq_len) vs_g = 0.f;  // slots past the end hold garbage
+    if (pg8 >= seq_len) vs_g8 = 0.f;
+    float vmax = fmaxf(vs_g, vs_g8);
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
+    const float inv_vmax = 1.f / vmax;
+    const bool masked = pos0 + kSlots - 1 > prefix;  // the tile reaches the causal tail
+    uint32_t b0[NT], b1[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      float pr[4];
+      float f[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float sa = s[n][e] * ks_g, sb = s[n][2 + e] * ks_g8;
+        if (masked) {
+          if (pg > lim[n][e] || pg >= seq_len) sa = -INFINITY;
+          if (pg8 > lim[n][e] || pg8 >= seq_len) sb = -INFINITY;
+        }
+        float mx = fmaxf(sa, sb);
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        const float mn = fmaxf(m[n][e], mx);
+        const float mu = mn == -INFINITY ? 0.f : mn;
+        const float a = exp2f(m[n][e] - mu);
+        const float pa = exp2f(sa - mu), pb = exp2f(sb - mu);
+        l[n][e] = l[n][e] * a + pa + pb;
+        m[n][e] = mn;
+        f[e] = a * cur_vmax * inv_vmax;
+        pr[e] = pa * vs_g * inv_vmax;
+        pr[2 + e] = pb * vs_g8 * inv_vmax;
+      }
+#pragma unroll
+      for (int i = 0; i < 2 * S::kP; ++i) {
+        acc[i][n][0] *= f[0];
+        acc[i][n][1] *= f[1];
+        acc[i][n][2] *= f[0];
+        acc[i][n][3] *= f[1];
+      }
+      b0[n] = transpose8x8(pack_f16x2(pr[0], pr[1]));
+      b1[n] = transpose8x8(pack_f16x2(pr[2], pr[3]));
+    }
+    cur_vmax = vmax;
+
+    // ---- O^T += V^T . P^T over this warp's dimensions
+    const uint8_t* v0 = base + r0 * S::kSRow + HD + 4;
+    const uint8_t* v1 = base + r1 * S::kSRow + HD + 4;
+    const uint8_t* v2 = base + r2 * S::kSRow + HD + 4;
+    const uint8_t* v3 = base + r3 * S::kSRow + HD + 4;
+#pragma unroll
+    for (int pq = 0; pq < S::kP; ++pq) {
+      const int off = 4 * (8 * (warp * S::kP + pq) + g);
+      const uint32_t w0 = ld_u32(v0 + off) ^ kSignFlip, w1 = ld_u32(v1 + off) ^ kSignFlip;
+      const uint32_t w2 = ld_u32(v2 + off) ^ kSignFlip, w3 = ld_u32(v3 + off) ^ kSignFlip;
+      const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+      const uint32_t lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+      const uint32_t x0 = f16x2_of(lo01, 0x4140), x1 = f16x2_of(lo01, 0x4342);
+      const uint32_t x2 = f16x2_of(lo23, 0x4140), x3 = f16x2_of(lo23, 0x4342);
+      const uint32_t y0 = f16x2_of(hi01, 0x4140), y1 = f16x2_of(hi01, 0x4342);
+      const uint32_t y2 = f16x2_of(hi23, 0x4140), y3 = f16x2_of(hi23, 0x4342);
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        mma16816(acc[2 * pq][n], x0, x1, x2, x3, b0[n], b1[n]);
+        mma16816(acc[2 * pq + 1][n], y0, y1, y2, y3, b0[n], b1[n]);
+      }
+    }
+  }
+
+  // ---- write: this warp's dimensions of every column
+  const bool direct = p.num_segs == 1;
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float ls = l[n][e];
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+      const int col = n * 8 + 2 * t + e;
+      if (col >= n_cols) continue;
+      const int tq = col / p.group;
+      const int hq = kvh * p.group + (col - tq * p.group);
+      const float inv = ls > 0.f ? cur_vmax / ls : 0.f;
+#pragma unroll
+      for (int pq = 0; pq < S::kP; ++pq) {
+        const int d = 32 * (warp * S::kP + pq) + 4 * g;
+        const float o[4] = {acc[2 * pq][n][e] * inv, acc[2 * pq][n][2 + e] * inv,
+                            acc[2 * pq + 1][n][e] * inv, acc[2 * pq + 1][n][2 + e] * inv};
+        if (direct) {
+          uint8_t* op = reinterpret_cast<uint8_t*>(p.out) +
+                        (static_cast<int64_t>(q_start + tq) * p.stride_ot +
+                         static_cast<int64_t>(hq) * p.stride_oh + d) * 2;
+          store_out(op, p.out_dtype, o);
+        } else if (ls > 0.f) {
+          float* po = p.part_o + sel * p.stride_pr + tq * p.stride_pt + hq * p.stride_ph +
+                      seg * p.stride_ps + d;
+          *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
+        }
+      }
+      if (!direct && warp == 0 && g == 0)
+        p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + seg] =
+            ls > 0.f ? m[n][e] + log2f(ls) : -INFINITY;
+    }
+  }
+}
+
+template <int HD, int NT>
+cudaError_t launch(const Int8VerifyParams& p, int num_selected, int num_kv_heads,
+                   cudaStream_t stream) {
+  using S = VShape<HD, NT>;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      int8_verify_kernel<HD, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+  if (attr != cudaSuccess) return attr;
+  int8_verify_kernel<HD, NT>
+      <<<dim3(num_selected, num_kv_heads, p.num_segs), S::kThreads, S::kSmem, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int HD>
+cudaError_t launch_hd(const Int8VerifyParams& p, int num_selected, int num_kv_heads,
+                      cudaStream_t stream) {
+  switch ((p.group * p.max_q + 7) / 8) {
+    case 1: return launch<HD, 1>(p, num_selected, num_kv_heads, stream);
+    case 2: return launch<HD, 2>(p, num_selected, num_kv_heads, stream);
+    case 3: return launch<HD, 3>(p, num_selected, num_kv_heads, stream);
+    case 4: return launch<HD, 4>(p, num_selected, num_kv_heads, stream);
+    case 5: return launch<HD, 5>(p, num_selected, num_kv_heads, stream);
+    case 6: return launch<HD, 6>(p, num_selected, num_kv_heads, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+bool int8_verify_supported(int head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+cudaError_t int8_verify_launch(const Int8VerifyParams& p, int num_selected, int num_kv_heads,
+                               cudaStream_t stream) {
+  if (num_selected <= 0 || num_kv_heads <= 0 || p.num_segs <= 0) return cudaSuccess;
+  if (p.group < 1 || p.max_q < 1 || p.group * p.max_q > kInt8VerifyMaxCols ||
+      p.block_size % kSlots != 0)
+    return cudaErrorInvalidValue;
+  switch (p.head_dim) {
+    case 64: return launch_hd<64>(p, num_selected, num_kv_heads, stream);
+    case 128: return launch_hd<128>(p, num_selected, num_kv_heads, stream);
+    case 256: return launch_hd<256>(p, num_selected, num_kv_heads, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace vllm_prism
