@@ -48,7 +48,6 @@ from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry,  # noqa:
                                       cuda_decode, decode_attention, gpu_geometry,
                                       make_kv_cache, prefill_attention, reference_attention,
                                       verify_attention)
-from vllm_prism.attention.ops.cuda_decode import cuda_decode_problem  # noqa: E402
 from vllm_prism.attention.ops.layout import kv_format  # noqa: E402
 
 DEVICE = "cuda"
@@ -224,7 +223,7 @@ def main() -> None:
 
     if args.cuda_sweep and DEVICE == "cuda":
         cache = Cache(torch.int8, args.block_size, 131072)
-        if cuda_decode_ready(cache):
+        if cuda_ready(cache):
             run_cuda_sweep(cache, res, late, read_bw, save)
         del cache
         torch.cuda.empty_cache()
@@ -259,7 +258,7 @@ def main() -> None:
                            sdpa_backend=backend)
                 res["records"].append(rec)
                 print(json.dumps(rec), flush=True)
-                if kv_name == "int8" and cuda_decode_ready(cache):
+                if kv_name == "int8" and cuda_ready(cache):
                     # the CUDA C++ kernel, what decode runs on an INT8 cache by default
                     dec, err = ours_time(cache, ctx, 1, check=True, kernel="cuda")
                     rec = dict(kind="decode", kernel="cuda", context=ctx, q_tokens=1,
@@ -280,7 +279,7 @@ def main() -> None:
                                sdpa_us=round(s_us, 2), sdpa_backend=backend)
                     res["records"].append(rec)
                     print(json.dumps(rec), flush=True)
-                    if kv_name == "int8" and cuda_verify_ready(cache, ql):
+                    if kv_name == "int8" and cuda_ready(cache, ql):
                         triton_us = us
                         us, err = ours_time(cache, ctx, ql, check=True, kernel="cuda")
                         rec = dict(kind="verify", kernel="cuda", context=ctx, q_tokens=ql,
@@ -443,21 +442,17 @@ def run_cuda_sweep(cache: Cache, res: dict, late, read_bw: float, save) -> None:
         cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES = default
 
 
-def cuda_decode_ready(cache: Cache) -> bool:
-    """Whether the CUDA C++ INT8 decode kernel can serve this cache (built, NHD, aligned)."""
+def cuda_ready(cache: Cache, q_len: int = 1) -> bool:
+    """Whether the CUDA C++ INT8 kernel for ``q_len`` query tokens (decode at 1, else
+    verification) can serve this cache (built, layout, aligned); says why not for decode."""
     fmt = kv_format(cache.cache, HS)
-    q = torch.empty(1, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
-    why = cuda_decode_problem(q, cache.cache, fmt, q)
+    q = torch.empty(q_len, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
+    if q_len > 1:
+        return cuda_decode.cuda_verify_problem(q, cache.cache, fmt, q, q_len) is None
+    why = cuda_decode.cuda_decode_problem(q, cache.cache, fmt, q)
     if why:
         print(f"CUDA decode kernel not timed: {why}", flush=True)
     return why is None
-
-
-def cuda_verify_ready(cache: Cache, q_len: int) -> bool:
-    """Whether the CUDA C++ INT8 verification kernel can serve ``q_len`` query tokens here."""
-    fmt = kv_format(cache.cache, HS)
-    q = torch.empty(q_len, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
-    return cuda_decode.cuda_verify_problem(q, cache.cache, fmt, q, q_len) is None
 
 
 def markdown(res: dict) -> str:

@@ -1,5 +1,5 @@
 // Split-KV decode attention over the paged INT8 cache on the fp16 tensor cores
-// (int8_decode.cuh has the data layout and the parameters).
+// (int8_attention.cuh has the data layout and the parameters).
 //
 // One CTA = one (request, segment), 4 warps. A stage holds 64 (slot, KV head) rows: 16 slots of
 // every KV head (4 heads), or 2 x 16 slots of 2 heads, or 4 x 16 slots of one head; warp w
@@ -30,7 +30,7 @@
 
 #include <cmath>
 
-#include "int8_decode.cuh"
+#include "int8_attention.cuh"
 #include "int8_tile.cuh"
 
 namespace vllm_prism {
@@ -57,7 +57,7 @@ struct Shape {
 };
 
 template <int HD, int NKV>
-__global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8DecodeParams p) {
+__global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8AttnParams p) {
   using S = Shape<HD, NKV>;
   constexpr int KSTEPS2 = HD / 32;  // pairs of k-steps (QK) = word groups (PV)
   constexpr int MT = HD / 16;  // O^T accumulator tiles
@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8DecodeP
 }
 
 template <int HD, int NKV>
-cudaError_t launch(const Int8DecodeParams& p, int num_selected, cudaStream_t stream) {
+cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
   using S = Shape<HD, NKV>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       int8_decode_kernel<HD, NKV>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
@@ -318,7 +318,7 @@ cudaError_t launch(const Int8DecodeParams& p, int num_selected, cudaStream_t str
 }
 
 template <int HD>
-cudaError_t launch_hd(const Int8DecodeParams& p, int num_selected, cudaStream_t stream) {
+cudaError_t launch_hd(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
   switch (p.num_kv_heads) {
     case 1: return launch<HD, 1>(p, num_selected, stream);
     case 2: return launch<HD, 2>(p, num_selected, stream);
@@ -334,7 +334,7 @@ bool int8_decode_supported(int head_dim, int num_kv_heads) {
          (num_kv_heads == 1 || num_kv_heads == 2 || num_kv_heads == 4);
 }
 
-cudaError_t int8_decode_launch(const Int8DecodeParams& p, int num_selected, cudaStream_t stream) {
+cudaError_t int8_decode_launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
   if (num_selected <= 0 || p.num_segs <= 0) return cudaSuccess;
   if (p.group < 1 || p.group > kInt8DecodeMaxGroup || p.block_size % kSlots != 0)
     return cudaErrorInvalidValue;

@@ -1,5 +1,5 @@
 // Split-KV verification attention over the paged INT8 cache on the fp16 tensor cores
-// (int8_verify.cuh has the parameters). The tile algebra is the decode kernel's
+// (int8_attention.cuh has the parameters). The tile algebra is the decode kernel's
 // (int8_decode.cu): per 16-slot tile, with the slots as the MMA's M rows,
 //
 //   S^T [16 slots x 8*NT columns] = K . Q^T       (columns: query token x GQA head)
@@ -22,7 +22,7 @@
 #include <cmath>
 
 #include "int8_tile.cuh"
-#include "int8_verify.cuh"
+#include "int8_attention.cuh"
 
 namespace vllm_prism {
 namespace {
@@ -52,7 +52,7 @@ struct VShape {
 
 template <int HD, int NT>
 __global__ void __launch_bounds__(VShape<HD, NT>::kThreads)
-    int8_verify_kernel(const Int8VerifyParams p) {
+    int8_verify_kernel(const Int8AttnParams p) {
   using S = VShape<HD, NT>;
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* stages = smem;
@@ -307,27 +307,25 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads)
 }
 
 template <int HD, int NT>
-cudaError_t launch(const Int8VerifyParams& p, int num_selected, int num_kv_heads,
-                   cudaStream_t stream) {
+cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
   using S = VShape<HD, NT>;
   static const cudaError_t attr = cudaFuncSetAttribute(
       int8_verify_kernel<HD, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (attr != cudaSuccess) return attr;
   int8_verify_kernel<HD, NT>
-      <<<dim3(num_selected, num_kv_heads, p.num_segs), S::kThreads, S::kSmem, stream>>>(p);
+      <<<dim3(num_selected, p.num_kv_heads, p.num_segs), S::kThreads, S::kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
 template <int HD>
-cudaError_t launch_hd(const Int8VerifyParams& p, int num_selected, int num_kv_heads,
-                      cudaStream_t stream) {
+cudaError_t launch_hd(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
   switch ((p.group * p.max_q + 7) / 8) {
-    case 1: return launch<HD, 1>(p, num_selected, num_kv_heads, stream);
-    case 2: return launch<HD, 2>(p, num_selected, num_kv_heads, stream);
-    case 3: return launch<HD, 3>(p, num_selected, num_kv_heads, stream);
-    case 4: return launch<HD, 4>(p, num_selected, num_kv_heads, stream);
-    case 5: return launch<HD, 5>(p, num_selected, num_kv_heads, stream);
-    case 6: return launch<HD, 6>(p, num_selected, num_kv_heads, stream);
+    case 1: return launch<HD, 1>(p, num_selected, stream);
+    case 2: return launch<HD, 2>(p, num_selected, stream);
+    case 3: return launch<HD, 3>(p, num_selected, stream);
+    case 4: return launch<HD, 4>(p, num_selected, stream);
+    case 5: return launch<HD, 5>(p, num_selected, stream);
+    case 6: return launch<HD, 6>(p, num_selected, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -338,16 +336,15 @@ bool int8_verify_supported(int head_dim) {
   return head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
-cudaError_t int8_verify_launch(const Int8VerifyParams& p, int num_selected, int num_kv_heads,
-                               cudaStream_t stream) {
-  if (num_selected <= 0 || num_kv_heads <= 0 || p.num_segs <= 0) return cudaSuccess;
+cudaError_t int8_verify_launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
+  if (num_selected <= 0 || p.num_kv_heads <= 0 || p.num_segs <= 0) return cudaSuccess;
   if (p.group < 1 || p.max_q < 1 || p.group * p.max_q > kInt8VerifyMaxCols ||
       p.block_size % kSlots != 0)
     return cudaErrorInvalidValue;
   switch (p.head_dim) {
-    case 64: return launch_hd<64>(p, num_selected, num_kv_heads, stream);
-    case 128: return launch_hd<128>(p, num_selected, num_kv_heads, stream);
-    case 256: return launch_hd<256>(p, num_selected, num_kv_heads, stream);
+    case 64: return launch_hd<64>(p, num_selected, stream);
+    case 128: return launch_hd<128>(p, num_selected, stream);
+    case 256: return launch_hd<256>(p, num_selected, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -5,7 +5,6 @@
 
 #include "../ops.h"
 #include "attn_op_utils.h"
-#include "int8_verify.cuh"
 
 void int8_verify_attention(const torch::Tensor& q, const torch::Tensor& kv_cache,
                            const torch::Tensor& block_table, const torch::Tensor& seq_lens,
@@ -14,69 +13,22 @@ void int8_verify_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
                            torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
                            int64_t max_q, int64_t num_segs, int64_t min_tiles) {
   const char* op = "int8_verify_attention";
-  vllm_prism::check_attention_io(op, q, out, block_table, seq_lens, query_start_loc, req_ids);
-  const int64_t hs = q.size(2);
-  TORCH_CHECK(kv_cache.scalar_type() == torch::kInt8 && kv_cache.dim() == 4, op,
-              ": kv_cache must be the int8 [blocks, kv heads, block size, content] cache");
-  const int64_t nkv = kv_cache.size(1), block_size = kv_cache.size(2);
-  TORCH_CHECK(kv_cache.size(3) == 2 * hs + 8 && kv_cache.stride(3) == 1, op,
-              ": kv_cache rows must be int8_per_token_head rows of ", 2 * hs + 8, " bytes");
+  int64_t n_sel = 0;
+  const vllm_prism::Int8AttnParams p = vllm_prism::fill_int8_attn_params(
+      op, q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o, part_lse,
+      scale, max_q, num_segs, min_tiles, n_sel);
   TORCH_CHECK(vllm_prism::aligned_to(kv_cache, 8) && kv_cache.stride(0) % 8 == 0 &&
-                  kv_cache.stride(1) % 8 == 0 &&
-                  kv_cache.stride(2) % 8 == 0 && block_size % 16 == 0,
+                  kv_cache.stride(1) % 8 == 0 && kv_cache.stride(2) % 8 == 0 &&
+                  p.block_size % 16 == 0,
               op, ": kv_cache rows must be 8-byte aligned, the block size a multiple of 16");
-  TORCH_CHECK(vllm_prism::int8_verify_supported(static_cast<int>(hs)), op,
-              ": no kernel for head size ", hs);
-  TORCH_CHECK(q.size(1) % nkv == 0, op, ": ", q.size(1), " query heads over ", nkv,
-              " KV heads");
-  const int64_t group = q.size(1) / nkv;
-  TORCH_CHECK(max_q >= 1 && group * max_q <= vllm_prism::kInt8VerifyMaxCols, op, ": ", max_q,
-              " query tokens x ", group, " heads exceed ", vllm_prism::kInt8VerifyMaxCols,
+  TORCH_CHECK(vllm_prism::int8_verify_supported(p.head_dim), op, ": no kernel for head size ",
+              p.head_dim);
+  TORCH_CHECK(p.group * max_q <= vllm_prism::kInt8VerifyMaxCols, op, ": ", max_q,
+              " query tokens x ", p.group, " heads exceed ", vllm_prism::kInt8VerifyMaxCols,
               " columns");
-  const int64_t n_sel = req_ids.has_value() ? req_ids->size(0) : seq_lens.size(0);
-  TORCH_CHECK(num_segs >= 1 && min_tiles >= 1, op, ": num_segs and min_tiles must be >= 1");
-  if (num_segs > 1)
-    vllm_prism::check_partials(op, part_o, part_lse, n_sel, max_q, q.size(1), num_segs, hs);
   if (n_sel == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
-  vllm_prism::Int8VerifyParams p{};
-  p.q = q.data_ptr();
-  p.stride_qt = q.stride(0);
-  p.stride_qh = q.stride(1);
-  p.q_dtype = vllm_prism::half_dtype_code(q, op, "q");
-  p.cache = kv_cache.data_ptr<int8_t>();
-  p.stride_cb = kv_cache.stride(0);
-  p.stride_ch = kv_cache.stride(1);
-  p.stride_cn = kv_cache.stride(2);
-  p.block_table = block_table.data_ptr<int32_t>();
-  p.stride_bt = block_table.stride(0);
-  p.seq_lens = seq_lens.data_ptr<int32_t>();
-  p.qsl = query_start_loc.data_ptr<int32_t>();
-  p.req_ids = req_ids.has_value() ? req_ids->data_ptr<int32_t>() : nullptr;
-  p.out = out.data_ptr();
-  p.stride_ot = out.stride(0);
-  p.stride_oh = out.stride(1);
-  p.out_dtype = vllm_prism::half_dtype_code(out, op, "out");
-  if (num_segs > 1) {
-    p.part_o = part_o.data_ptr<float>();
-    p.part_lse = part_lse.data_ptr<float>();
-    p.stride_pr = part_o.stride(0);
-    p.stride_pt = part_o.stride(1);
-    p.stride_ph = part_o.stride(2);
-    p.stride_ps = part_o.stride(3);
-    p.stride_lr = part_lse.stride(0);
-    p.stride_lt = part_lse.stride(1);
-    p.stride_lh = part_lse.stride(2);
-  }
-  p.qk_scale = static_cast<float>(scale * 1.4426950408889634);
-  p.group = static_cast<int>(group);
-  p.max_q = static_cast<int>(max_q);
-  p.head_dim = static_cast<int>(hs);
-  p.block_size = static_cast<int>(block_size);
-  p.num_segs = static_cast<int>(num_segs);
-  p.min_tiles = static_cast<int>(min_tiles);
   const cudaError_t err = vllm_prism::int8_verify_launch(
-      p, static_cast<int>(n_sel), static_cast<int>(nkv),
-      at::cuda::getCurrentCUDAStream().stream());
+      p, static_cast<int>(n_sel), at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, op, ": launch failed: ", cudaGetErrorString(err));
 }

@@ -24,17 +24,17 @@ from __future__ import annotations
 import torch
 
 from vllm_prism._custom_ops import has_compiled_op
+from vllm_prism.attention.ops.geometry import split_count
 from vllm_prism.attention.ops.layout import KVFormat
 from vllm_prism.kernels.common import device_capability
 
 __all__ = ["CTAS_PER_SM", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP", "MAX_SEGMENTS",
            "MAX_VERIFY_COLUMNS", "MIN_TILES", "cuda_decode_problem", "cuda_verify_problem",
-           "launch_cuda_decode", "launch_cuda_verify", "layout_problem", "num_cuda_segments",
-           "num_cuda_verify_segments"]
+           "launch_cuda_decode", "launch_cuda_verify", "layout_problem", "num_cuda_segments"]
 
 OP = "int8_decode_attention"
 VERIFY_OP = "int8_verify_attention"
-MAX_VERIFY_COLUMNS = 48  # query tokens x query heads per KV head (int8_verify.cuh)
+MAX_VERIFY_COLUMNS = 48  # query tokens x query heads per KV head (csrc/attention/int8_attention.cuh)
 HEAD_SIZES = (64, 128, 256)
 KV_HEADS = (1, 2, 4)
 MAX_GROUP = 8
@@ -118,17 +118,10 @@ def _io_problem(q: torch.Tensor, out: torch.Tensor) -> str | None:
     return None
 
 
-def num_cuda_segments(num_selected: int, sms: int) -> int:
-    """Segments per request: about CTAS_PER_SM CTAs per multiprocessor over the batch (it
-    depends on the batch only, so a captured CUDA graph stays valid as contexts grow)."""
-    want = -(-sms * CTAS_PER_SM // max(1, num_selected))
-    return max(1, min(MAX_SEGMENTS, want))
-
-
-def num_cuda_verify_segments(num_selected: int, num_kv_heads: int, sms: int) -> int:
-    """Segments per (request, KV head) of the verification kernel (batch-only, as above)."""
-    want = -(-sms * CTAS_PER_SM // max(1, num_selected * num_kv_heads))
-    return max(1, min(MAX_SEGMENTS, want))
+def num_cuda_segments(num_selected: int, sms: int, num_kv_heads: int = 1) -> int:
+    """Segments per request (decode: a CTA serves every KV head) or per (request, KV head)
+    (verification: pass ``num_kv_heads``): about CTAS_PER_SM CTAs per multiprocessor."""
+    return split_count(CTAS_PER_SM, MAX_SEGMENTS, num_selected * num_kv_heads, sms)
 
 
 def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,

@@ -22,7 +22,7 @@ import torch
 from vllm_prism.kernels import common
 
 __all__ = ["SplitGeometry", "GpuGeometry", "TABLE", "DEFAULT", "gpu_geometry", "sm_count",
-           "num_segments"]
+           "num_segments", "split_count"]
 
 
 @dataclass(frozen=True)
@@ -102,5 +102,12 @@ def gpu_geometry(device: torch.device) -> GpuGeometry:
 
 def num_segments(geom: SplitGeometry, num_reqs: int, num_kv_heads: int, sms: int) -> int:
     """Segments per (request, KV head): enough programs to give each SM its share."""
-    want = -(-int(sms * geom.programs_per_sm) // max(1, num_reqs * num_kv_heads))
-    return max(1, min(geom.max_segments, want))
+    return split_count(geom.programs_per_sm, geom.max_segments, num_reqs * num_kv_heads, sms)
+
+
+def split_count(programs_per_sm: float, max_segments: int, num_groups: int, sms: int) -> int:
+    """Segments per group (a request, or a (request, KV head)) so that ``num_groups`` groups
+    give each of ``sms`` multiprocessors about ``programs_per_sm`` programs; it depends on the
+    batch only, so a captured CUDA graph stays valid as contexts grow."""
+    want = -(-int(sms * programs_per_sm) // max(1, num_groups))
+    return max(1, min(max_segments, want))

@@ -50,7 +50,7 @@ import torch
 from vllm_prism import envs
 from vllm_prism.attention.ops.cuda_decode import (cuda_decode_problem, cuda_verify_problem,
                                                   launch_cuda_decode, launch_cuda_verify,
-                                                  num_cuda_segments, num_cuda_verify_segments)
+                                                  num_cuda_segments)
 from vllm_prism.attention.ops.geometry import (SplitGeometry, gpu_geometry, num_segments,
                                                sm_count)
 from vllm_prism.attention.ops.layout import KVFormat, kv_format
@@ -428,14 +428,14 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
             why = cuda_decode_problem(q, kv_cache, fmt, out3)
             _log_decode_choice(why)
             if why is None:
-                _cuda_decode(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel, scale,
-                             num_segs)
+                _cuda_split_kv(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel,
+                               scale, 1, num_segs)
                 return out
         elif choice == "cuda":  # verification: only when asked for (not yet run on a GPU)
             why = cuda_verify_problem(q, kv_cache, fmt, out3, max_q)
             if why is None:
-                _cuda_verify(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel, scale,
-                             max_q, num_segs)
+                _cuda_split_kv(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel,
+                               scale, max_q, num_segs)
                 return out
         if kernel == "cuda":
             raise ValueError(f"the CUDA attention kernel cannot serve this call: {why}")
@@ -515,41 +515,30 @@ def _merge(part_o: torch.Tensor, part_lse: torch.Tensor, out3: torch.Tensor,
         MAX_Q=max_q, NSEG_P2=nseg_p2, DCHUNK=dchunk, HAS_REQ_IDS=has_ids, num_warps=4)
 
 
-def _cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
-                 out3: torch.Tensor, req_ids: torch.Tensor | None, n_sel: int, scale: float,
-                 max_q: int, num_segs: int | None) -> None:
-    """INT8 verification on the CUDA C++ kernel, merged here when it splits the context."""
-    nkv = kv_cache.shape[1]
-    segs = num_segs or num_cuda_verify_segments(n_sel, nkv, sm_count(q.device))
+def _cuda_split_kv(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
+                   out3: torch.Tensor, req_ids: torch.Tensor | None, n_sel: int, scale: float,
+                   max_q: int, num_segs: int | None) -> None:
+    """INT8 decode (``max_q == 1``: one CTA per request and segment, every KV head) or
+    verification (one CTA per request, KV head and segment) on the CUDA C++ kernels, merged
+    here when they split the context."""
+    verify = max_q > 1
+    nkv = kv_cache.shape[1] if verify else 1
+    segs = num_segs or num_cuda_segments(n_sel, sm_count(q.device), nkv)
     hq, hs = q.shape[1], q.shape[2]
     if segs > 1:
         part_o = torch.empty(n_sel, max_q, hq, segs, hs, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(n_sel, max_q, hq, segs, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
-    launch_cuda_verify(q, kv_cache, md.block_table, md.seq_lens, md.query_start_loc, req_ids,
-                       out3, part_o, part_lse, scale, max_q, segs)
+    args = (q, kv_cache, md.block_table, md.seq_lens, md.query_start_loc, req_ids, out3, part_o,
+            part_lse, scale)
+    if verify:
+        launch_cuda_verify(*args, max_q, segs)
+    else:
+        launch_cuda_decode(*args, segs)
     if segs > 1:
         ids = md.query_start_loc if req_ids is None else req_ids
         _merge(part_o, part_lse, out3, ids, md, n_sel, max_q, segs, req_ids is not None)
-
-
-def _cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
-                 out3: torch.Tensor, req_ids: torch.Tensor | None, n_sel: int, scale: float,
-                 num_segs: int | None) -> None:
-    """INT8 decode on the CUDA C++ kernel, merged here when it splits the context."""
-    segs = num_segs or num_cuda_segments(n_sel, sm_count(q.device))
-    hq, hs = q.shape[1], q.shape[2]
-    if segs > 1:
-        part_o = torch.empty(n_sel, 1, hq, segs, hs, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(n_sel, 1, hq, segs, dtype=torch.float32, device=q.device)
-    else:
-        part_o = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
-    launch_cuda_decode(q, kv_cache, md.block_table, md.seq_lens, md.query_start_loc, req_ids,
-                       out3, part_o, part_lse, scale, segs)
-    if segs > 1:
-        ids = md.query_start_loc if req_ids is None else req_ids
-        _merge(part_o, part_lse, out3, ids, md, n_sel, 1, segs, req_ids is not None)
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, *,

@@ -1,0 +1,64 @@
+// Split-KV attention over vLLM's paged INT8 (int8_per_token_head) cache, torch-free: the
+// parameters both kernels read, and their launchers.
+//
+// * decode (int8_decode.cu): one query token per request; one CTA per (request, segment) for
+//   every KV head. vLLM's NHD layout puts a slot's heads side by side ([K int8 (hd) | K scale
+//   f32 | V int8 (hd) | V scale f32] per head, 2 * hd + 8 bytes: rows only 8 (K) or 4 (V) byte
+//   aligned), so the 16 slots of a tile, all heads together, are one contiguous 16-byte aligned
+//   run, copied into shared memory with 16-byte cp.async.
+// * verification (int8_verify.cu): 2..8 query tokens folded into the GQA group (column = token
+//   x group + head), prefix and causal tail in one pass; one CTA per (request, KV head,
+//   segment) copies its head's rows with 8-byte cp.async (any layout).
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace vllm_prism {
+
+struct Int8AttnParams {
+  const void* q;  // [tokens, q heads, hd], fp16 or bf16, 16-byte aligned head rows
+  int64_t stride_qt, stride_qh;  // elements
+  int q_dtype;  // 1 fp16, 2 bf16
+  const int8_t* cache;  // logical [blocks, kv heads, block size, 2 * hd + 8]
+  int64_t stride_cb, stride_ch, stride_cn;  // bytes: block, head, slot
+  const int32_t* block_table;
+  int64_t stride_bt;
+  const int32_t* seq_lens;
+  const int32_t* qsl;  // query_start_loc: request r's query tokens are rows qsl[r]..
+  const int32_t* req_ids;  // selected requests (nullptr: request = blockIdx.x)
+  void* out;  // [tokens, q heads, hd], written when num_segs == 1
+  int64_t stride_ot, stride_oh;
+  int out_dtype;  // 1 fp16, 2 bf16
+  float* part_o;  // [selected, max_q, q heads, num_segs, hd] fp32 partial outputs (num_segs > 1)
+  float* part_lse;  // [selected, max_q, q heads, num_segs] log2-sum-exp (-inf: empty segment)
+  int64_t stride_pr, stride_pt, stride_ph, stride_ps;
+  int64_t stride_lr, stride_lt, stride_lh;
+  float qk_scale;  // softmax scale * log2(e)
+  int group;  // query heads per KV head
+  int num_kv_heads;
+  int head_dim;
+  int max_q;  // query tokens of the widest request (1 for decode)
+  int block_size;  // slots per block, a multiple of 16
+  int num_segs;
+  int min_tiles;  // a segment holds at least this many 16-slot tiles
+};
+
+constexpr int kInt8DecodeMaxGroup = 8;
+constexpr int kInt8VerifyMaxCols = 48;  // query tokens x heads of a group (6 n-tiles of 8)
+
+// Whether a decode kernel is compiled for this head size and KV head count (64 / 128 / 256 and
+// 1 / 2 / 4).
+bool int8_decode_supported(int head_dim, int num_kv_heads);
+
+// Decode: grid (num_selected, num_segs) on `stream`.
+cudaError_t int8_decode_launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream);
+
+// Whether a verification kernel is compiled for this head size (64 / 128 / 256).
+bool int8_verify_supported(int head_dim);
+
+// Verification: grid (num_selected, p.num_kv_heads, num_segs) on `stream`.
+cudaError_t int8_verify_launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream);
+
+}  // namespace vllm_prism
