@@ -25,16 +25,17 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_PRISM_PQ2_KERNEL": lambda: os.getenv("VLLM_PRISM_PQ2_KERNEL", "auto").strip().lower(),
     # Programmatic dependent launch of the PQ2 linear kernels on Hopper and newer GPUs
     # (kernels/common.py use_pdl): each kernel lets the next one launch early and waits for its
-    # inputs in the kernel; the GEMV loads its first weight tile before that wait. "1" turns it
-    # on; off by default until its gain through vLLM is measured. Read per launch; it
-    # changes no traced graph.
-    "VLLM_PRISM_PDL": lambda: os.getenv("VLLM_PRISM_PDL", "0").strip().lower() in ("1", "true",
+    # inputs in the kernel; the GEMV loads its first weight tile before that wait. On by
+    # default (through vLLM on the H200: batch 1 +5.7 %, 8 streams +7.2 %,
+    # benchmarks/results/e2e_h200_notes.md); "0" turns it off. Read per launch; it changes no
+    # traced graph.
+    "VLLM_PRISM_PDL": lambda: os.getenv("VLLM_PRISM_PDL", "1").strip().lower() in ("1", "true",
                                                                                      "on"),
     # Decode attention kernel over an INT8 KV cache (attention/ops/triton_split_kv.py):
     # "auto" (default) runs the CUDA C++ kernel of vllm_prism._C (attention/ops/cuda_decode.py)
     # wherever it can serve the call, the Triton split-KV kernel elsewhere; "triton" always the
-    # Triton kernel; "cuda" also INT8 verification on the CUDA C++ kernel (opt-in, not yet run
-    # on a GPU). Read per call (inside vLLM's attention op, outside any traced graph).
+    # Triton kernel; "cuda" also INT8 verification on the CUDA C++ kernel (opt-in: correct on
+    # the H200, slower than Triton at 4-8 tokens). Read per call (inside vLLM's attention op, outside any traced graph).
     "VLLM_PRISM_ATTN_KERNEL": lambda: os.getenv("VLLM_PRISM_ATTN_KERNEL", "auto").strip().lower(),
     # Tile overrides for the int8 GEMV (kernels/pq2/triton_gemv.py), to measure a variant
     # through vLLM: comma-separated key=value among n (rows per program), g (groups per step),

@@ -491,10 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tensor_parallel_size; several: one engine each, in the same run")
     p.add_argument("--spec-k", type=int, nargs="*", default=[],
                    help="verify-step records with a DFlash drafter, one engine per k")
+    p.add_argument("--spec-only", action="store_true",
+                   help="with --spec-k: only the verify engines (no plain engines)")
     p.add_argument("--drafter", help="the DFlash drafter folder for --spec-k (default: "
                    "vllm-prism make-tiny-drafter for the model, in a temporary folder)")
-    p.add_argument("--pdl", type=int, nargs="+", default=[0], choices=[0, 1],
-                   help="VLLM_PRISM_PDL for the engines (default 0, as served); 1 0: each "
+    p.add_argument("--pdl", type=int, nargs="+", default=[1], choices=[0, 1],
+                   help="VLLM_PRISM_PDL for the engines (default 1, as served); 1 0: each "
                    "engine with and without")
     p.add_argument("--pq2-kernel", nargs="+", default=["auto"],
                    help="VLLM_PRISM_PQ2_KERNEL for the engines, each in turn")
@@ -528,7 +530,8 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
     --pq2-kernel and --gemv-tuning value. ``argv`` is this process's arguments (the children
     get them all, then their own); ``lock`` is the side-by-side turn lock, if any."""
     # the plain engines: no drafter (an empty --spec-k overrides the one in argv)
-    runs = [(kv, ["--tp", str(tp), "--spec-k"]) for tp in args.tp for kv in args.kv]
+    runs = [] if args.spec_k and args.spec_only else [
+        (kv, ["--tp", str(tp), "--spec-k"]) for tp in args.tp for kv in args.kv]
     if args.spec_k:
         runs += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
                                str(drafter), "--batches", "1"]) for k in args.spec_k]

@@ -6,8 +6,8 @@ the bytes it must move (codes + scales + activation + output), the share of the 
 bandwidth measured in the same run by a large read-only reduction, the ratio to torch bf16
 ``F.linear`` on dense weights of the same shape, and t(M) / t(1).
 
-With ``VLLM_PRISM_PDL=1`` on Hopper and newer (programmatic dependent launch), ``us`` is timed
-with it and ``us_no_pdl`` without, in the same run.
+On Hopper and newer, where programmatic dependent launch is on (``VLLM_PRISM_PDL``, on by
+default), ``us`` is timed with it and ``us_no_pdl`` without, in the same run.
 
 Timing: CUDA events around replays of a CUDA graph that holds many calls, each call on a
 different copy of the weights (enough copies to exceed 3x the L2 cache, so every call

@@ -8,6 +8,11 @@ Tolerance: relative L2 error 1e-2 (bf16 operands and output).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -154,6 +159,31 @@ def test_cuda_decode_selected_requests():
     assert max(errs) < CUDA_TOL, errs
 
 
+_HND_OP_CALL = """
+import torch
+from attn_helpers import make_batch, poisoned_out
+from vllm_prism._custom_ops import has_compiled_op
+assert has_compiled_op("int8_decode_attention")
+b = make_batch([100, 2000], [1, 1], torch.int8, device="cuda", layout="HND", seed=13)
+empty = torch.empty(0, device="cuda")
+try:
+    torch.ops._C_prism.int8_decode_attention(
+        b.q, b.cache, b.md.block_table, b.md.seq_lens, b.md.query_start_loc, None,
+        poisoned_out(b.q), empty, empty, 0.0625, 1, 4)
+except RuntimeError as e:
+    print("refused:", e)
+"""
+
+
+def _op_refuses_hnd_cache() -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _HND_OP_CALL], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "NHD int8_per_token_head layout" in r.stdout, (
+        f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}")
+
+
 @needs_c
 def test_cuda_decode_refusals():
     """What the CUDA kernel cannot serve is refused by name when asked for, and taken by the
@@ -164,12 +194,9 @@ def test_cuda_decode_refusals():
     out = poisoned_out(b.q)
     decode_attention(b.q, b.cache, b.md, out=out)
     assert max(_per_request(out, _ref(b), b)) < TOL
-    # the op itself refuses what the kernel cannot read, with the layout it needs
-    empty = torch.empty(0, device="cuda")
-    with pytest.raises(RuntimeError, match="NHD int8_per_token_head layout"):
-        torch.ops._C_prism.int8_decode_attention(
-            b.q, b.cache, b.md.block_table, b.md.seq_lens, b.md.query_start_loc, None, out,
-            empty, empty, 0.0625, 1, 4)
+    # the op itself refuses what the kernel cannot read, with the layout it needs (in a child
+    # process: this call once crashed the process instead of raising)
+    _op_refuses_hnd_cache()
     c = make_batch([100], [2], torch.bfloat16, device="cuda", seed=13)
     with pytest.raises(ValueError, match="int8_per_token_head"):
         decode_attention(c.q, c.cache, c.md, out=poisoned_out(c.q), kernel="cuda")

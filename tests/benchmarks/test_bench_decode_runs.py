@@ -36,6 +36,17 @@ def test_spec_k_run_has_one_plain_engine_and_one_engine_per_k() -> None:
     assert all(a.child for a, _ in kids)
 
 
+def test_spec_only_drops_the_plain_engine() -> None:
+    kids = _children(["m.gguf", "--kv", "int8_per_token_head", "--spec-k", "5", "--spec-only",
+                      "--attn-kernel", "auto", "cuda"])
+    assert [a.spec_k for a, _ in kids] == [[5], [5]]
+    assert [env["VLLM_PRISM_ATTN_KERNEL"] for _, env in kids] == ["auto", "cuda"]
+
+
+def test_served_default_is_pdl_on() -> None:
+    assert [env["VLLM_PRISM_PDL"] for _, env in _children(["m.gguf", "--kv", "auto"])] == ["1"]
+
+
 def test_side_by_side_engines_share_the_memory_and_take_turns() -> None:
     argv = ["m.gguf", "--kv", "auto", "int8_per_token_head", "--gpu-memory", "0.8",
             "--side-by-side", "--kv-cache-gib", "3"]

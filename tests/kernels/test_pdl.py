@@ -1,6 +1,6 @@
-"""When the PQ2 kernels use programmatic dependent launch: with VLLM_PRISM_PDL=1, on Hopper or
-newer CUDA GPUs with a Triton that supports it, never the interpreter or the CPU; off by
-default."""
+"""When the PQ2 kernels use programmatic dependent launch: on Hopper or newer CUDA GPUs with a
+Triton that supports it, unless VLLM_PRISM_PDL=0 (on by default); never the interpreter or the
+CPU."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ def gpu(monkeypatch):
     return make
 
 
-def test_off_by_default(gpu, monkeypatch) -> None:
+def test_on_by_default_on_hopper(gpu, monkeypatch) -> None:
     monkeypatch.delenv("VLLM_PRISM_PDL", raising=False)
-    assert not common.use_pdl(gpu((9, 0)))
+    assert common.use_pdl(gpu((9, 0)))
+    assert not common.use_pdl(gpu((8, 0)))
 
 
 def test_on_for_hopper_and_newer(gpu, monkeypatch) -> None:

@@ -86,7 +86,7 @@ def _triton_has_pdl() -> bool:
 def use_pdl(device: torch.device) -> bool:
     """Whether the PQ2 kernels on ``device`` run with programmatic dependent launch: a CUDA
     GPU of compute capability 9.0 or newer (``griddepcontrol``), a Triton that supports it,
-    not the interpreter, and ``VLLM_PRISM_PDL`` on (off by default)."""
+    not the interpreter, and ``VLLM_PRISM_PDL`` on (the default)."""
     cap = device_capability(device)
     return (cap is not None and cap >= (9, 0) and not interpreting() and _triton_has_pdl()
             and envs.VLLM_PRISM_PDL)

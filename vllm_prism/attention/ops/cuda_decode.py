@@ -16,7 +16,8 @@ Verification (2..8 query tokens, at most 48 query tokens x GQA heads) has its ow
 CTA per (request, KV head, segment), the head's rows copied with 8-byte ``cp.async`` (any
 layout), the head dimension split over four warps whose partial ``S`` meet in shared memory,
 prefix and causal tail in one pass. It runs only when asked for
-(``verify_attention(kernel="cuda")``): written and compile-checked, not yet run on a GPU.
+(``verify_attention(kernel="cuda")``): correct on the H200 but slower than the Triton kernel at
+4-8 tokens (benchmarks/results/attention_h200.md), so never the automatic choice.
 """
 
 from __future__ import annotations

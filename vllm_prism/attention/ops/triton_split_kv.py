@@ -398,9 +398,9 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
     ``kernel`` (default: the ``VLLM_PRISM_ATTN_KERNEL`` switch, ``auto``): ``auto`` runs INT8
     decode on the CUDA C++ kernel (:mod:`.cuda_decode`) wherever it can serve the call and
     everything else here; ``triton`` always here; ``cuda`` runs INT8 verification on the CUDA
-    C++ kernel too (opt-in: not yet run on a GPU). Passed as ``kernel="cuda"`` it requires the
-    CUDA kernels (an error names why one cannot serve a call); from the switch, a call they
-    cannot serve runs here.
+    C++ kernel too (opt-in: slower than Triton on the H200). Passed as ``kernel="cuda"`` it
+    requires the CUDA kernels (an error names why one cannot serve a call); from the switch, a
+    call they cannot serve runs here.
     """
     fmt = _check_inputs(q, kv_cache)
     if out is None:
@@ -431,7 +431,7 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
                 _cuda_split_kv(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel,
                                scale, 1, num_segs)
                 return out
-        elif choice == "cuda":  # verification: only when asked for (not yet run on a GPU)
+        elif choice == "cuda":  # verification: only when asked for (slower than Triton)
             why = cuda_verify_problem(q, kv_cache, fmt, out3, max_q)
             if why is None:
                 _cuda_split_kv(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel,
