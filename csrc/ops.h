@@ -17,6 +17,18 @@ torch::Tensor pq2_gemv_int8(const torch::Tensor& codes, const torch::Tensor& sca
                             const std::optional<torch::Tensor>& bias, c10::ScalarType out_dtype,
                             bool pdl);
 
+// y [1, N] = W_st @ producer(x): the activation producer (prologue, signs, block Hadamard,
+// int8) runs inside the GEMV launch (csrc/pq2/gemv_int8.cu); res_out gets x + residual.
+torch::Tensor pq2_gemv_fused(const torch::Tensor& codes, const torch::Tensor& scales,
+                             const torch::Tensor& x, const std::optional<torch::Tensor>& residual,
+                             const std::optional<torch::Tensor>& res_out,
+                             const std::optional<torch::Tensor>& rms_weight,
+                             const std::optional<torch::Tensor>& gate,
+                             const std::optional<torch::Tensor>& signs,
+                             const std::optional<torch::Tensor>& bias, int64_t hadamard_block,
+                             bool glu, double rms_offset, double eps, int64_t rms_group,
+                             bool gate_sigmoid, c10::ScalarType out_dtype, bool pdl);
+
 torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor& scales,
                                  const torch::Tensor& xq, const torch::Tensor& sx,
                                  const torch::Tensor& qsum,

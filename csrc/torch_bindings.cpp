@@ -20,6 +20,14 @@ TORCH_LIBRARY(_C_prism, m) {
       "pq2_gemv_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor? bias, "
       "ScalarType out_dtype, bool pdl) -> Tensor");
   m.impl("pq2_gemv_int8", c10::kCUDA, &pq2_gemv_int8);
+  // y [1, N] = W_st @ producer(x) with the activation producer in the same launch
+  // (csrc/pq2/gemv_int8.cu); res_out (with residual) receives x + residual.
+  m.def(
+      "pq2_gemv_fused(Tensor codes, Tensor scales, Tensor x, Tensor? residual, "
+      "Tensor(a!)? res_out, Tensor? rms_weight, Tensor? gate, Tensor? signs, Tensor? bias, "
+      "int hadamard_block, bool glu, float rms_offset, float eps, int rms_group, "
+      "bool gate_sigmoid, ScalarType out_dtype, bool pdl) -> Tensor");
+  m.impl("pq2_gemv_fused", c10::kCUDA, &pq2_gemv_fused);
   // y [M, N] = W_st @ x for 1..16 int8 activation rows, weights as the MMA's A operand
   // (csrc/pq2/mma_small.cu).
   m.def(

@@ -307,7 +307,7 @@ def candidates(m: int) -> list[str]:
     """Other kernels timed at this M (end to end, producer included)."""
     small = ["mma_small_cuda", "mma_small_pipe_cuda"]
     if m == 1:
-        return ["gemv_a8", "gemv_a16", "gemv_cuda", "mma_cuda", *small]
+        return ["gemv_a8", "gemv_a16", "gemv_cuda", "gemv_fused_cuda", "mma_cuda", *small]
     if m <= 8:
         gemv = ["gemv_cuda"] if m <= dispatch.GEMV_CUDA_MAX_M else []
         return ["gemv_a8_rows", *gemv, "mma_a8", "mma_a16", "mma_cuda", *small]

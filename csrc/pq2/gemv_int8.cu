@@ -19,6 +19,8 @@
 // shuffle tree: the result does not depend on timing.
 #include "gemv_int8.cuh"
 
+#include <algorithm>
+
 #include "pq2_device.cuh"
 
 namespace vllm_prism {
@@ -124,50 +126,17 @@ __device__ __forceinline__ void dot_frag(float (&acc)[M], const Frag<CMAX>& f, C
   }
 }
 
+// Step 3 of both kernels: the warp's row groups (pass by pass for long rows) from its first
+// one, whose codes are in `f`, against the activation rows staged in shared memory.
 template <int LANES, int CMAX, int HINT, bool PREFETCH, int M>
-__global__ void __launch_bounds__(kThreads, PQ2_GEMV_MIN_BLOCKS)
-    pq2_gemv_int8_kernel(const __grid_constant__ Pq2LinearParams p) {
-  extern __shared__ __align__(16) char smem[];
-  if (p.pdl) pdl_launch_dependents();
+__device__ __forceinline__ void gemv_rows(const Pq2LinearParams& p, const GemvSmem& L,
+                                          const char* smem, Cursor cur, Frag<CMAX>& f) {
   constexpr int kRowsPerWarp = 32 / LANES;
-  const GemvSmem L(p.k, M);
-  const int tid = threadIdx.x, lane = tid & 31;
+  const int lane = threadIdx.x & 31;
   const int hl = lane % LANES, sub = lane / LANES;
-  const int warps = blockDim.x >> 5;
-  const int stride = gridDim.x * warps;  // warps of the grid
+  const int stride = gridDim.x * (blockDim.x >> 5);  // warps of the grid
   const int groups = (p.n + kRowsPerWarp - 1) / kRowsPerWarp;
   const int passes = (L.g64 + LANES * CMAX - 1) / (LANES * CMAX);
-
-  // 1. The first row's codes: independent of the previous kernel.
-  Cursor cur{static_cast<int>(blockIdx.x) * warps + (tid >> 5), 0};
-  Frag<CMAX> f;
-  if (cur.rg < groups) load_frag<LANES, CMAX, HINT>(f, p, cur, hl, sub, L.g64);
-  if (p.pdl) pdl_wait();  // the activation is complete past here
-
-  // 2. The activation rows, piece-major, with their 64-chunk sums and 128-group scales.
-  for (int i = tid; i < M * L.g64; i += blockDim.x) {
-    const int m = i / L.g64, g = i - m * L.g64;
-    const int4* xg = reinterpret_cast<const int4*>(p.xq + m * p.stride_x) + 4 * g;
-    int4* xs = reinterpret_cast<int4*>(smem + L.x) + m * 4 * L.g64;
-    int s = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int4 v = __ldg(xg + j);
-      xs[j * L.g64 + g] = v;
-      s = __dp4a(0x01010101, v.x, s);
-      s = __dp4a(0x01010101, v.y, s);
-      s = __dp4a(0x01010101, v.z, s);
-      s = __dp4a(0x01010101, v.w, s);
-    }
-    reinterpret_cast<int*>(smem + L.xsum)[i] = s;
-  }
-  for (int i = tid; i < M * L.g128; i += blockDim.x) {
-    const int m = i / L.g128;
-    reinterpret_cast<float*>(smem + L.sx)[i] = __ldg(p.sx + m * p.stride_g + (i - m * L.g128));
-  }
-  __syncthreads();
-
-  // 3. Row group by row group (pass by pass for long rows).
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.f;
@@ -197,6 +166,336 @@ __global__ void __launch_bounds__(kThreads, PQ2_GEMV_MIN_BLOCKS)
     }
     cur = next;
   }
+}
+
+template <int LANES, int CMAX, int HINT, bool PREFETCH, int M>
+__global__ void __launch_bounds__(kThreads, PQ2_GEMV_MIN_BLOCKS)
+    pq2_gemv_int8_kernel(const __grid_constant__ Pq2LinearParams p) {
+  extern __shared__ __align__(16) char smem[];
+  if (p.pdl) pdl_launch_dependents();
+  constexpr int kRowsPerWarp = 32 / LANES;
+  const GemvSmem L(p.k, M);
+  const int tid = threadIdx.x, lane = tid & 31;
+  const int hl = lane % LANES, sub = lane / LANES;
+  const int groups = (p.n + kRowsPerWarp - 1) / kRowsPerWarp;
+
+  // 1. The first row's codes: independent of the previous kernel.
+  const Cursor cur{static_cast<int>(blockIdx.x) * static_cast<int>(blockDim.x >> 5) + (tid >> 5),
+                   0};
+  Frag<CMAX> f;
+  if (cur.rg < groups) load_frag<LANES, CMAX, HINT>(f, p, cur, hl, sub, L.g64);
+  if (p.pdl) pdl_wait();  // the activation is complete past here
+
+  // 2. The activation rows, piece-major, with their 64-chunk sums and 128-group scales.
+  for (int i = tid; i < M * L.g64; i += blockDim.x) {
+    const int m = i / L.g64, g = i - m * L.g64;
+    const int4* xg = reinterpret_cast<const int4*>(p.xq + m * p.stride_x) + 4 * g;
+    int4* xs = reinterpret_cast<int4*>(smem + L.x) + m * 4 * L.g64;
+    int s = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int4 v = __ldg(xg + j);
+      xs[j * L.g64 + g] = v;
+      s = __dp4a(0x01010101, v.x, s);
+      s = __dp4a(0x01010101, v.y, s);
+      s = __dp4a(0x01010101, v.z, s);
+      s = __dp4a(0x01010101, v.w, s);
+    }
+    reinterpret_cast<int*>(smem + L.xsum)[i] = s;
+  }
+  for (int i = tid; i < M * L.g128; i += blockDim.x) {
+    const int m = i / L.g128;
+    reinterpret_cast<float*>(smem + L.sx)[i] = __ldg(p.sx + m * p.stride_g + (i - m * L.g128));
+  }
+  __syncthreads();
+
+  // 3. Row group by row group.
+  gemv_rows<LANES, CMAX, HINT, PREFETCH, M>(p, L, smem, cur, f);
+}
+
+// ------------------------------------------------- the producer inside the GEMV (M = 1)
+//
+// A fused launch runs the activation producer (kernels/pq2/hadamard.py) in every CTA, so a
+// linear is one launch: before the grid-dependency wait each warp asks L2 for its first row
+// group's codes and scales (prefetch: no registers held), then the CTA builds the int8
+// activation in shared memory from x, and the GEMV runs as above. Thread t of the CTA holds
+// the 32 values of unit t (values 32t .. 32t + 31: the CTA has at least K / 32 threads), so a
+// warp holds 1024 consecutive values and the block Hadamard (at most 1024) runs in registers
+// and lane shuffles, each 128-group's int8 quantization over four lanes.
+
+constexpr int kFusedThreads = 1024;
+constexpr unsigned kFull = 0xffffffffu;
+
+__device__ __forceinline__ float bits_to_float(uint32_t bits, int dtype) {
+  return dtype == 2 ? __uint_as_float(bits << 16) : __half2float(__ushort_as_half(bits));
+}
+
+__device__ __forceinline__ uint32_t float_to_bits(float v, int dtype) {
+  return dtype == 2 ? __bfloat16_as_ushort(__float2bfloat16_rn(v))
+                    : __half_as_ushort(__float2half_rn(v));
+}
+
+// 8 consecutive fp16 / bf16 values from element i of `base` (i % 8 == 0) as floats: one
+// 16-byte load where `vec` (16-byte aligned base), else eight 2-byte loads.
+__device__ __forceinline__ void load8(float (&v)[8], const void* base, int64_t i, int dtype,
+                                      bool vec) {
+  const uint16_t* b = static_cast<const uint16_t*>(base) + i;
+  uint32_t w[4];
+  if (vec) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(b));
+    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+  } else {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      w[j] = static_cast<uint32_t>(__ldg(b + 2 * j)) |
+             (static_cast<uint32_t>(__ldg(b + 2 * j + 1)) << 16);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    v[2 * j] = bits_to_float(w[j] & 0xffffu, dtype);
+    v[2 * j + 1] = bits_to_float(w[j] >> 16, dtype);
+  }
+}
+
+// The 8 values `v` rounded to fp16 / bf16 at element i of `base` (i % 8 == 0).
+__device__ __forceinline__ void store8(void* base, int64_t i, const float* v, int dtype,
+                                       bool vec) {
+  uint16_t* b = static_cast<uint16_t*>(base) + i;
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    w[j] = float_to_bits(v[2 * j], dtype) | (float_to_bits(v[2 * j + 1], dtype) << 16);
+  }
+  if (vec) {
+    *reinterpret_cast<uint4*>(b) = make_uint4(w[0], w[1], w[2], w[3]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) b[j] = static_cast<uint16_t>(w[j / 2] >> (16 * (j % 2)));
+  }
+}
+
+__device__ __forceinline__ void prefetch_l2(const void* ptr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
+}
+
+// Asks L2 for every 128-byte line of the codes and scales of row group `rg` (rows
+// rg * 32 / LANES ...): the loads of its first pass then find them there.
+template <int LANES>
+__device__ __forceinline__ void prefetch_row_group(const Pq2LinearParams& p, int rg, int lane,
+                                                   int g64) {
+  constexpr int kRows = 32 / LANES;
+  const int row0 = rg * kRows;
+  if (row0 >= p.n) return;
+  const int rows = min(kRows, p.n - row0);
+  const int bytes = g64 * 16;
+  const int lines = bytes / 128 + 2;  // a row's codes, wherever its 16-byte start lies
+  for (int t = lane; t < rows * lines; t += 32) {
+    const int r = t / lines, l = t - r * lines;
+    const char* row = reinterpret_cast<const char*>(p.codes + (row0 + r) * p.stride_c);
+    const char* line = reinterpret_cast<const char*>(
+        (reinterpret_cast<uintptr_t>(row) & ~static_cast<uintptr_t>(127)) + 128 * l);
+    if (line < row + bytes) prefetch_l2(line);
+  }
+  if (lane < rows) {  // the row's fp16 scales: g64 / 2 of them, at most two lines
+    const char* srow = reinterpret_cast<const char*>(p.scales + (row0 + lane) * p.stride_s);
+    prefetch_l2(srow);
+    prefetch_l2(srow + g64 - 1);
+  }
+}
+
+// Builds the int8 activation of x in shared memory (L: the GEMV's layout; red: 32 floats):
+// every thread of the CTA takes part (one barrier when the norm spans the whole row).
+__device__ __forceinline__ void produce_activation(const Pq2LinearParams& p,
+                                                   const Pq2PrologueParams& q,
+                                                   const GemvSmem& L, char* smem, float* red) {
+  const int k = p.k, units = k / 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int u = threadIdx.x;  // this thread's unit
+  const bool active = warp * 32 < units, mine = u < units;  // active: warp-uniform
+  const int64_t e0 = static_cast<int64_t>(u) * 32;
+  float v[32];
+  float ss = 0.f;
+  // 1. silu(gate) * up, plus the residual (the sum written back by CTA 0)
+  if (active) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float a[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) a[j] = 0.f;
+      if (mine) {
+        load8(a, q.x, e0 + 8 * c, q.x_dtype, q.x_vec);
+        if (q.glu) {
+          float b[8];
+          load8(b, q.x, k + e0 + 8 * c, q.x_dtype, q.x_vec);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) a[j] = a[j] / (1.f + __expf(-a[j])) * b[j];
+        }
+        if (q.res != nullptr) {
+          float r[8];
+          load8(r, q.res, e0 + 8 * c, q.x_dtype, q.res_vec);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) a[j] += r[j];
+          if (blockIdx.x == 0) store8(q.res_out, e0 + 8 * c, a, q.x_dtype, q.res_vec);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        v[8 * c + j] = a[j];
+        ss += a[j] * a[j];
+      }
+    }
+  }
+  // 2. the RMSNorm: over the whole row (a block reduction) or per rms_group values
+  const bool row_norm = q.rms_w != nullptr && q.rms_group == 0;
+  float rstd = 0.f;
+  if (row_norm) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(kFull, ss, o);
+    if (lane == 0) red[warp] = ss;
+    __syncthreads();
+    float t = 0.f;
+    for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) t += red[w];
+    rstd = 1.f / sqrtf(t / k + q.eps);
+  }
+  if (!active) return;
+  if (q.rms_w != nullptr) {
+    int64_t w0 = e0;
+    if (!row_norm) {  // rms_group >= 32 values: rms_group / 32 lanes
+      for (int o = 1; o < q.rms_group / 32; o <<= 1) ss += __shfl_xor_sync(kFull, ss, o);
+      rstd = 1.f / sqrtf(ss / q.rms_group + q.eps);
+      w0 = e0 % q.rms_group;
+    }
+    if (mine) {
+#pragma unroll
+      for (int i = 0; i < 32; ++i) {
+        v[i] = v[i] * rstd * (load_as_float(q.rms_w, w0 + i, q.rms_dtype) + q.rms_offset);
+      }
+    }
+  }
+  // 3. times act(gate), times the signs
+  if (q.gate != nullptr && mine) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      float z[8];
+      load8(z, q.gate, e0 + 8 * c, q.x_dtype, q.gate_vec);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float sig = 1.f / (1.f + __expf(-z[j]));
+        v[8 * c + j] *= q.gate_sigmoid ? sig : z[j] * sig;
+      }
+    }
+  }
+  if (q.signs != nullptr && mine) {
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const float4 sg = __ldg(reinterpret_cast<const float4*>(q.signs + e0) + c);
+      v[4 * c] *= sg.x, v[4 * c + 1] *= sg.y, v[4 * c + 2] *= sg.z, v[4 * c + 3] *= sg.w;
+    }
+  }
+  // 4. the block Hadamard, stage by stage as the Triton producer: in the lane's values, then
+  // across lanes (the lower of a pair keeps a + b, the upper a - b)
+  if (q.log_b > 0) {
+#pragma unroll
+    for (int st = 0; st < 5; ++st) {
+      if (st < q.log_b) {
+        const int d = 1 << st;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          if ((i & d) == 0) {
+            const float a = v[i], b = v[i | d];
+            v[i] = a + b;
+            v[i | d] = a - b;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int st = 5; st < 10; ++st) {
+      if (st < q.log_b) {
+        const int d = 1 << (st - 5);
+        const bool upper = (lane & d) != 0;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+          const float o = __shfl_xor_sync(kFull, v[i], d);
+          v[i] = upper ? o - v[i] : v[i] + o;
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 32; ++i) v[i] *= q.inv_sqrt_b;
+  }
+  // 5. int8 per 128-group (four lanes): scale max|x| / 127, round half away from zero
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(v[i]));
+  amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(kFull, amax, 2));
+  const float inv = amax > 0.f ? 127.f / amax : 0.f;
+  uint32_t words[8];
+  int sum = 0;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    uint32_t w = 0;
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const float t = v[4 * c + b] * inv;
+      const int qa = min(static_cast<int>(fabsf(t) + 0.5f), 127);
+      const int qv = t < 0.f ? -qa : qa;
+      sum += qv;
+      w |= (static_cast<uint32_t>(qv) & 0xffu) << (8 * b);
+    }
+    words[c] = w;
+  }
+  sum += __shfl_xor_sync(kFull, sum, 1);  // the 64-chunk: this unit and its neighbour
+  if (mine) {
+    const int g = u >> 1, j0 = 2 * (u & 1);
+    int4* xs = reinterpret_cast<int4*>(smem + L.x);
+    xs[j0 * L.g64 + g] = make_int4(words[0], words[1], words[2], words[3]);
+    xs[(j0 + 1) * L.g64 + g] = make_int4(words[4], words[5], words[6], words[7]);
+    if ((u & 1) == 0) reinterpret_cast<int*>(smem + L.xsum)[g] = sum;
+    if ((u & 3) == 0) reinterpret_cast<float*>(smem + L.sx)[u >> 2] = amax / 127.f;
+  }
+}
+
+template <int LANES, int CMAX, int HINT, bool PREFETCH>
+__global__ void __launch_bounds__(kFusedThreads, 1)
+    pq2_gemv_fused_kernel(const __grid_constant__ Pq2LinearParams p,
+                          const __grid_constant__ Pq2PrologueParams q) {
+  extern __shared__ __align__(16) char smem[];
+  if (p.pdl) pdl_launch_dependents();
+  constexpr int kRowsPerWarp = 32 / LANES;
+  const GemvSmem L(p.k, 1);
+  const int lane = threadIdx.x & 31, hl = lane % LANES, sub = lane / LANES;
+  const int groups = (p.n + kRowsPerWarp - 1) / kRowsPerWarp;
+  const Cursor cur{static_cast<int>(blockIdx.x) * static_cast<int>(blockDim.x >> 5) +
+                       static_cast<int>(threadIdx.x >> 5),
+                   0};
+  // 1. The first row group's weights on their way to L2: independent of the previous kernel.
+  if (cur.rg < groups) prefetch_row_group<LANES>(p, cur.rg, lane, L.g64);
+  if (p.pdl) pdl_wait();  // x (and the residual, the gate) are complete past here
+  // 2. The activation, made by this CTA.
+  produce_activation(p, q, L, smem, reinterpret_cast<float*>(smem + L.bytes));
+  __syncthreads();
+  // 3. Row group by row group.
+  Frag<CMAX> f;
+  if (cur.rg < groups) load_frag<LANES, CMAX, HINT>(f, p, cur, hl, sub, L.g64);
+  gemv_rows<LANES, CMAX, HINT, PREFETCH, 1>(p, L, smem, cur, f);
+}
+
+using FusedKernelFn = void (*)(Pq2LinearParams, Pq2PrologueParams);
+
+// The fused kernel of a layout pq2_gemv_default_config chooses at M = 1.
+FusedKernelFn fused_kernel_for(const GemvConfig& cfg) {
+#define PQ2_GEMV_FUSED(L, C, H, P) \
+  if (cfg.lanes == L && cfg.cmax == C && cfg.hint == H && cfg.prefetch == P) \
+    return &pq2_gemv_fused_kernel<L, C, H, P>;
+  PQ2_GEMV_FUSED(8, 5, 1, false)
+  PQ2_GEMV_FUSED(16, 5, 1, false)
+  PQ2_GEMV_FUSED(16, 3, 1, true)
+  PQ2_GEMV_FUSED(16, 6, 1, false)
+#undef PQ2_GEMV_FUSED
+  return nullptr;
 }
 
 using KernelFn = void (*)(Pq2LinearParams);
@@ -313,6 +612,46 @@ cudaError_t pq2_gemv_int8_launch_config(const Pq2LinearParams& p, const GemvConf
 cudaError_t pq2_gemv_int8_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream) {
   return pq2_gemv_int8_launch_config(p, pq2_gemv_default_config(p.n, p.k, p.m), sm_count,
                                      stream);
+}
+
+// One CTA per multiprocessor at most (the producer runs once per CTA), with enough warps for
+// a unit of 32 values per thread and, where the rows allow, every row group in one pass of the
+// grid; the GEMV layout is the one the plain launch takes at M = 1.
+cudaError_t pq2_gemv_fused_launch(const Pq2LinearParams& p, const Pq2PrologueParams& q,
+                                  int sm_count, cudaStream_t stream) {
+  if (p.n <= 0) return cudaSuccess;
+  if (p.m != 1 || p.k % 128 != 0 || p.k > kPq2GemvFusedMaxK || p.split != 1 ||
+      q.log_b < 0 || q.log_b > 10 || (q.log_b > 0 && q.signs == nullptr) ||
+      (q.rms_group != 0 && (q.rms_group < 32 || q.rms_group > 1024 || p.k % q.rms_group))) {
+    return cudaErrorInvalidValue;
+  }
+  if (reinterpret_cast<uintptr_t>(p.codes) % 16 || (p.stride_c * 4) % 16 ||
+      reinterpret_cast<uintptr_t>(q.signs) % 16) {
+    return cudaErrorMisalignedAddress;
+  }
+  const GemvConfig cfg = pq2_gemv_default_config(p.n, p.k, 1);
+  const FusedKernelFn fn = fused_kernel_for(cfg);
+  if (fn == nullptr || sm_count < 1) return cudaErrorInvalidValue;
+  const int64_t groups = (p.n + 32 / cfg.lanes - 1) / (32 / cfg.lanes);
+  int64_t warps = (groups + sm_count - 1) / sm_count;
+  warps = std::max<int64_t>(warps, (p.k + 1023) / 1024);
+  warps = std::min<int64_t>(warps, kFusedThreads / 32);
+  const int64_t grid = std::min<int64_t>((groups + warps - 1) / warps, sm_count);
+  const int bytes = GemvSmem(p.k, 1).bytes + 32 * 4;
+  if (bytes > 48 * 1024) {
+    if (bytes > max_dynamic_smem_per_block()) return cudaErrorInvalidValue;
+    const cudaError_t err =
+        cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if (err != cudaSuccess) return err;
+  }
+  cudaLaunchConfig_t lc = {};
+  lc.gridDim = dim3(static_cast<unsigned>(grid), 1, 1);
+  lc.blockDim = dim3(static_cast<unsigned>(32 * warps), 1, 1);
+  lc.dynamicSmemBytes = bytes;
+  lc.stream = stream;
+  cudaLaunchAttribute attr;
+  set_pdl(lc, attr, p.pdl);
+  return cudaLaunchKernelEx(&lc, fn, p, q);
 }
 
 }  // namespace vllm_prism

@@ -1,7 +1,10 @@
-// The torch op around the PQ2 GEMV for M = 1..4 activation rows (gemv_int8.cu): checks,
-// output, launch on the current stream.
+// The torch ops around the PQ2 GEMV (gemv_int8.cu): M = 1..4 int8 activation rows, and one
+// raw activation row with the producer fused into the launch; checks, output, launch on the
+// current stream.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
+
+#include <cmath>
 
 #include "../ops.h"
 #include "gemv_int8.cuh"
@@ -34,5 +37,124 @@ torch::Tensor pq2_gemv_int8(const torch::Tensor& codes, const torch::Tensor& sca
   const cudaError_t err =
       vllm_prism::pq2_gemv_int8_launch(p, sms, at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, "pq2_gemv_int8: launch failed: ", cudaGetErrorString(err));
+  return out;
+}
+
+namespace {
+
+// A 16-bit [1, width] row of x's dtype with unit column stride (x, residual, gate).
+void check_half_row(const char* name, const torch::Tensor& t, c10::ScalarType dtype,
+                    int64_t width) {
+  TORCH_CHECK(t.is_cuda() && t.scalar_type() == dtype && t.dim() == 2 && t.size(0) == 1 &&
+                  t.size(1) == width && t.stride(1) == 1,
+              "pq2_gemv_fused: ", name, " must be ", dtype, " [1, ", width,
+              "] with unit column stride");
+}
+
+bool aligned16(const torch::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+}  // namespace
+
+torch::Tensor pq2_gemv_fused(const torch::Tensor& codes, const torch::Tensor& scales,
+                             const torch::Tensor& x, const std::optional<torch::Tensor>& residual,
+                             const std::optional<torch::Tensor>& res_out,
+                             const std::optional<torch::Tensor>& rms_weight,
+                             const std::optional<torch::Tensor>& gate,
+                             const std::optional<torch::Tensor>& signs,
+                             const std::optional<torch::Tensor>& bias, int64_t hadamard_block,
+                             bool glu, double rms_offset, double eps, int64_t rms_group,
+                             bool gate_sigmoid, c10::ScalarType out_dtype, bool pdl) {
+  const char* op = "pq2_gemv_fused";
+  vllm_prism::check_weight_planes(op, codes, scales);
+  const int64_t n = codes.size(0), k = codes.size(1) * 16;
+  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat16, op,
+              ": x must be bfloat16 or float16");
+  check_half_row("x", x, x.scalar_type(), glu ? 2 * k : k);
+  TORCH_CHECK(k % 128 == 0 && k <= vllm_prism::kPq2GemvFusedMaxK, op, ": K = ", k,
+              " must be a multiple of 128, at most ", vllm_prism::kPq2GemvFusedMaxK);
+  TORCH_CHECK(residual.has_value() == res_out.has_value(), op,
+              ": residual and res_out go together");
+  if (residual.has_value()) {
+    check_half_row("residual", *residual, x.scalar_type(), k);
+    check_half_row("res_out", *res_out, x.scalar_type(), k);
+  }
+  TORCH_CHECK(rms_group == 0 || (rms_group >= 32 && rms_group <= 1024 &&
+                                 (rms_group & (rms_group - 1)) == 0 && k % rms_group == 0),
+              op, ": rms_group = ", rms_group, " must be 0 or a power of two in 32..1024 "
+              "dividing K = ", k);
+  if (rms_weight.has_value()) {
+    TORCH_CHECK(rms_weight->is_cuda() && rms_weight->is_contiguous() &&
+                    rms_weight->numel() == (rms_group ? rms_group : k),
+                op, ": rms_weight must be contiguous with ", rms_group ? rms_group : k,
+                " values");
+  }
+  if (gate.has_value()) check_half_row("gate", *gate, x.scalar_type(), k);
+  int log_b = 0;
+  if (signs.has_value()) {
+    TORCH_CHECK(signs->is_cuda() && signs->scalar_type() == torch::kFloat32 &&
+                    signs->is_contiguous() && signs->numel() == k && aligned16(*signs),
+                op, ": signs must be contiguous 16-byte aligned float32 with K = ", k,
+                " values");
+    TORCH_CHECK(hadamard_block >= 1 && hadamard_block <= 1024 &&
+                    (hadamard_block & (hadamard_block - 1)) == 0 && k % hadamard_block == 0,
+                op, ": hadamard_block = ", hadamard_block,
+                " must be a power of two <= 1024 dividing K = ", k);
+    while ((int64_t{1} << log_b) < hadamard_block) ++log_b;
+  }
+  const c10::cuda::CUDAGuard guard(codes.device());
+  torch::Tensor out = torch::empty({1, n}, codes.options().dtype(out_dtype));
+  if (n == 0) return out;
+  vllm_prism::Pq2LinearParams p{};
+  p.codes = codes.data_ptr<int32_t>();
+  p.scales = reinterpret_cast<const uint16_t*>(scales.data_ptr<at::Half>());
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->is_contiguous() && bias->numel() == n, op,
+                ": bias must be contiguous with N = ", n, " values");
+    p.bias = bias->data_ptr();
+    p.bias_dtype = vllm_prism::dtype_code(bias->scalar_type(), "bias");
+  }
+  p.out = out.data_ptr();
+  p.out_dtype = vllm_prism::dtype_code(out_dtype, "out");
+  p.m = 1;
+  p.n = static_cast<int>(n);
+  p.k = static_cast<int>(k);
+  p.stride_c = codes.stride(0);
+  p.stride_s = scales.stride(0);
+  p.stride_o = out.stride(0);
+  p.split = 1;
+  p.pdl = pdl;
+  vllm_prism::Pq2PrologueParams q{};
+  q.x = x.data_ptr();
+  q.x_dtype = vllm_prism::dtype_code(x.scalar_type(), "x");
+  q.x_vec = aligned16(x);
+  if (residual.has_value()) {
+    q.res = residual->data_ptr();
+    q.res_out = res_out->data_ptr();
+    q.res_vec = aligned16(*residual) && aligned16(*res_out);
+  }
+  if (rms_weight.has_value()) {
+    q.rms_w = rms_weight->data_ptr();
+    q.rms_dtype = vllm_prism::dtype_code(rms_weight->scalar_type(), "rms_weight");
+  }
+  q.rms_offset = static_cast<float>(rms_offset);
+  q.eps = static_cast<float>(eps);
+  q.rms_group = static_cast<int>(rms_group);
+  if (gate.has_value()) {
+    q.gate = gate->data_ptr();
+    q.gate_vec = aligned16(*gate);
+  }
+  q.gate_sigmoid = gate_sigmoid;
+  q.glu = glu;
+  if (signs.has_value()) {
+    q.signs = signs->data_ptr<float>();
+    q.log_b = log_b;
+    q.inv_sqrt_b = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hadamard_block)));
+  }
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  const cudaError_t err =
+      vllm_prism::pq2_gemv_fused_launch(p, q, sms, at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == cudaSuccess, op, ": launch failed: ", cudaGetErrorString(err));
   return out;
 }

@@ -133,7 +133,8 @@ def test_env_override_tries_a_list_of_kernels_in_order(monkeypatch) -> None:
 
 def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
     """Where vllm_prism._C holds the CUDA C++ kernels (pretended here), the automatic choice
-    takes the CUDA C++ GEMV (gemv_cuda) for M = 1..2, mma_small_cuda for M = 3..8 (but
+    takes the CUDA C++ GEMV (gemv_cuda) for M = 1..2 (the GEMV with the producer in its
+    launch, gemv_fused_cuda, only where named), mma_small_cuda for M = 3..8 (but
     M > 4 on a K past 8192), mma_cuda past it up to M = 511 and gemm_dq from M = 512 (bf16
     activations; fp32 ones stay on the int8 kernels); naming a kernel runs it at any M it can
     take, and the GEMV refuses M > 4 and activations too long for its shared memory."""
@@ -146,12 +147,17 @@ def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
     try:
         chosen = {m: dispatch.select_kernel(m, w, torch.bfloat16).name
                   for m in (1, 2, 3, 4, 8, 9, 16, 64, 511, 512, 4096)}
-        assert chosen == {1: "gemv_cuda", 2: "gemv_cuda", 3: "mma_small_cuda", 4: "mma_small_cuda",
+        assert chosen == {1: "gemv_cuda", 2: "gemv_cuda", 3: "mma_small_cuda",
+                          4: "mma_small_cuda",
                           8: "mma_small_cuda", 9: "mma_cuda", 16: "mma_cuda", 64: "mma_cuda",
                           511: "mma_cuda", 512: "gemm_dq", 4096: "gemm_dq"}
         assert dispatch.select_kernel(4096, w, torch.float32).name == "gemm_a8"
         assert [dispatch.select_kernel(m, long_k, torch.bfloat16).name for m in (1, 4, 5, 8)] \
             == ["gemv_cuda", "mma_small_cuda", "mma_cuda", "mma_cuda"]
+        monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_fused_cuda")
+        assert dispatch.select_kernel(1, w, torch.bfloat16).name == "gemv_fused_cuda"
+        assert dispatch.select_kernel(1, w, torch.float32).name == "gemv_cuda"  # 16-bit x only
+        assert dispatch.select_kernel(2, w, torch.bfloat16).name == "gemv_cuda"
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "mma_cuda")
         assert dispatch.select_kernel(4096, w, torch.bfloat16).name == "mma_cuda"
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_cuda")
@@ -163,6 +169,44 @@ def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
         assert not ok and "shared memory" in why
     finally:
         dispatch._select.cache_clear()
+
+
+def test_fused_gemv_passes_a_prologue_it_cannot_run_to_the_next_kernel(monkeypatch) -> None:
+    """gemv_fused_cuda runs the producer itself: a per-group norm under 32 values or a
+    residual of another dtype than x goes to the next kernel of the automatic order (or of
+    VLLM_PRISM_PQ2_KERNEL), with the same result as the producer path; one it can run stays."""
+    from vllm_prism.kernels.pq2.hadamard import Prologue
+
+    fused = dispatch.GemvFusedCudaKernel
+    w = _interpreted_weight(monkeypatch, "auto")
+    x = torch.randn(1, w.k).bfloat16()
+    assert fused.accepts_prologue(x, w, Prologue(rms_weight=torch.ones(32), rms_group=32))[0]
+    ok, why = fused.accepts_prologue(x, w, Prologue(rms_weight=torch.ones(16), rms_group=16))
+    assert not ok and "rms_group 16" in why
+    ok, why = fused.accepts_prologue(x, w, Prologue(residual=torch.zeros(1, w.k)))
+    assert not ok and "residual is torch.float32" in why
+    # pretend the fused kernel is chosen and cannot run the call: the dispatch takes the next
+    # (here the one VLLM_PRISM_PQ2_KERNEL names, the torch reference, which runs on the CPU)
+    monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "torch")
+    calls: list[str] = []
+    monkeypatch.setattr(dispatch, "_select", _recording_select(calls))
+    pro = Prologue(rms_weight=torch.rand(16) + 0.5, rms_group=16)
+    y, _ = dispatch.pq2_linear_fused(x, w, None, pro)
+    assert calls == ["", "gemv_fused_cuda"]
+    ref = dispatch.TorchKernel.run(dispatch.TorchKernel.make_activation(x, w, pro), w, None,
+                                   x.dtype)
+    assert torch.equal(y, ref)
+
+
+def _recording_select(calls: list[str]):
+    """A _select that answers gemv_fused_cuda first, then what the real one would (recording
+    the kernel each call skips)."""
+    real = dispatch._select
+
+    def select(c, forced, skip=""):
+        calls.append(skip)
+        return dispatch.GemvFusedCudaKernel if not skip else real(c, forced, skip)
+    return select
 
 
 def test_gemm_dq_leaves_the_lm_head_to_the_int8_kernels() -> None:

@@ -29,7 +29,8 @@ from vllm_prism import envs
 from vllm_prism.kernels.common import (HAS_TRITON, device_capability, interpreting, sm_count,
                                        use_pdl)
 from vllm_prism.kernels.pq2.hadamard import (NO_PROLOGUE, ActKind, PQ2Activation, Prologue,
-                                             transform_activation, transform_activation_torch)
+                                             check_activation, transform_activation,
+                                             transform_activation_torch)
 from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,11 @@ GEMV_CUDA_AUTO_M = (1, 2)
 # scales about 78 KiB, under the 99 KiB a block may take on sm_86 / sm_89 (kPq2GemvMaxMK of
 # csrc/pq2/gemv_int8.cuh, which its op checks too).
 GEMV_CUDA_MAX_MK = 73728
+# The widest K the GEMV with the producer in its launch takes (kPq2GemvFusedMaxK of
+# csrc/pq2/gemv_int8.cuh: 32 values a thread of a 1024-thread CTA), and its smallest
+# per-group norm (rms_group: 32 values, one lane).
+GEMV_FUSED_MAX_K = 32768
+GEMV_FUSED_MIN_RMS_GROUP = 32
 
 
 @dataclass(frozen=True)
@@ -134,6 +140,13 @@ class PQ2LinearKernel:
     def run(cls, act: PQ2Activation, w: Weight, bias: torch.Tensor | None,
             out_dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError
+
+    @classmethod
+    def accepts_prologue(cls, x: torch.Tensor, w: Weight,
+                         prologue: Prologue) -> tuple[bool, str]:
+        """Whether this kernel's producer runs ``prologue`` on x (``pq2_linear_fused`` takes
+        the next kernel when not); the Triton producer runs every prologue."""
+        return True, ""
 
     @classmethod
     def make_activation(cls, x: torch.Tensor, w: Weight,
@@ -367,6 +380,72 @@ class GemvCudaA8Kernel(_CudaOpKernel):
                                                 bias, out_dtype, use_pdl(w.device))
 
 
+class GemvFusedCudaKernel(_CudaOpKernel):
+    """M = 1: the CUDA C++ GEMV with the activation producer in its own launch
+    (csrc/pq2/gemv_int8.cu, op ``torch.ops._C_prism.pq2_gemv_fused``): a linear is one launch
+    instead of two. Each warp asks L2 for its first row group's codes before the
+    grid-dependency wait, then every CTA (one a multiprocessor) builds the int8 activation from
+    x in shared memory: the prologue (SiLU-and-multiply, residual add written back, RMSNorm over
+    the row or per group of >= 32 values, gate), the signs, the block Hadamard in registers and
+    lane shuffles, the per-128-group quantization, in the Triton producer's order; then the
+    streaming GEMV of ``gemv_cuda``. Needs vllm_prism._C; 16-bit x (and residual / gate of
+    x's dtype). Correct on the H200 (tests/kernels/test_pq2_gemv_fused.py) but slower than the
+    producer launch + ``gemv_cuda`` it replaces: kernel by kernel (plain prologue, PDL on)
+    11.7 / 30.3 / 8.5 / 19.0 us against 8.5 / 18.7 / 7.1 / 15.1 on 12288x5120 / 34816x5120 /
+    5120x6144 / 5120x17408, through vLLM batch 1 at 143.6 against 202.6 tok/s
+    (benchmarks/results/pq2_linear_h200_notes.md): one 1024-thread CTA a multiprocessor
+    runs the producer's latency chain before its first weight load while the two-launch path
+    overlaps it (PDL), so it runs only where ``VLLM_PRISM_PQ2_KERNEL`` names it."""
+
+    name = "gemv_fused_cuda"
+    op = "pq2_gemv_fused"
+    act_kind = ActKind.RAW
+    in_auto = False
+
+    @classmethod
+    def can_implement(cls, c):
+        if c.m != 1:
+            return False, f"M = {c.m} (it takes M = 1)"
+        if c.k % 128 or c.k > GEMV_FUSED_MAX_K:
+            return False, f"K = {c.k}: needs a multiple of 128, at most {GEMV_FUSED_MAX_K}"
+        if c.dtype not in _FLOAT_ACT:
+            return False, f"activation dtype {c.dtype} (needs bf16 or fp16)"
+        return _pq2_only(c)
+
+    @classmethod
+    def accepts_prologue(cls, x, w, prologue):
+        for name in ("residual", "gate"):
+            t = getattr(prologue, name)
+            if t is not None and t.dtype != x.dtype:
+                return False, f"{name} is {t.dtype}, x is {x.dtype}"
+        if 0 < prologue.rms_group < GEMV_FUSED_MIN_RMS_GROUP:
+            return False, (f"rms_group {prologue.rms_group} < {GEMV_FUSED_MIN_RMS_GROUP} "
+                           "values")
+        if w.hadamard_block is not None and w.hadamard_block > 1024:
+            return False, f"Hadamard block {w.hadamard_block} > 1024"
+        return True, ""
+
+    @classmethod
+    def make_activation(cls, x, w, prologue=NO_PROLOGUE):
+        check_activation(x, w.signs, w.hadamard_block, prologue)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        if prologue.residual is not None and prologue.residual.stride(-1) != 1:
+            prologue = dataclasses.replace(prologue, residual=prologue.residual.contiguous())
+        act = PQ2Activation(ActKind.RAW, x, x.shape[0], w.k, x.dtype, prologue=prologue)
+        if prologue.residual is not None:
+            act.residual = torch.empty(prologue.residual.shape, dtype=x.dtype, device=x.device)
+        return act
+
+    @classmethod
+    def run(cls, act, w, bias, out_dtype):
+        pro = act.prologue or NO_PROLOGUE
+        return torch.ops._C_prism.pq2_gemv_fused(
+            w.codes, w.scales, act.data, pro.residual, act.residual, pro.rms_weight, pro.gate,
+            w.signs, bias, w.hadamard_block or 0, pro.glu, float(pro.rms_offset),
+            float(pro.eps), pro.rms_group, pro.gate_sigmoid, out_dtype, use_pdl(w.device))
+
+
 class MmaCudaA8Kernel(_CudaOpKernel):
     """Any M: int8 tensor-core kernel in CUDA C++ (csrc/pq2/mma_int8.cu, op
     ``torch.ops._C_prism.pq2_mma_int8``): the ternary codes decode straight into mma.sync
@@ -481,15 +560,16 @@ class TorchKernel(PQ2LinearKernel):
 # also timed through vLLM in e2e_h200.md): where vllm_prism._C is built, the CUDA C++ GEMV
 # (gemv_cuda) at M = 1..2, the CUDA C++ small-batch kernel (mma_small_cuda) at M = 3..8, the
 # CUDA C++ tensor-core kernel (mma_cuda) past it up to M = 511 and the dequantize-then-cuBLAS
-# prefill (gemm_dq) from M = 512. Without _C: the Triton GEMV up to M = 2 (4 on large N; the fp32 GEMV is
-# issue-bound, see triton_gemv), then the Triton int8 tensor-core kernels (1.1-1.5x faster
-# than bf16 at every M measured), gemm_dq from M = 512. The bf16/fp16 kernels (*_a16) stay for
-# the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the pipelined
-# small-batch variant (mma_small_pipe_cuda) only where named.
+# prefill (gemm_dq) from M = 512. Without _C: the Triton GEMV up to M = 2 (4 on large N; the
+# fp32 GEMV is issue-bound, see triton_gemv), then the Triton int8 tensor-core kernels (1.1-1.5x
+# faster than bf16 at every M measured), gemm_dq from M = 512. The bf16/fp16 kernels (*_a16)
+# stay for the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the
+# pipelined small-batch variant (mma_small_pipe_cuda) and the GEMV with the producer in its
+# launch (gemv_fused_cuda) only where named.
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, GemvCudaA8Kernel, MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel,
     GemmDqKernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel, GemmA16Kernel,
-    MmaSmallPipeCudaA8Kernel, TorchKernel,
+    MmaSmallPipeCudaA8Kernel, GemvFusedCudaKernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 
@@ -516,8 +596,13 @@ def _accepts(kernel: type[PQ2LinearKernel], c: PQ2LinearConfig) -> tuple[bool, s
 
 
 @functools.lru_cache(maxsize=4096)
-def _select(c: PQ2LinearConfig, forced: str) -> type[PQ2LinearKernel]:
+def _select(c: PQ2LinearConfig, forced: str, skip: str = "") -> type[PQ2LinearKernel]:
+    """The first forced kernel that accepts ``c``, else the first of the automatic order
+    (``skip``: a kernel name passed over, one whose producer cannot run the call's
+    prologue)."""
     for name in _forced_names(forced):
+        if name == skip:
+            continue
         kernel = _BY_NAME[name]
         ok, why = _accepts(kernel, c)
         if ok:
@@ -534,6 +619,8 @@ def _select(c: PQ2LinearConfig, forced: str) -> type[PQ2LinearKernel]:
                   "next choice%s", name, c.fmt, c.m, c.n, c.k, why,
                   " (other calls it cannot run are logged at debug level)" if first else "")
     for kernel in KERNELS:
+        if kernel.name == skip:
+            continue
         ok, why = kernel.auto_accepts(c)
         if ok:
             ok, why = _accepts(kernel, c)
@@ -594,6 +681,13 @@ def pq2_linear_fused(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = Non
     if prologue.gate is not None:
         prologue = dataclasses.replace(prologue, gate=prologue.gate.reshape(-1, w.k))
     kernel = select_kernel(x2.shape[0], w, x.dtype)
+    ok, why = kernel.accepts_prologue(x2, w, prologue)
+    if not ok:
+        _log_once(logging.INFO, ("prologue", kernel.name, why),
+                  "PQ2 linear: kernel %s cannot run this prologue (%s); taking the next "
+                  "choice", kernel.name, why)
+        kernel = _select(PQ2LinearConfig.of(x2.shape[0], w, x.dtype),
+                         envs.VLLM_PRISM_PQ2_KERNEL, kernel.name)
     act = kernel.make_activation(x2, w, prologue)
     y = kernel.run(act, w, bias, x.dtype).reshape(*lead, w.n)
     res = None if act.residual is None else act.residual.reshape(*lead, w.k)

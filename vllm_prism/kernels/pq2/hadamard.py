@@ -23,7 +23,9 @@ Walsh-Hadamard butterfly on each ``block``-chunk in fp32 (same operation order a
   from zero), with the fp32 scale and the int32 sum of the codes of every group (the int8
   GEMV and tensor-core kernels read it in this natural order).
 
-Without signs the kernel only (normalizes and) re-lays out the activation.
+Without signs the kernel only (normalizes and) re-lays out the activation. ``RAW`` names no
+layout of this kernel: x and the :class:`Prologue` as they are, for a weight kernel that runs
+the producer inside its own launch (``gemv_fused_cuda``, csrc/pq2/gemv_int8.cu).
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-__all__ = ["ActKind", "PQ2Activation", "Prologue", "transform_activation", "hadamard_transform",
-           "transform_activation_torch", "block_hadamard_torch", "signed_hadamard_torch",
-           "inverse_signed_hadamard_torch"]
+__all__ = ["ActKind", "PQ2Activation", "Prologue", "check_activation", "transform_activation",
+           "hadamard_transform", "transform_activation_torch", "block_hadamard_torch",
+           "signed_hadamard_torch", "inverse_signed_hadamard_torch"]
 
 GROUP = 128
 _MAX_SEG = 1024
@@ -57,6 +59,7 @@ class ActKind(enum.IntEnum):
     FLOAT = 0
     F32_PERM = 1
     Q8 = 2
+    RAW = 3  # x itself, with the prologue: for a kernel that runs the producer in its launch
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,7 @@ class PQ2Activation:
     group_scale: torch.Tensor | None = None
     group_sum: torch.Tensor | None = None
     residual: torch.Tensor | None = None  # x + residual, when the prologue adds one
+    prologue: Prologue | None = None  # RAW: what the kernel computes before the signs
 
 
 # ------------------------------------------------------------------------------ Triton
@@ -203,8 +207,11 @@ def _segment(k: int, block: int, group: int = 0) -> int:
     return seg
 
 
-def _check_inputs(x: torch.Tensor, signs: torch.Tensor | None, block: int | None,
-                  pro: Prologue = NO_PROLOGUE) -> int:
+def check_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int | None,
+                     pro: Prologue = NO_PROLOGUE) -> int:
+    """Checks x [M, K] (``[M, 2K]`` for a glu prologue), the fold and the prologue's tensors
+    as the producer needs them (ValueError naming what is wrong); returns the Hadamard block
+    (1 without signs)."""
     if x.dim() != 2:
         raise ValueError(f"activation must be 2-D [M, K], got shape {tuple(x.shape)}")
     k = x.shape[1] // 2 if pro.glu else x.shape[1]
@@ -261,7 +268,7 @@ def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int
     ``out_dtype`` (FLOAT only) defaults to x's dtype. Falls back to
     :func:`transform_activation_torch` where Triton cannot run.
     """
-    b = _check_inputs(x, signs, block, prologue)
+    b = check_activation(x, signs, block, prologue)
     if not triton_can_run(x.device):
         return transform_activation_torch(x, signs, block, kind, out_dtype=out_dtype,
                                           prologue=prologue)
@@ -369,7 +376,7 @@ def transform_activation_torch(x: torch.Tensor, signs: torch.Tensor | None, bloc
                                out_dtype: torch.dtype | None = None,
                                prologue: Prologue = NO_PROLOGUE) -> PQ2Activation:
     """Same result and layouts as :func:`transform_activation`, in plain torch."""
-    b = _check_inputs(x, signs, block, prologue)
+    b = check_activation(x, signs, block, prologue)
     xf, res_out = apply_prologue_torch(x, prologue)
     m, k = xf.shape
     g = k // GROUP
