@@ -24,7 +24,7 @@
 #        --prefill --no-profile                        TP=2 against TP=1 (nvidia-h200-x2)
 #   bash scripts/gpu-session.sh bench auto --pdl 1 0 --batches 1 8 --long-context 0 \
 #        --prefill --no-profile                        with and without programmatic launch
-#   VLLM_PRISM_PDL=1 bash scripts/gpu-session.sh tests -m gpu tests/kernels   kernels with PDL
+#   VLLM_PRISM_PDL=0 bash scripts/gpu-session.sh tests -m gpu tests/kernels   kernels without PDL
 #   bash scripts/gpu-session.sh quality --enforce-eager --max-len 4096
 # Two GPUs (nvidia-h200-x2), two streams side by side in one call: pin each with
 # CUDA_VISIBLE_DEVICES, set PRISM_KEEP_SERVERS=1 (one stream must not stop the other's
