@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,19 +22,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def run_python(args: list[str], here: Path, timeout: int = 900,
+               **env: str) -> subprocess.CompletedProcess[str]:
+    """``python <args>`` in a child process with ``here`` (a tests folder, for its helper
+    modules) and the repository on PYTHONPATH and ``env`` added to the environment: a check
+    that needs a fresh interpreter, or that must not take the test process down with it."""
+    import os
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    full = dict(os.environ, **env, PYTHONPATH=os.pathsep.join(
+        [str(here), str(root), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, *args], env=full, capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def run_interpreter_script(script: "Path", timeout: int = 900) -> str:
     """Run a check script of the tests in a subprocess under the Triton CPU interpreter
     (TRITON_INTERPRET must be set before triton is imported); its stdout."""
-    import os
-    import subprocess
-    import sys
-
-    here = script.resolve().parent
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=os.pathsep.join(
-        [str(here), str(root), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    proc = run_python([str(script)], script.resolve().parent, timeout, TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -43,6 +50,15 @@ def triton_interpreter():
     """``triton_interpreter(script_path) -> stdout``: see run_interpreter_script."""
     pytest.importorskip("triton")
     return run_interpreter_script
+
+
+@pytest.fixture(scope="session")
+def child_python():
+    """``child_python(code, here, timeout=300) -> CompletedProcess``: ``python -X faulthandler
+    -c code`` through run_python (a crash shows as its exit code and stderr)."""
+    def run(code: str, here: Path, timeout: int = 300):
+        return run_python(["-X", "faulthandler", "-c", code], here, timeout)
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -6,10 +6,30 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cuda_runtime.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace vllm_prism {
 namespace attn {
+
+// The head dimensions the INT8 attention kernels are compiled for.
+constexpr bool head_dim_compiled(int head_dim) {
+  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+// `launch(std::integral_constant<int, HD>{})` for the compiled head dimension HD ==
+// `head_dim`; cudaErrorInvalidValue for any other.
+template <class F>
+cudaError_t for_head_dim(int head_dim, F&& launch) {
+  switch (head_dim) {
+    case 64: return launch(std::integral_constant<int, 64>{});
+    case 128: return launch(std::integral_constant<int, 128>{});
+    case 256: return launch(std::integral_constant<int, 256>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
 
 constexpr uint32_t kSignFlip = 0x80808080u;
 constexpr uint32_t kF16Bias = 0x64806480u;  // fp16 1152 in both halves

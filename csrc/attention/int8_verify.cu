@@ -333,7 +333,7 @@ cudaError_t launch_hd(const Int8AttnParams& p, int num_selected, cudaStream_t st
 }  // namespace
 
 bool int8_verify_supported(int head_dim) {
-  return head_dim == 64 || head_dim == 128 || head_dim == 256;
+  return attn::head_dim_compiled(head_dim);
 }
 
 cudaError_t int8_verify_launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
@@ -341,12 +341,9 @@ cudaError_t int8_verify_launch(const Int8AttnParams& p, int num_selected, cudaSt
   if (p.group < 1 || p.max_q < 1 || p.group * p.max_q > kInt8VerifyMaxCols ||
       p.block_size % kSlots != 0)
     return cudaErrorInvalidValue;
-  switch (p.head_dim) {
-    case 64: return launch_hd<64>(p, num_selected, stream);
-    case 128: return launch_hd<128>(p, num_selected, stream);
-    case 256: return launch_hd<256>(p, num_selected, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return attn::for_head_dim(p.head_dim, [&](auto hd) {
+    return launch_hd<decltype(hd)::value>(p, num_selected, stream);
+  });
 }
 
 }  // namespace vllm_prism

@@ -8,9 +8,6 @@ Tolerance: relative L2 error 1e-2 (bf16 operands and output).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -122,6 +119,17 @@ CUDA_SHAPES = [(4, 6, 256, 16, torch.bfloat16), (4, 6, 256, 784, torch.bfloat16)
                (4, 3, 64, 16, torch.float16), (2, 6, 256, 16, torch.bfloat16)]
 
 
+def _check_cuda_segmentations(b, attention) -> None:
+    """``attention`` (decode_attention or verify_attention) on the CUDA kernel with the
+    default segment count and with one segment (direct output), against the reference."""
+    ref = _ref(b)
+    for segs in (None, 1):
+        out = poisoned_out(b.q)
+        attention(b.q, b.cache, b.md, out=out, kernel="cuda", num_segs=segs)
+        errs = _per_request(out, ref, b)
+        assert max(errs) < CUDA_TOL, (segs, errs)
+
+
 @needs_c
 @pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(
     *s[:4], str(s[4]).split(".")[-1]))
@@ -132,12 +140,7 @@ def test_cuda_decode(shape):
     lens = [1, 15, 16, 17, 1000, 4101, 70001, 131072 if hs == 256 and nkv == 4 else 9000]
     b = make_batch(lens, [1] * len(lens), torch.int8, device="cuda", block_size=bs,
                    head_size=hs, num_kv_heads=nkv, group=group, q_dtype=qdt, seed=11)
-    ref = _ref(b)
-    for segs in (None, 1):
-        out = poisoned_out(b.q)
-        decode_attention(b.q, b.cache, b.md, out=out, kernel="cuda", num_segs=segs)
-        errs = _per_request(out, ref, b)
-        assert max(errs) < CUDA_TOL, (segs, errs)
+    _check_cuda_segmentations(b, decode_attention)
 
 
 @needs_c
@@ -175,17 +178,8 @@ except RuntimeError as e:
 """
 
 
-def _op_refuses_hnd_cache() -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _HND_OP_CALL], env=env,
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and "NHD int8_per_token_head layout" in r.stdout, (
-        f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}")
-
-
 @needs_c
-def test_cuda_decode_refusals():
+def test_cuda_decode_refusals(child_python):
     """What the CUDA kernel cannot serve is refused by name when asked for, and taken by the
     Triton kernel under ``auto``."""
     b = make_batch([100, 2000], [1, 1], torch.int8, device="cuda", layout="HND", seed=13)
@@ -196,7 +190,9 @@ def test_cuda_decode_refusals():
     assert max(_per_request(out, _ref(b), b)) < TOL
     # the op itself refuses what the kernel cannot read, with the layout it needs (in a child
     # process: this call once crashed the process instead of raising)
-    _op_refuses_hnd_cache()
+    r = child_python(_HND_OP_CALL, Path(__file__).parent)
+    assert r.returncode == 0 and "NHD int8_per_token_head layout" in r.stdout, (
+        f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}")
     c = make_batch([100], [2], torch.bfloat16, device="cuda", seed=13)
     with pytest.raises(ValueError, match="int8_per_token_head"):
         decode_attention(c.q, c.cache, c.md, out=poisoned_out(c.q), kernel="cuda")
@@ -224,12 +220,7 @@ def test_cuda_verify(shape):
     lens = [2, 100, 17, 5000, 70001, 33]
     b = make_batch(lens, q_lens, torch.int8, device="cuda", block_size=bs, layout=layout,
                    head_size=hs, num_kv_heads=nkv, group=group, q_dtype=qdt, seed=14)
-    ref = _ref(b)
-    for segs in (None, 1):
-        out = poisoned_out(b.q)
-        verify_attention(b.q, b.cache, b.md, out=out, kernel="cuda", num_segs=segs)
-        errs = _per_request(out, ref, b)
-        assert max(errs) < CUDA_TOL, (segs, errs)
+    _check_cuda_segmentations(b, verify_attention)
 
 
 @needs_c

@@ -11,9 +11,6 @@ rounding step: outputs within 5e-3, the written-back residual bit for bit.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -214,14 +211,11 @@ for kw in [dict(x=x.float()), dict(rms_group=16, rms_weight=torch.ones(16, devic
 """
 
 
-def test_op_refusals() -> None:
+def test_op_refusals(child_python) -> None:
     """The op names what it cannot take (in a child process: a refusal of an op with a
     mutable argument once crashed the test process on the GPU)."""
     _need_fused()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    r = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _REFUSALS], env=env,
-                       capture_output=True, text=True, timeout=300)
+    r = child_python(_REFUSALS, Path(__file__).parent)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("refused:")]
     assert len(lines) == 4, r.stdout
