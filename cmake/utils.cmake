@@ -39,4 +39,26 @@ function(prism_define_extension NAME)
   # Link torch's C++ and Python bindings (the module is imported by Python).
   find_library(TORCH_PYTHON_LIBRARY torch_python PATHS "${TORCH_INSTALL_PREFIX}/lib" REQUIRED)
   target_link_libraries(${NAME} PRIVATE ${TORCH_LIBRARIES} ${TORCH_PYTHON_LIBRARY})
+  prism_link_shared_libstdcxx(${NAME})
+endfunction()
+
+# The C++ runtime as the shared libstdc++.so.6, named ahead of the compiler's own -lstdc++.
+# Where a toolchain has no libstdc++.so linker symlink (only libstdc++.a; seen on a CUDA 13 /
+# g++ 13 image, 2026-12-01) or links it statically, the module would carry a second copy of
+# libstdc++ next to the one torch and Python load: its locale facets (std::num_put's id) are
+# not the process's, so formatting an integer into an error message (TORCH_CHECK(cond, "M = ",
+# m)) fails or crashes the process instead of raising.
+function(prism_link_shared_libstdcxx NAME)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+    return()
+  endif()
+  execute_process(
+    COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libstdc++.so.6
+    OUTPUT_VARIABLE LIBSTDCXX OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(IS_ABSOLUTE "${LIBSTDCXX}" AND EXISTS "${LIBSTDCXX}")
+    target_link_libraries(${NAME} PRIVATE ${LIBSTDCXX})
+  else()
+    message(WARNING "vllm-prism: ${CMAKE_CXX_COMPILER} finds no shared libstdc++.so.6; "
+                    "${NAME} may carry a static C++ runtime whose error messages break")
+  endif()
 endfunction()

@@ -305,7 +305,7 @@ class _pdl_off:
 
 def candidates(m: int) -> list[str]:
     """Other kernels timed at this M (end to end, producer included)."""
-    small = ["mma_small_cuda", "mma_small_pipe_cuda"]
+    small = ["mma_small_cuda", "mma_small_pipe_cuda", "mma_stream_cuda", "mma_stream_cuda:3"]
     if m == 1:
         return ["gemv_a8", "gemv_a16", "gemv_cuda", "gemv_fused_cuda", "mma_cuda", *small]
     if m <= 8:
@@ -323,7 +323,14 @@ def candidate_fn(name: str) -> Callable[[torch.Tensor, PQ2Weight], torch.Tensor]
     if name == "gemv_a8_rows":  # the dp4a GEMV with all rows in one program tile
         kern = dispatch._BY_NAME["gemv_a8"]
         return lambda x, w: gemv_a8(kern.make_activation(x, w), w)
-    kern = dispatch._BY_NAME[name]
+    if ":" in name:  # "<kernel>:<op variant>" of the small-batch op family (mma_small.cuh)
+        base, variant = name.split(":")
+        kern = type(name, (dispatch._BY_NAME[base],), {"variant": int(variant)})
+        return candidate_fn_of(kern, name)
+    return candidate_fn_of(dispatch._BY_NAME[name], name)
+
+
+def candidate_fn_of(kern: type, name: str) -> Callable[[torch.Tensor, PQ2Weight], torch.Tensor]:
     # is_supported loads vllm_prism._C for the CUDA C++ kernels (their ops live there)
     ok, why = kern.is_supported(torch.cuda.get_device_capability())
     if not ok:

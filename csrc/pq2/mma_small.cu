@@ -19,6 +19,19 @@
 // that group has landed (no CTA barrier between loading and computing but one for the
 // scales); for one token tile (M <= 8) the activation's B fragments of the next 64-weight
 // piece are requested before the current piece's MMAs (with two, the registers would spill).
+//
+// STREAM (op argument variant = 2, pq2_mma_stream_kernel below): no shared-memory staging of
+// the codes. A warp owns one 16-row tile and a K slice of whole 128-groups; lane (g, t) loads
+// 8 bytes of row g and of row g + 8 per group straight into registers (bytes 8t .. 8t + 7 of
+// the group's 32: the four lanes of a row read one 32-byte sector, 512 bytes a warp load), the
+// loads of up to P groups issued at once (the first ones before the grid-dependency wait), like
+// the GEMV (gemv_int8.cu). The MMA's k index is permuted within each group so that a lane's
+// A fragments are exactly its own 8 bytes: at step c (0..3) of a group, k 4t + b of the MMA is
+// the group's element 32t + 8c + b and k 16 + 4t + b its element 32t + 8c + 4 + b, for A
+// (word c / 2 of the lane's pair, shifted by 2 (2 (c % 2)) and 2 (2 (c % 2) + 1)) and for B
+// alike (words 2c and 2c + 1 of the lane's 32 activation bytes at 32t of the group, two
+// 16-byte loads a group through L1), so each group is still one exact int32 sum. The warps of
+// a tile (KS of them) add their fp32 partials in shared memory in K order.
 #include "mma_small.cuh"
 
 #include "pq2_device.cuh"
@@ -269,6 +282,196 @@ cudaError_t launch_nt(const Pq2LinearParams& p, int nt, int tiles, int bytes,
                  : launch_tiles<2, PIPE>(p, tiles, bytes, stream);
 }
 
+// ------------------------------------------------------------- variant 2: STREAM (M <= 16)
+
+// 8 bytes of codes, read-only, not kept in L1 (each is read once).
+__device__ __forceinline__ uint2 load_codes8(const char* ptr) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];\n"
+               : "=r"(v.x), "=r"(v.y) : "l"(ptr));
+  return v;
+}
+
+// One warp's loads of up to P groups: the codes of rows g and g + 8 (8 bytes each) and the
+// fp16 scales of both rows packed in one word.
+template <int P>
+struct StreamFrag {
+  uint2 w0[P], w1[P];
+  uint32_t d[P];
+};
+
+template <int P>
+__device__ __forceinline__ void stream_load(StreamFrag<P>& f, const char* c0, const char* c1,
+                                            const uint16_t* s0, const uint16_t* s1, int base,
+                                            int hi) {
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int grp = base + i;
+    if (grp < hi) {
+      f.w0[i] = load_codes8(c0 + 32 * grp);
+      f.w1[i] = load_codes8(c1 + 32 * grp);
+      f.d[i] = static_cast<uint32_t>(__ldg(s0 + grp)) |
+               (static_cast<uint32_t>(__ldg(s1 + grp)) << 16);
+    }
+  }
+}
+
+// blockDim.x = 32 * KS * row tiles a CTA; warp w takes row tile w / KS of the CTA and K slice
+// w % KS (groups [s K/128 / KS, (s + 1) K/128 / KS)).
+template <int NT, int P>
+__global__ void __launch_bounds__(512)
+    pq2_mma_stream_kernel(const __grid_constant__ Pq2LinearParams p, int ks_count) {
+  extern __shared__ __align__(16) char smem[];
+  if (p.pdl) pdl_launch_dependents();
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  const int g = lane >> 2, t = lane & 3;
+  const int ks = warp % ks_count, rt = warp / ks_count;
+  const int tiles_per_cta = (blockDim.x >> 5) / ks_count;
+  const int row0 = (blockIdx.x * tiles_per_cta + rt) * 16;
+  const int groups = p.k / 128;
+  const int lo = ks * groups / ks_count, hi = (ks + 1) * groups / ks_count;
+
+  // 1. The first P groups' codes and scales: independent of the previous kernel.
+  const int r0 = min(row0 + g, p.n - 1), r1 = min(row0 + g + 8, p.n - 1);
+  const char* c0 = reinterpret_cast<const char*>(p.codes + r0 * p.stride_c) + 8 * t;
+  const char* c1 = reinterpret_cast<const char*>(p.codes + r1 * p.stride_c) + 8 * t;
+  const uint16_t* s0 = p.scales + r0 * p.stride_s;
+  const uint16_t* s1 = p.scales + r1 * p.stride_s;
+  StreamFrag<P> f;
+  stream_load<P>(f, c0, c1, s0, s1, lo, hi);
+  if (p.pdl) pdl_wait();  // the activation is complete past here
+
+  // This lane's tokens: B column g + 8 nt (its 32 bytes at 32t of a group), C columns
+  // 8 nt + 2t and + 1 (past M: token M - 1, not stored); 32-bit offsets (fewer registers).
+  int xoff[NT], goff[NT][2];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    xoff[nt] = min(8 * nt + g, p.m - 1) * static_cast<int>(p.stride_x) + 32 * t;
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      goff[nt][c] = min(8 * nt + 2 * t + c, p.m - 1) * static_cast<int>(p.stride_g);
+    }
+  }
+  float acc[NT][4];
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+
+  // 2. Group by group, P groups a pass.
+  for (int base = lo; base < hi; base += P) {
+    if (base != lo) stream_load<P>(f, c0, c1, s0, s1, base, hi);
+#pragma unroll
+    for (int i = 0; i < P; ++i) {
+      const int grp = base + i;
+      if (grp >= hi) break;
+      uint4 bx[NT][2];
+      float s[NT][2];
+      int32_t q[NT][2];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const uint4* xb = reinterpret_cast<const uint4*>(p.xq + xoff[nt] + 128 * grp);
+        bx[nt][0] = __ldg(xb);
+        bx[nt][1] = __ldg(xb + 1);
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          s[nt][c] = __ldg(p.sx + goff[nt][c] + grp);
+          q[nt][c] = __ldg(p.qsum + goff[nt][c] + grp);
+        }
+      }
+      int32_t isum[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) isum[nt][e] = 0;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const uint32_t wg = c < 2 ? f.w0[i].x : f.w0[i].y;
+        const uint32_t wh = c < 2 ? f.w1[i].x : f.w1[i].y;
+        const int sh = 4 * (c & 1);
+        uint32_t a[4];
+        a[0] = (wg >> sh) & kMask;        // row g, group element 32t + 8c + b
+        a[1] = (wh >> sh) & kMask;        // row g + 8
+        a[2] = (wg >> (sh + 2)) & kMask;  // row g, element 32t + 8c + 4 + b
+        a[3] = (wh >> (sh + 2)) & kMask;  // row g + 8
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          mma_s8(isum[nt], a, word_of(bx[nt][c >> 1], 2 * (c & 1)),
+                 word_of(bx[nt][c >> 1], 2 * (c & 1) + 1));
+        }
+      }
+      const float d0 = __half2float(__ushort_as_half(static_cast<unsigned short>(f.d[i])));
+      const float d1 = __half2float(__ushort_as_half(static_cast<unsigned short>(f.d[i] >> 16)));
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        acc[nt][0] += exact_float(isum[nt][0] - q[nt][0]) * (d0 * s[nt][0]);
+        acc[nt][1] += exact_float(isum[nt][1] - q[nt][1]) * (d0 * s[nt][1]);
+        acc[nt][2] += exact_float(isum[nt][2] - q[nt][0]) * (d1 * s[nt][0]);
+        acc[nt][3] += exact_float(isum[nt][3] - q[nt][1]) * (d1 * s[nt][1]);
+      }
+    }
+  }
+
+  // 3. The K slices' partials of each tile, added in K order: red[tile][slice][nt][e][lane].
+  constexpr int kOut = NT * 4 * 32;
+  float* red = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) red[(warp * NT + nt) * 128 + e * 32 + lane] = acc[nt][e];
+  __syncthreads();
+  for (int o = tid; o < tiles_per_cta * kOut; o += blockDim.x) {
+    const int tile = o / kOut, j = o % kOut;
+    float sum = 0.f;
+    for (int w = 0; w < ks_count; ++w) sum += red[(tile * ks_count + w) * kOut + j];
+    const int ln = j & 31, e = (j >> 5) & 3, nt = j >> 7;
+    const int row = (blockIdx.x * tiles_per_cta + tile) * 16 + (ln >> 2) + 8 * (e >> 1);
+    const int tok = 8 * nt + 2 * (ln & 3) + (e & 1);
+    if (row < p.n && tok < p.m) {
+      const float bias = p.bias ? load_as_float(p.bias, row, p.bias_dtype) : 0.f;
+      store_out(p, static_cast<int64_t>(tok) * p.stride_o + row, sum + bias);
+    }
+  }
+}
+
+// Groups a warp requests at once (5 registers each): 10 with one token tile, 8 with two (the
+// 128 registers of a 512-thread CTA hold no more without spilling on sm_80).
+template <int NT>
+constexpr int stream_groups() {
+  return NT == 1 ? 10 : 8;
+}
+
+// The K slices a 16-row tile is split into: the fewest (a power of two, at most 16) that
+// leave a warp at most `pass` groups; and the tiles a CTA takes: up to 8 warps, fewer where
+// the grid would be under two CTAs a multiprocessor.
+void stream_geometry(int n, int k, int pass, int sm_count, int& ks, int& tiles) {
+  const int groups = k / 128;
+  ks = 1;
+  while (ks < 16 && (groups + ks - 1) / ks > pass) ks <<= 1;
+  tiles = ks >= 8 ? 1 : 8 / ks;
+  const int row_tiles = (n + 15) / 16;
+  while (tiles > 1 && (row_tiles + tiles - 1) / tiles < 2 * sm_count) tiles >>= 1;
+}
+
+// `target`: the most groups a warp's K slice should have (at most the pass, P).
+template <int NT>
+cudaError_t launch_stream(const Pq2LinearParams& p, int sm_count, int target,
+                          cudaStream_t stream) {
+  int ks = 1, tiles = 1;
+  constexpr int kPass = stream_groups<NT>();
+  stream_geometry(p.n, p.k, target < kPass ? target : kPass, sm_count, ks, tiles);
+  const int warps = ks * tiles;
+  const int bytes = warps * NT * 4 * 32 * 4;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(((p.n + 15) / 16 + tiles - 1) / tiles, 1, 1);
+  cfg.blockDim = dim3(32 * warps, 1, 1);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  set_pdl(cfg, attr, p.pdl);
+  return cudaLaunchKernelEx(&cfg, pq2_mma_stream_kernel<NT, kPass>, p, ks);
+}
+
 // Rows a CTA owns: 128 where two CTAs a multiprocessor still fit, fewer (down to 16) where
 // the grid would leave multiprocessors idle.
 int pq2_mma_small_rows(int n, int k, int m, int sm_count, int smem_max) {
@@ -285,7 +488,7 @@ int pq2_mma_small_rows(int n, int k, int m, int sm_count, int smem_max) {
 cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream,
                                  int variant) {
   if (p.n <= 0 || p.m <= 0) return cudaSuccess;
-  if (p.m > kPq2SmallMaxM || p.k % 128 != 0 || variant < 0 || variant > 1) {
+  if (p.m > kPq2SmallMaxM || p.k % 128 != 0 || variant < 0 || variant > 3) {
     return cudaErrorInvalidValue;
   }
   // 16-byte cp.async of code rows, 4-byte ones of scale pairs, 4-byte activation loads
@@ -293,6 +496,14 @@ cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStr
       reinterpret_cast<uintptr_t>(p.scales) % 4 || p.stride_s % 2 ||
       reinterpret_cast<uintptr_t>(p.xq) % 4 || p.stride_x % 4) {
     return cudaErrorMisalignedAddress;
+  }
+  if (variant >= 2) {  // 16-byte activation loads at 32t of each group
+    if (reinterpret_cast<uintptr_t>(p.xq) % 16 || p.stride_x % 16) {
+      return cudaErrorMisalignedAddress;
+    }
+    const int target = variant == 3 ? 5 : 10;
+    return p.m <= 8 ? launch_stream<1>(p, sm_count, target, stream)
+                    : launch_stream<2>(p, sm_count, target, stream);
   }
   const int smem_max = min(kSmemMax, max_dynamic_smem_per_block());
   const int rows = pq2_mma_small_rows(p.n, p.k, p.m, sm_count, smem_max);

@@ -20,7 +20,11 @@ constexpr int kPq2SmallMaxM = 16;
 
 // Launches y[M, N] for 1 <= p.m <= 16 (p.split is not read; K % 128 == 0). variant 0: all of a
 // CTA's codes land before it computes; 1: each warp's K slice group by group, computed as it
-// lands (mma_small.cu, PIPE); the same result bit for bit.
+// lands (mma_small.cu, PIPE); the same result bit for bit. 2: no shared-memory staging, each
+// warp streams its 16 rows' K slice into registers (mma_small.cu, STREAM; xq 16-byte aligned,
+// its row stride a multiple of 16; K slices of up to 10 groups a warp); 3: the same with
+// slices of up to 5 groups (more, shorter warps); the same int32 group sums, added in
+// another order.
 cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream,
                                  int variant = 0);
 

@@ -19,8 +19,12 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
               " outside 1..", vllm_prism::kPq2SmallMaxM);
   TORCH_CHECK(k % 128 == 0, "pq2_mma_small_int8: K = ", k, " is not a multiple of 128");
   TORCH_CHECK(n < (int64_t{1} << 31), "pq2_mma_small_int8: too many rows");
-  TORCH_CHECK(variant == 0 || variant == 1, "pq2_mma_small_int8: variant ", variant,
-              " (0: loads, then compute; 1: pipelined)");
+  TORCH_CHECK(variant >= 0 && variant <= 3, "pq2_mma_small_int8: variant ", variant,
+              " (0: loads, then compute; 1: pipelined; 2, 3: streamed into registers)");
+  TORCH_CHECK(variant < 2 || (reinterpret_cast<uintptr_t>(xq.data_ptr()) % 16 == 0 &&
+                               xq.stride(0) % 16 == 0),
+              "pq2_mma_small_int8: variants 2 and 3 read the activation 16 bytes at a time: xq needs "
+              "a 16-byte aligned start and row stride");
   const c10::cuda::CUDAGuard guard(codes.device());
   torch::Tensor out = torch::empty({m, n}, codes.options().dtype(out_dtype));
   if (n == 0) return out;

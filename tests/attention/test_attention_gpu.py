@@ -189,7 +189,8 @@ def test_cuda_decode_refusals(child_python):
     decode_attention(b.q, b.cache, b.md, out=out)
     assert max(_per_request(out, _ref(b), b)) < TOL
     # the op itself refuses what the kernel cannot read, with the layout it needs (in a child
-    # process: this call once crashed the process instead of raising)
+    # process: its message formats an integer, which crashed the process while the extension
+    # carried a static C++ runtime; tests/kernels/test_cmake_runtime.py)
     r = child_python(_HND_OP_CALL, Path(__file__).parent)
     assert r.returncode == 0 and "NHD int8_per_token_head layout" in r.stdout, (
         f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}")

@@ -212,8 +212,9 @@ for kw in [dict(x=x.float()), dict(rms_group=16, rms_weight=torch.ones(16, devic
 
 
 def test_op_refusals(child_python) -> None:
-    """The op names what it cannot take (in a child process: a refusal of an op with a
-    mutable argument once crashed the test process on the GPU)."""
+    """The op names what it cannot take (in a child process: a refusal whose message formats
+    an integer crashed the process on the GPU while the extension carried a static C++
+    runtime, tests/kernels/test_cmake_runtime.py)."""
     _need_fused()
     r = child_python(_REFUSALS, Path(__file__).parent)
     assert r.returncode == 0, f"exit {r.returncode}\n{r.stdout}\n{r.stderr[-3000:]}"

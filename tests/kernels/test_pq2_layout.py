@@ -134,8 +134,9 @@ def test_env_override_tries_a_list_of_kernels_in_order(monkeypatch) -> None:
 def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
     """Where vllm_prism._C holds the CUDA C++ kernels (pretended here), the automatic choice
     takes the CUDA C++ GEMV (gemv_cuda) for M = 1..2 (the GEMV with the producer in its
-    launch, gemv_fused_cuda, only where named), mma_small_cuda for M = 3..8 (but
-    M > 4 on a K past 8192), mma_cuda past it up to M = 511 and gemm_dq from M = 512 (bf16
+    launch, gemv_fused_cuda, only where named), mma_small_cuda for M = 3..8, but the
+    streaming mma_stream_cuda for M = 3..8 from K = 6144 and for M = 2 past K = 8192,
+    mma_cuda past it up to M = 511 and gemm_dq from M = 512 (bf16
     activations; fp32 ones stay on the int8 kernels); naming a kernel runs it at any M it can
     take, and the GEMV refuses M > 4 and activations too long for its shared memory."""
     monkeypatch.setattr(dispatch._CudaOpKernel, "is_supported",
@@ -152,8 +153,13 @@ def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
                           8: "mma_small_cuda", 9: "mma_cuda", 16: "mma_cuda", 64: "mma_cuda",
                           511: "mma_cuda", 512: "gemm_dq", 4096: "gemm_dq"}
         assert dispatch.select_kernel(4096, w, torch.float32).name == "gemm_a8"
-        assert [dispatch.select_kernel(m, long_k, torch.bfloat16).name for m in (1, 4, 5, 8)] \
-            == ["gemv_cuda", "mma_small_cuda", "mma_cuda", "mma_cuda"]
+        assert [dispatch.select_kernel(m, long_k, torch.bfloat16).name
+                for m in (1, 2, 4, 5, 8, 9)] == ["gemv_cuda"] + ["mma_stream_cuda"] * 4 + [
+                    "mma_cuda"]
+        raw, _, _ = random_ternary(16, 6144, "PQ2_0", gen)
+        mid_k = PQ2Weight.from_raw(raw, random_signs(6144, gen), 128)
+        assert [dispatch.select_kernel(m, mid_k, torch.bfloat16).name for m in (2, 3, 8)] \
+            == ["gemv_cuda", "mma_stream_cuda", "mma_stream_cuda"]
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_fused_cuda")
         assert dispatch.select_kernel(1, w, torch.bfloat16).name == "gemv_fused_cuda"
         assert dispatch.select_kernel(1, w, torch.float32).name == "gemv_cuda"  # 16-bit x only

@@ -32,9 +32,9 @@ ODD_SHAPES = [(37, 640, 128), (300, 2304, 256), (4097, 5120, 1024), (96, 384, No
 M_FULL = list(range(1, 17)) + [24, 32, 48, 64, 128, 512, 2048]
 TOL = {"gemv_a16": 4e-3, "mma_a16": 8e-3, "gemm_a16": 8e-3, "gemv_a8": 3e-2, "mma_a8": 3e-2,
        "gemm_a8": 3e-2, "ptq1_gemv": 4e-3, "mma_cuda": 3e-2, "gemv_cuda": 3e-2, "gemm_dq": 1e-2,
-       "mma_small_cuda": 3e-2, "mma_small_pipe_cuda": 3e-2}
+       "mma_small_cuda": 3e-2, "mma_small_pipe_cuda": 3e-2, "mma_stream_cuda": 3e-2}
 A8 = {"gemv_a8", "mma_a8", "gemm_a8", "mma_cuda", "gemv_cuda", "mma_small_cuda",
-      "mma_small_pipe_cuda"}
+      "mma_small_pipe_cuda", "mma_stream_cuda"}
 
 
 def kernels_for(m: int, n: int = 0) -> list[str]:
@@ -223,7 +223,8 @@ def test_gemv_cuda_several_rows(shape: tuple[int, int], m: int) -> None:
 
 
 @pytest.mark.parametrize("name,n,k,m", [("gemv_cuda", 1000, 17408, 1),
-                                         ("mma_small_cuda", 1000, 6144, 6)])
+                                         ("mma_small_cuda", 1000, 6144, 6),
+                                         ("mma_stream_cuda", 1000, 6144, 11)])
 def test_cuda_kernel_bias_fp16(name: str, n: int, k: int, m: int) -> None:
     """fp16 activations, outputs and bias through the CUDA C++ kernels that take them."""
     _need_mma_cuda(name)
@@ -257,15 +258,41 @@ def test_mma_small_pipe_cuda(shape: tuple[int, int], m: int) -> None:
     the integer reference, and bit for bit equal to variant 0 (same sums in the same order);
     K = 17408 gives each warp 17 groups (more than the 15 a wait can name), K = 768 some
     warps none."""
-    _need_mma_cuda("mma_small_pipe_cuda")
+    pipe, base, act, w = _small_variant_case("mma_small_pipe_cuda", shape, m)
+    assert torch.equal(pipe.run(act, w, None, torch.float32),
+                       base.run(act, w, None, torch.float32))
+
+
+def _small_variant_case(name: str, shape: tuple[int, int], m: int):
+    """A variant of the small-batch op checked against both references on ``shape`` with
+    ``m`` rows; (its kernel class, mma_small_cuda's, the int8 activation, the weight) for
+    the comparison with variant 0."""
+    _need_mma_cuda(name)
     n, k = shape
     raw, q, d, signs, w = make_case(n, k, 128)
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n + m))
-    check_kernel("mma_small_pipe_cuda", x.bfloat16(), raw, q, d, signs, 128, w)
-    pipe, base = dispatch._BY_NAME["mma_small_pipe_cuda"], dispatch._BY_NAME["mma_small_cuda"]
-    act = pipe.make_activation(x.bfloat16(), w)
-    assert torch.equal(pipe.run(act, w, None, torch.float32),
-                       base.run(act, w, None, torch.float32))
+    check_kernel(name, x.bfloat16(), raw, q, d, signs, 128, w)
+    kern = dispatch._BY_NAME[name]
+    return kern, dispatch._BY_NAME["mma_small_cuda"], kern.make_activation(x.bfloat16(), w), w
+
+
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 9, 16])
+@pytest.mark.parametrize("shape", [(12288, 5120), (34816, 5120), (5120, 6144), (5120, 17408),
+                                   (300, 2304), (17000, 1024), (40, 128), (24, 1280)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_mma_stream_cuda(shape: tuple[int, int], m: int) -> None:
+    """The streaming small-batch kernel (op variant 2): against the exact and the integer
+    reference. The shapes give K slices of 10 groups a warp with two row tiles a CTA
+    (K = 5120), 6 groups (K = 6144), 8-9 groups over 16 warps (K = 17408), four row tiles a
+    CTA with the last CTA's fourth tile wholly past N (17000x1024), 10 groups in one slice
+    (K = 1280), one group (K = 128), rows past N in a tile (300, 17000, 40, 24 rows); one and
+    two token tiles. Its sums are the same int32 group sums as mma_small_cuda's, added in
+    another order: equal to within fp32 rounding; so are those of op variant 3 (K slices of
+    at most 5 groups: other slice counts)."""
+    stream, base, act, w = _small_variant_case("mma_stream_cuda", shape, m)
+    short = type("short_slices", (stream,), {"variant": 3})  # op variant 3: <= 5 groups
+    y, y0, y3 = (kern.run(act, w, None, torch.float32) for kern in (stream, base, short))
+    assert rel_err(y, y0) < 1e-6 and rel_err(y3, y0) < 1e-6
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 64, 65, 128, 300])

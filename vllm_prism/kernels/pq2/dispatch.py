@@ -58,6 +58,12 @@ MMA_CUDA_AUTO_MAX_M = GEMM_DQ_AUTO_MIN_M - 1
 # which it leaves M > 4 to mma_cuda (MmaSmallCudaA8Kernel).
 MMA_SMALL_AUTO_M = (3, 8)
 MMA_SMALL_AUTO_LONG_K = 8192
+# The automatic range of the streaming small-batch kernel (mma_stream_cuda), the smallest K it
+# takes there (K slices of 8 or more warps a 16-row tile), and the K from which it also takes
+# M = 2 from the GEMV (MmaStreamCudaA8Kernel).
+MMA_STREAM_AUTO_M = (2, 8)
+MMA_STREAM_AUTO_MIN_K = 6144
+MMA_STREAM_AUTO_M2_MIN_K = 8193
 # The rows the CUDA C++ GEMV (gemv_cuda) takes, and its automatic range (GemvCudaA8Kernel).
 GEMV_CUDA_MAX_M = 4
 GEMV_CUDA_AUTO_M = (1, 2)
@@ -528,6 +534,37 @@ class MmaSmallPipeCudaA8Kernel(MmaSmallCudaA8Kernel):
     variant = 1
 
 
+class MmaStreamCudaA8Kernel(MmaSmallCudaA8Kernel):
+    """M = 1..16: the small-batch int8 tensor-core kernel without shared-memory staging (op
+    variant 2, csrc/pq2/mma_small.cu STREAM): a warp owns 16 weight rows and a K slice, and
+    streams its codes global -> registers as the GEMV does (8 bytes a lane per row and
+    128-group, every load of up to 10 groups issued at once, the first before the
+    grid-dependency wait); the MMA's k index is permuted within each group so that a lane's
+    A fragments are its own 8 bytes of codes. The same exact int32 group sums as
+    ``mma_small_cuda``, added in another order. The automatic choice for M in
+    ``MMA_STREAM_AUTO_M`` (2..8) where K >= ``MMA_STREAM_AUTO_MIN_K`` (6144: a 16-row tile
+    splits over 8 or more warps), at M = 2 only where K >= ``MMA_STREAM_AUTO_M2_MIN_K``.
+    On the H200 (2026-12-01, benchmarks/results/pq2_linear_h200_notes.md, producer
+    included, PDL on) it took 9.7 / 9.8 / 10.1 us at M = 2 / 4 / 8 on 5120x6144 against
+    mma_small_cuda's 11.2 / 11.0 / 12.4 (gemv_cuda 8.1 at M = 2), and 18.3 / 19.1 / 20.8 us
+    on 5120x17408 against 19.0 / 20.5 / 27.5 (mma_cuda 27.7 at M = 8, gemv_cuda 23.1 at
+    M = 2); on the K = 5120 shapes (4 warps a tile) mma_small_cuda stays faster (12288x5120
+    M = 8: 13.0 against 14.1 us)."""
+
+    name = "mma_stream_cuda"
+    variant = 2
+    auto_min_m, auto_max_m = MMA_STREAM_AUTO_M
+
+    @classmethod
+    def auto_accepts(cls, c):
+        ok, why = PQ2LinearKernel.auto_accepts.__func__(cls, c)
+        if ok and c.k < MMA_STREAM_AUTO_MIN_K:
+            return False, f"K = {c.k} < {MMA_STREAM_AUTO_MIN_K}: mma_small_cuda is faster there"
+        if ok and c.m == 2 and c.k < MMA_STREAM_AUTO_M2_MIN_K:
+            return False, f"M = 2 with K = {c.k}: gemv_cuda is faster there"
+        return ok, why
+
+
 class TorchKernel(PQ2LinearKernel):
     """Exact reference: transform in fp32, dense dequantized weight, one matmul. Any device."""
 
@@ -558,7 +595,8 @@ class TorchKernel(PQ2LinearKernel):
 
 # Automatic order (H200 measurements in benchmarks/results/pq2_linear_h200.md, each choice
 # also timed through vLLM in e2e_h200.md): where vllm_prism._C is built, the CUDA C++ GEMV
-# (gemv_cuda) at M = 1..2, the CUDA C++ small-batch kernel (mma_small_cuda) at M = 3..8, the
+# (gemv_cuda) at M = 1..2, the CUDA C++ small-batch kernel (mma_small_cuda) at M = 3..8 (its
+# streaming variant mma_stream_cuda from K = 6144, and at M = 2 past K = 8192), the
 # CUDA C++ tensor-core kernel (mma_cuda) past it up to M = 511 and the dequantize-then-cuBLAS
 # prefill (gemm_dq) from M = 512. Without _C: the Triton GEMV up to M = 2 (4 on large N; the
 # fp32 GEMV is issue-bound, see triton_gemv), then the Triton int8 tensor-core kernels (1.1-1.5x
@@ -567,7 +605,8 @@ class TorchKernel(PQ2LinearKernel):
 # pipelined small-batch variant (mma_small_pipe_cuda) and the GEMV with the producer in its
 # launch (gemv_fused_cuda) only where named.
 KERNELS: list[type[PQ2LinearKernel]] = [
-    PTQ1GemvKernel, GemvCudaA8Kernel, MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel,
+    PTQ1GemvKernel, MmaStreamCudaA8Kernel, GemvCudaA8Kernel, MmaSmallCudaA8Kernel, GemvA8Kernel,
+    GemvA16Kernel,
     GemmDqKernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel, GemmA16Kernel,
     MmaSmallPipeCudaA8Kernel, GemvFusedCudaKernel, TorchKernel,
 ]
