@@ -21,6 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CMAKE = shutil.which("cmake")
 GXX = shutil.which("g++")
+READELF = shutil.which("readelf")
 
 _OP = """
 #include <torch/all.h>
@@ -42,7 +43,8 @@ except RuntimeError as e:
 """
 
 
-@pytest.mark.skipif(CMAKE is None or GXX is None, reason="needs cmake and g++")
+@pytest.mark.skipif(CMAKE is None or GXX is None or READELF is None,
+                    reason="needs cmake, g++ and readelf")
 def test_module_links_the_shared_cxx_runtime(tmp_path: Path, child_python) -> None:
     (tmp_path / "op.cpp").write_text(_OP)
     (tmp_path / "CMakeLists.txt").write_text(textwrap.dedent(f"""\
@@ -61,7 +63,7 @@ def test_module_links_the_shared_cxx_runtime(tmp_path: Path, child_python) -> No
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     module = next(build.glob("_check*.so"))
-    needed = subprocess.run(["readelf", "-d", str(module)], capture_output=True, text=True)
+    needed = subprocess.run([READELF, "-d", str(module)], capture_output=True, text=True)
     assert "libstdc++.so.6" in needed.stdout, needed.stdout
     r = child_python(_CALL.format(module=str(module)), Path(__file__).parent)
     assert r.returncode == 0, r.stderr[-3000:]
