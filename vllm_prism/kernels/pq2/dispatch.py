@@ -54,10 +54,9 @@ GEMM_DQ_AUTO_MAX_BYTES = 512 << 20
 # The largest M the automatic choice gives the CUDA C++ tensor-core kernel (mma_cuda): up to
 # where gemm_dq takes over (MmaCudaA8Kernel).
 MMA_CUDA_AUTO_MAX_M = GEMM_DQ_AUTO_MIN_M - 1
-# The automatic range of the small-batch CUDA C++ kernel (mma_small_cuda), and the K above
-# which it leaves M > 4 to mma_cuda (MmaSmallCudaA8Kernel).
+# The automatic range of the small-batch CUDA C++ kernel (mma_small_cuda); from K = 6144 its
+# streaming variant comes first in the order (MmaStreamCudaA8Kernel).
 MMA_SMALL_AUTO_M = (3, 8)
-MMA_SMALL_AUTO_LONG_K = 8192
 # The automatic range of the streaming small-batch kernel (mma_stream_cuda), the smallest K it
 # takes there (K slices of 8 or more warps a 16-row tile), and the K from which it also takes
 # M = 2 from the GEMV (MmaStreamCudaA8Kernel).
@@ -485,8 +484,8 @@ class MmaSmallCudaA8Kernel(_CudaOpKernel):
     a tile, decoded from the code words straight into the fragment) and the tokens its B
     operand (8 a tile), a CTA requests all of its rows' codes into shared memory before
     computing and its warps split K. Needs vllm_prism._C. The automatic choice for M in
-    ``MMA_SMALL_AUTO_M`` (3..8; below it gemv_cuda), but M > 4 with K >
-    ``MMA_SMALL_AUTO_LONG_K``: on the H200 at
+    ``MMA_SMALL_AUTO_M`` (3..8; below it gemv_cuda) where K < 6144 (from there
+    ``mma_stream_cuda``, ahead of it in the order): on the H200 at
     M = 4 it took 12-33 us against 18-54 us for the int8 GEMV and 17-58 us for mma_cuda, at
     M = 8 14-36 us against mma_cuda's 16-52 us, except K = 17408 (31.5 against 27.3 us); at
     M = 16 mma_cuda wins every shape. Through vLLM 8 streams ran at 965-968 tok/s against
@@ -495,13 +494,6 @@ class MmaSmallCudaA8Kernel(_CudaOpKernel):
     name = "mma_small_cuda"
     op = "pq2_mma_small_int8"
     auto_min_m, auto_max_m = MMA_SMALL_AUTO_M
-
-    @classmethod
-    def auto_accepts(cls, c):
-        ok, why = super().auto_accepts(c)
-        if ok and c.m > 4 and c.k > MMA_SMALL_AUTO_LONG_K:
-            return False, f"M = {c.m} > 4 with K = {c.k}: mma_cuda is faster there"
-        return ok, why
 
     @classmethod
     def can_implement(cls, c):
@@ -557,7 +549,7 @@ class MmaStreamCudaA8Kernel(MmaSmallCudaA8Kernel):
 
     @classmethod
     def auto_accepts(cls, c):
-        ok, why = PQ2LinearKernel.auto_accepts.__func__(cls, c)
+        ok, why = super().auto_accepts(c)
         if ok and c.k < MMA_STREAM_AUTO_MIN_K:
             return False, f"K = {c.k} < {MMA_STREAM_AUTO_MIN_K}: mma_small_cuda is faster there"
         if ok and c.m == 2 and c.k < MMA_STREAM_AUTO_M2_MIN_K:
