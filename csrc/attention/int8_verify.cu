@@ -2,20 +2,26 @@
 // (int8_attention.cuh has the parameters). The tile algebra is the decode kernel's
 // (int8_decode.cu): per 16-slot tile, with the slots as the MMA's M rows,
 //
-//   S^T [16 slots x 8*NT columns] = K . Q^T       (columns: query token x GQA head)
-//   O^T [hd x 8*NT]              += V^T . P^T
+//   S^T [16 slots x 8 columns] = K . Q^T       (columns: query token x GQA head)
+//   O^T [hd x 8 columns]      += V^T . P^T
 //
-// With up to 48 columns the accumulators of all of O^T do not fit one warp, so the head
-// dimension is split over WD warps: warp w owns dimensions [w hd/WD, (w+1) hd/WD) of both
-// products. Each warp computes S^T over its own dimensions, the WD partial sums meet in shared
-// memory and every warp adds them in the same order, so all warps hold the same S and run the
-// same softmax; each then accumulates its own dimensions of O^T. No merge between warps at
-// the end.
+// The query tokens are folded into the GQA group (column = token x group + head) and the
+// columns are split over the warps in blocks of 8 (n-tiles): warp w owns the NPW n-tiles
+// NPW w .. NPW w + NPW - 1 over the whole head dimension and runs the decode kernel's loop for
+// them with its own online softmax, no exchange between warps. A warp builds the fp16 operands
+// of a K or V fragment from the int8 bits once and uses them for all its n-tiles (NPW = 2 up
+// to 32 columns; 33..48 columns take one warp per n-tile, see launch_hd); Q (fp16, scaled)
+// waits in shared memory; n-tiles wholly past the request's columns are skipped.
+//
+// The accumulator is kept in units of the running maximum of the V scales seen so far (P^T
+// carries v_scale[slot] / that maximum, in [0, 1]); a tile that raises neither a column's
+// score maximum nor the V-scale maximum leaves the accumulator as it is (no rescaling).
 //
 // One CTA per (request, KV head, segment); the head's rows (2 hd + 8 bytes, 8-byte aligned in
 // any vLLM layout) are copied with 8-byte cp.async into shared memory rows padded to a stride
-// of 8 words mod 32, the decode kernel's bank-conflict-free slot order applies. Prefix and
-// causal tail run in one pass: column (token t, head j) sees positions <= prefix + t.
+// of 8 words mod 32, one 16-slot tile a stage, four stages; the decode kernel's
+// bank-conflict-free slot order applies. Prefix and causal tail run in one pass: column
+// (token t, head j) sees positions <= prefix + t.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -32,32 +38,43 @@ using namespace attn;
 constexpr int kSlots = 16;
 constexpr int kStages = 4;
 
-template <int HD, int NT>
+template <int HD, int NW, int NPW>
 struct VShape {
-  static constexpr int kWD = HD / 32 < 4 ? HD / 32 : 4;  // warps (head-dimension split)
-  static constexpr int kThreads = kWD * 32;
-  static constexpr int kP = HD / 32 / kWD;  // 32-dimension groups a warp owns
+  static constexpr int kThreads = NW * 32;
+  static constexpr int kCols = 8 * NW * NPW;
+  // Resident CTAs the registers are sized for. Each of a multiprocessor's four schedulers
+  // holds the registers of its own warps (16K): two n-tiles a warp (one or two warps) take
+  // about 208 registers, two warps a scheduler; one n-tile a warp (five or six warps) 128, four.
+  static constexpr int kMinBlocks = NPW == 2 ? 4 : (15 / NW < 4 ? 15 / NW : 4);
   static constexpr int kRow = 2 * HD + 8;  // bytes of one (slot, head) row in the cache
   static constexpr int kChunks = kRow / 8;
   // shared-memory row stride: words = 8 mod 32 (conflict-free K and V reads)
   static constexpr int kSRow = 4 * (((kRow / 4 - 8 + 31) / 32) * 32 + 8);
   static constexpr int kStageBytes = kSlots * kSRow;
   static constexpr int kQRow = 2 * HD + 64;  // fp16 query rows: words = 16 mod 32
-  static constexpr int kCols = 8 * NT;
-  static constexpr int kQBytes = kCols * kQRow;
-  static constexpr int kSBytes = kWD > 1 ? kWD * NT * 32 * 16 : 0;
-  static constexpr int kSmem = kStages * kStageBytes + kQBytes + kSBytes;
+  static constexpr int kSmem = kStages * kStageBytes + kCols * kQRow;
   static_assert(kRow % 8 == 0 && kSRow >= kRow && (kSRow / 4) % 32 == 8, "row layout");
 };
 
-template <int HD, int NT>
-__global__ void __launch_bounds__(VShape<HD, NT>::kThreads)
+// f16x2_of with the 0x64 filler in a register (`k64`) and the selector immediate: one PRMT and
+// one HADD2 (a literal filler makes the compiler re-materialise the selector every time).
+template <uint32_t SEL>
+__device__ __forceinline__ uint32_t f16x2_sel(uint32_t flipped, uint32_t k64) {
+  uint32_t h, r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(h) : "r"(flipped), "r"(k64), "n"(SEL));
+  asm("sub.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(h), "r"(kF16Bias));
+  return r;
+}
+
+template <int HD, int NW, int NPW>
+__global__ void __launch_bounds__(VShape<HD, NW, NPW>::kThreads, VShape<HD, NW, NPW>::kMinBlocks)
     int8_verify_kernel(const Int8AttnParams p) {
-  using S = VShape<HD, NT>;
+  using S = VShape<HD, NW, NPW>;
+  constexpr int KSTEPS2 = HD / 32;  // pairs of k-steps (QK) = word groups (PV)
+  constexpr int MT = HD / 16;  // O^T accumulator tiles
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* stages = smem;
   uint8_t* qs = smem + kStages * S::kStageBytes;
-  float4* sbuf = reinterpret_cast<float4*>(qs + S::kQBytes);
 
   const int sel = blockIdx.x;
   const int kvh = blockIdx.y;
@@ -84,7 +101,7 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads)
                          static_cast<int64_t>(kvh) * p.stride_ch;
 
   auto issue = [&](int it) {
-    const int pos0 = (t0 + it) * kSlots;
+    const int pos0 = (t0 + it) * kSlots;  // a tile lies in one block (block size % 16 == 0)
     const int blk = bt[pos0 / p.block_size];
     const uint8_t* src = cache + static_cast<int64_t>(blk) * p.stride_cb +
                          static_cast<int64_t>(pos0 % p.block_size) * p.stride_cn;
@@ -102,7 +119,8 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads)
     cp_async_commit();
   }
 
-  // Q (scaled by qk_scale) as fp16 rows: column c = token * group + head of the group.
+  // Q (scaled by qk_scale) as fp16 rows: column c = token * group + head of the group (zero
+  // past the request's columns); read after the loop's first barrier.
   for (int i = threadIdx.x; i < S::kCols * (HD / 8); i += S::kThreads) {
     const int c = i / (HD / 8);
     const int d = (i - c * (HD / 8)) * 8;
@@ -117,25 +135,35 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads)
     *reinterpret_cast<uint4*>(qs + c * S::kQRow + d * 2) = make_uint4(h[0], h[1], h[2], h[3]);
   }
 
-  float acc[2 * S::kP][NT][4];
+  // the fp16 filler 0x64 in every byte, in a register the compiler cannot fold (head_dim <
+  // 65536): see f16x2_sel
+  const uint32_t k64 = 0x64646464u | (static_cast<uint32_t>(p.head_dim) >> 16);
+  float acc[MT][NPW][4];
 #pragma unroll
-  for (int i = 0; i < 2 * S::kP; ++i)
+  for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int n = 0; n < NT; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
-  float m[NT][2], l[NT][2];
+    for (int n = 0; n < NPW; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
+  float m[NPW][2], l[NPW][2];
+  int lim[NPW][2];  // the last visible position of this thread's columns
+  bool live[NPW];  // the n-tile has a column of the request
+  const uint8_t* qrow[NPW];
 #pragma unroll
-  for (int n = 0; n < NT; ++n) m[n][0] = m[n][1] = -INFINITY, l[n][0] = l[n][1] = 0.f;
-  float cur_vmax = 1.f;
-  // the query token of each of this thread's columns, and its last visible position
-  int lim[NT][2];
+  for (int n = 0; n < NPW; ++n) {
+    const int c0 = 8 * (warp * NPW + n);
+    live[n] = c0 < n_cols;
+    qrow[n] = qs + (c0 + g) * S::kQRow + 16 * t;
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int e = 0; e < 2; ++e) lim[n][e] = prefix + (n * 8 + 2 * t + e) / p.group;
+    for (int e = 0; e < 2; ++e) {
+      m[n][e] = -INFINITY;
+      l[n][e] = 0.f;
+      lim[n][e] = prefix + (c0 + 2 * t + e) / p.group;
+    }
+  }
+  float run_vmax = 1e-30f;  // running maximum of the V scales (positive: all-zero V is fine)
 
-  const int rg = slot_of_row(g);
+  const int rg = slot_of_row(g);  // S^T rows g and g + 8
   const int rg8 = rg + 8;
-  const int r0 = slot_of_row(2 * t);
+  const int r0 = slot_of_row(2 * t);  // P^T / V^T k rows 2t, 2t+1, 2t+8, 2t+9
   const int r1 = slot_of_row(2 * t + 1);
   const int r2 = r0 + 8;
   const int r3 = r1 + 8;
@@ -150,53 +178,30 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads)
     const uint8_t* row_g = base + rg * S::kSRow;
     const uint8_t* row_g8 = base + rg8 * S::kSRow;
 
-    // ---- S^T over this warp's dimensions, then the sum over the warps
-    float s[NT][4];
+    // ---- S^T = K . Q^T, each K fragment for every n-tile of the warp
+    float s[NPW][4];
 #pragma unroll
-    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    for (int n = 0; n < NPW; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll
-    for (int kq = 0; kq < S::kP; ++kq) {
-      const int kk = warp * S::kP + kq;
+    for (int kk = 0; kk < KSTEPS2; ++kk) {
       const uint2 ka = *reinterpret_cast<const uint2*>(row_g + 32 * kk + 8 * t);
       const uint2 kb = *reinterpret_cast<const uint2*>(row_g8 + 32 * kk + 8 * t);
       const uint32_t xa = ka.x ^ kSignFlip, xb = kb.x ^ kSignFlip;
       const uint32_t ya = ka.y ^ kSignFlip, yb = kb.y ^ kSignFlip;
-      const uint32_t a0 = f16x2_of(xa, 0x4140), a1 = f16x2_of(xb, 0x4140);
-      const uint32_t a2 = f16x2_of(xa, 0x4342), a3 = f16x2_of(xb, 0x4342);
-      const uint32_t c0 = f16x2_of(ya, 0x4140), c1 = f16x2_of(yb, 0x4140);
-      const uint32_t c2 = f16x2_of(ya, 0x4342), c3 = f16x2_of(yb, 0x4342);
+      const uint32_t a0 = f16x2_sel<0x4140>(xa, k64), a1 = f16x2_sel<0x4140>(xb, k64);
+      const uint32_t a2 = f16x2_sel<0x4342>(xa, k64), a3 = f16x2_sel<0x4342>(xb, k64);
+      const uint32_t c0 = f16x2_sel<0x4140>(ya, k64), c1 = f16x2_sel<0x4140>(yb, k64);
+      const uint32_t c2 = f16x2_sel<0x4342>(ya, k64), c3 = f16x2_sel<0x4342>(yb, k64);
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const uint4 qv =
-            *reinterpret_cast<const uint4*>(qs + (n * 8 + g) * S::kQRow + (32 * kk + 8 * t) * 2);
+      for (int n = 0; n < NPW; ++n) {
+        if (!live[n]) continue;
+        const uint4 qv = *reinterpret_cast<const uint4*>(qrow[n] + 64 * kk);
         mma16816(s[n], a0, a1, a2, a3, qv.x, qv.y);
         mma16816(s[n], c0, c1, c2, c3, qv.z, qv.w);
       }
     }
-    if constexpr (S::kWD > 1) {
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-        sbuf[(warp * NT + n) * 32 + lane] = make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
-      __syncthreads();
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        float4 sum = sbuf[n * 32 + lane];
-#pragma unroll
-        for (int w = 1; w < S::kWD; ++w) {
-          const float4 v = sbuf[(w * NT + n) * 32 + lane];
-          sum.x += v.x;
-          sum.y += v.y;
-          sum.z += v.z;
-          sum.w += v.w;
-        }
-        s[n][0] = sum.x;
-        s[n][1] = sum.y;
-        s[n][2] = sum.z;
-        s[n][3] = sum.w;
-      }
-    }
 
-    // ---- online softmax (every warp the same), P^T operands
+    // ---- online softmax (columns 2t, 2t + 1 of each n-tile), P^T operands
     const int pos0 = (t0 + it) * kSlots;
     const int pg = pos0 + rg, pg8 = pos0 + rg8;
     const float ks_g = ld_f32(row_g + HD), ks_g8 = ld_f32(row_g8 + HD);
@@ -206,13 +211,17 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads)
     float vmax = fmaxf(vs_g, vs_g8);
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
-    const float inv_vmax = 1.f / vmax;
+    const float new_vmax = fmaxf(run_vmax, vmax);
+    const float vr = new_vmax > run_vmax ? run_vmax / new_vmax : 1.f;
+    const float inv_vmax = 1.f / new_vmax;
+    run_vmax = new_vmax;
     const bool masked = pos0 + kSlots - 1 > prefix;  // the tile reaches the causal tail
-    uint32_t b0[NT], b1[NT];
+    float f[NPW][2];
+    uint32_t b0[NPW], b1[NPW];
+    bool rescale = false;
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
+    for (int n = 0; n < NPW; ++n) {
       float pr[4];
-      float f[2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         float sa = s[n][e] * ks_g, sb = s[n][2 + e] * ks_g8;
@@ -225,69 +234,75 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads)
         for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
         const float mn = fmaxf(m[n][e], mx);
         const float mu = mn == -INFINITY ? 0.f : mn;
-        const float a = exp2f(m[n][e] - mu);
+        const float a = mn == m[n][e] ? 1.f : exp2f(m[n][e] - mu);
         const float pa = exp2f(sa - mu), pb = exp2f(sb - mu);
         l[n][e] = l[n][e] * a + pa + pb;
         m[n][e] = mn;
-        f[e] = a * cur_vmax * inv_vmax;
+        f[n][e] = a * vr;
+        rescale |= f[n][e] != 1.f;
         pr[e] = pa * vs_g * inv_vmax;
         pr[2 + e] = pb * vs_g8 * inv_vmax;
-      }
-#pragma unroll
-      for (int i = 0; i < 2 * S::kP; ++i) {
-        acc[i][n][0] *= f[0];
-        acc[i][n][1] *= f[1];
-        acc[i][n][2] *= f[0];
-        acc[i][n][3] *= f[1];
       }
       b0[n] = transpose8x8(pack_f16x2(pr[0], pr[1]));
       b1[n] = transpose8x8(pack_f16x2(pr[2], pr[3]));
     }
-    cur_vmax = vmax;
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int n = 0; n < NPW; ++n) {
+          acc[i][n][0] *= f[n][0];
+          acc[i][n][1] *= f[n][1];
+          acc[i][n][2] *= f[n][0];
+          acc[i][n][3] *= f[n][1];
+        }
+    }
 
-    // ---- O^T += V^T . P^T over this warp's dimensions
+    // ---- O^T += V^T . P^T: word c = 8 pp + g of slots r0..r3 -> dims 4c..4c+3
     const uint8_t* v0 = base + r0 * S::kSRow + HD + 4;
     const uint8_t* v1 = base + r1 * S::kSRow + HD + 4;
     const uint8_t* v2 = base + r2 * S::kSRow + HD + 4;
     const uint8_t* v3 = base + r3 * S::kSRow + HD + 4;
 #pragma unroll
-    for (int pq = 0; pq < S::kP; ++pq) {
-      const int off = 4 * (8 * (warp * S::kP + pq) + g);
+    for (int pp = 0; pp < KSTEPS2; ++pp) {
+      const int off = 4 * (8 * pp + g);
       const uint32_t w0 = ld_u32(v0 + off) ^ kSignFlip, w1 = ld_u32(v1 + off) ^ kSignFlip;
       const uint32_t w2 = ld_u32(v2 + off) ^ kSignFlip, w3 = ld_u32(v3 + off) ^ kSignFlip;
       const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
       const uint32_t lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
-      const uint32_t x0 = f16x2_of(lo01, 0x4140), x1 = f16x2_of(lo01, 0x4342);
-      const uint32_t x2 = f16x2_of(lo23, 0x4140), x3 = f16x2_of(lo23, 0x4342);
-      const uint32_t y0 = f16x2_of(hi01, 0x4140), y1 = f16x2_of(hi01, 0x4342);
-      const uint32_t y2 = f16x2_of(hi23, 0x4140), y3 = f16x2_of(hi23, 0x4342);
+      const uint32_t x0 = f16x2_sel<0x4140>(lo01, k64), x1 = f16x2_sel<0x4342>(lo01, k64);
+      const uint32_t x2 = f16x2_sel<0x4140>(lo23, k64), x3 = f16x2_sel<0x4342>(lo23, k64);
+      const uint32_t y0 = f16x2_sel<0x4140>(hi01, k64), y1 = f16x2_sel<0x4342>(hi01, k64);
+      const uint32_t y2 = f16x2_sel<0x4140>(hi23, k64), y3 = f16x2_sel<0x4342>(hi23, k64);
 #pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        mma16816(acc[2 * pq][n], x0, x1, x2, x3, b0[n], b1[n]);
-        mma16816(acc[2 * pq + 1][n], y0, y1, y2, y3, b0[n], b1[n]);
+      for (int n = 0; n < NPW; ++n) {
+        if (!live[n]) continue;
+        mma16816(acc[2 * pp][n], x0, x1, x2, x3, b0[n], b1[n]);
+        mma16816(acc[2 * pp + 1][n], y0, y1, y2, y3, b0[n], b1[n]);
       }
     }
   }
+  cp_async_wait<0>();
 
-  // ---- write: this warp's dimensions of every column
+  // ---- write this warp's columns, every dimension
   const bool direct = p.num_segs == 1;
 #pragma unroll
-  for (int n = 0; n < NT; ++n) {
+  for (int n = 0; n < NPW; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       float ls = l[n][e];
 #pragma unroll
       for (int o = 4; o < 32; o <<= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
-      const int col = n * 8 + 2 * t + e;
+      const int col = 8 * (warp * NPW + n) + 2 * t + e;
       if (col >= n_cols) continue;
       const int tq = col / p.group;
       const int hq = kvh * p.group + (col - tq * p.group);
-      const float inv = ls > 0.f ? cur_vmax / ls : 0.f;
+      const float inv = ls > 0.f ? run_vmax / ls : 0.f;
 #pragma unroll
-      for (int pq = 0; pq < S::kP; ++pq) {
-        const int d = 32 * (warp * S::kP + pq) + 4 * g;
-        const float o[4] = {acc[2 * pq][n][e] * inv, acc[2 * pq][n][2 + e] * inv,
-                            acc[2 * pq + 1][n][e] * inv, acc[2 * pq + 1][n][2 + e] * inv};
+      for (int pp = 0; pp < KSTEPS2; ++pp) {
+        const int d = 4 * (8 * pp + g);
+        const float o[4] = {acc[2 * pp][n][e] * inv, acc[2 * pp][n][2 + e] * inv,
+                            acc[2 * pp + 1][n][e] * inv, acc[2 * pp + 1][n][2 + e] * inv};
         if (direct) {
           uint8_t* op = reinterpret_cast<uint8_t*>(p.out) +
                         (static_cast<int64_t>(q_start + tq) * p.stride_ot +
@@ -299,33 +314,41 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads)
           *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
         }
       }
-      if (!direct && warp == 0 && g == 0)
+      if (!direct && g == 0)
         p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + seg] =
             ls > 0.f ? m[n][e] + log2f(ls) : -INFINITY;
     }
   }
 }
 
-template <int HD, int NT>
+template <int HD, int NW, int NPW>
 cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  using S = VShape<HD, NT>;
+  using S = VShape<HD, NW, NPW>;
   static const cudaError_t attr = cudaFuncSetAttribute(
-      int8_verify_kernel<HD, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+      int8_verify_kernel<HD, NW, NPW>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (attr != cudaSuccess) return attr;
-  int8_verify_kernel<HD, NT>
+  // the largest shared-memory carveout: the driver's default may leave room for fewer CTAs
+  static const cudaError_t carve = cudaFuncSetAttribute(
+      int8_verify_kernel<HD, NW, NPW>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      cudaSharedmemCarveoutMaxShared);
+  if (carve != cudaSuccess) return carve;
+  int8_verify_kernel<HD, NW, NPW>
       <<<dim3(num_selected, p.num_kv_heads, p.num_segs), S::kThreads, S::kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
+// Up to four n-tiles of 8 columns: one warp per two (each K / V fragment decoded once for 16
+// columns); five or six n-tiles: one warp each (at 208 registers, three warps of two n-tiles
+// leave too few warps a multiprocessor: 1.2-1.3x slower on the H200).
 template <int HD>
 cudaError_t launch_hd(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
   switch ((p.group * p.max_q + 7) / 8) {
-    case 1: return launch<HD, 1>(p, num_selected, stream);
-    case 2: return launch<HD, 2>(p, num_selected, stream);
-    case 3: return launch<HD, 3>(p, num_selected, stream);
-    case 4: return launch<HD, 4>(p, num_selected, stream);
-    case 5: return launch<HD, 5>(p, num_selected, stream);
-    case 6: return launch<HD, 6>(p, num_selected, stream);
+    case 1: return launch<HD, 1, 1>(p, num_selected, stream);
+    case 2: return launch<HD, 1, 2>(p, num_selected, stream);
+    case 3:
+    case 4: return launch<HD, 2, 2>(p, num_selected, stream);
+    case 5: return launch<HD, 5, 1>(p, num_selected, stream);
+    case 6: return launch<HD, 6, 1>(p, num_selected, stream);
     default: return cudaErrorInvalidValue;
   }
 }

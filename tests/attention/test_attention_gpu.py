@@ -224,6 +224,27 @@ def test_cuda_verify(shape):
     _check_cuda_segmentations(b, verify_attention)
 
 
+# (query heads per KV head, query tokens of the widest request): every warp layout of the
+# verification kernel, which the widest request picks: 8 columns (one warp, one n-tile), 12
+# (one warp, two n-tiles), 18 (two warps, the fourth n-tile empty), 30 (two warps, four
+# n-tiles), 36 (five warps), 48 (six warps)
+VERIFY_COLUMN_CASES = [(4, 2), (6, 2), (6, 3), (6, 5), (6, 6), (6, 8)]
+
+
+@needs_c
+@pytest.mark.parametrize("case", VERIFY_COLUMN_CASES, ids=lambda c: f"g{c[0]}_q{c[1]}")
+def test_cuda_verify_column_blocks(case):
+    """The verification kernel's warp layouts (columns = query tokens x GQA heads split over
+    one or two n-tiles a warp), requests narrower than the widest in the same launch, the
+    causal tail inside and across tiles, against the fp32 reference."""
+    group, max_q = case
+    q_lens = [max_q, 2, max(2, max_q - 1), max_q]
+    lens = [20, 3001, 700, 40000]
+    b = make_batch(lens, q_lens, torch.int8, device="cuda", num_kv_heads=4, group=group,
+                   head_size=256, seed=16 + max_q)
+    _check_cuda_segmentations(b, verify_attention)
+
+
 @needs_c
 def test_cuda_verify_selected_requests_and_graph():
     """Verification requests picked by index in a mixed step, captured in a CUDA graph and

@@ -48,9 +48,10 @@ import math
 import torch
 
 from vllm_prism import envs
-from vllm_prism.attention.ops.cuda_decode import (cuda_decode_problem, cuda_verify_problem,
-                                                  launch_cuda_decode, launch_cuda_verify,
-                                                  num_cuda_segments)
+from vllm_prism.attention.ops.cuda_decode import (CTAS_PER_SM, cuda_decode_problem,
+                                                  cuda_verify_problem, launch_cuda_decode,
+                                                  launch_cuda_verify, num_cuda_segments,
+                                                  verify_ctas_per_sm)
 from vllm_prism.attention.ops.geometry import (SplitGeometry, gpu_geometry, num_segments,
                                                sm_count)
 from vllm_prism.attention.ops.layout import KVFormat, kv_format
@@ -523,7 +524,8 @@ def _cuda_split_kv(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadat
     here when they split the context."""
     verify = max_q > 1
     nkv = kv_cache.shape[1] if verify else 1
-    segs = num_segs or num_cuda_segments(n_sel, sm_count(q.device), nkv)
+    per_sm = verify_ctas_per_sm(max_q * (q.shape[1] // nkv)) if verify else CTAS_PER_SM
+    segs = num_segs or num_cuda_segments(n_sel, sm_count(q.device), nkv, per_sm)
     hq, hs = q.shape[1], q.shape[2]
     if segs > 1:
         part_o = torch.empty(n_sel, max_q, hq, segs, hs, dtype=torch.float32, device=q.device)
