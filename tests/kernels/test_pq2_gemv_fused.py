@@ -80,8 +80,7 @@ def check(n: int, k: int, block: int | None, make_pro, dtype=torch.bfloat16, bia
     pro, width = make_pro(gen, k, dtype, offset)
     x = _row(gen, width, dtype, offset=offset)
     b = torch.randn(n, generator=gen).to("cuda", dtype) if bias else None
-    assert FUSED.accepts_prologue(x, w, pro)[0]
-    assert FUSED.can_implement(dispatch.PQ2LinearConfig.of(1, w, dtype))[0]
+    assert FUSED.can_implement(dispatch.PQ2LinearConfig.of(1, w, dtype, pro))[0]
 
     act = FUSED.make_activation(x, w, pro)
     y = FUSED.run(act, w, b, dtype)

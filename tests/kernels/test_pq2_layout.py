@@ -178,41 +178,40 @@ def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
 
 
 def test_fused_gemv_passes_a_prologue_it_cannot_run_to_the_next_kernel(monkeypatch) -> None:
-    """gemv_fused_cuda runs the producer itself: a per-group norm under 32 values or a
-    residual of another dtype than x goes to the next kernel of the automatic order (or of
-    VLLM_PRISM_PQ2_KERNEL), with the same result as the producer path; one it can run stays."""
+    """gemv_fused_cuda runs the producer itself: the prologue's features are part of the
+    selection, so a per-group norm under 32 values or a residual of another dtype than x goes
+    to the next kernel of VLLM_PRISM_PQ2_KERNEL (or of the automatic order) in the one
+    selection, with the same result as the producer path; a prologue it can run keeps it."""
     from vllm_prism.kernels.pq2.hadamard import Prologue
 
     fused = dispatch.GemvFusedCudaKernel
     w = _interpreted_weight(monkeypatch, "auto")
     x = torch.randn(1, w.k).bfloat16()
-    assert fused.accepts_prologue(x, w, Prologue(rms_weight=torch.ones(32), rms_group=32))[0]
-    ok, why = fused.accepts_prologue(x, w, Prologue(rms_weight=torch.ones(16), rms_group=16))
+
+    def config(pro: Prologue) -> dispatch.PQ2LinearConfig:
+        return dispatch.PQ2LinearConfig.of(1, w, x.dtype, pro)
+    assert fused.can_implement(config(Prologue(rms_weight=torch.ones(32), rms_group=32)))[0]
+    ok, why = fused.can_implement(config(Prologue(rms_weight=torch.ones(16), rms_group=16)))
     assert not ok and "rms_group 16" in why
-    ok, why = fused.accepts_prologue(x, w, Prologue(residual=torch.zeros(1, w.k)))
+    ok, why = fused.can_implement(config(Prologue(residual=torch.zeros(1, w.k))))
     assert not ok and "residual is torch.float32" in why
-    # pretend the fused kernel is chosen and cannot run the call: the dispatch takes the next
-    # (here the one VLLM_PRISM_PQ2_KERNEL names, the torch reference, which runs on the CPU)
-    monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "torch")
-    calls: list[str] = []
-    monkeypatch.setattr(dispatch, "_select", _recording_select(calls))
-    pro = Prologue(rms_weight=torch.rand(16) + 0.5, rms_group=16)
-    y, _ = dispatch.pq2_linear_fused(x, w, None, pro)
-    assert calls == ["", "gemv_fused_cuda"]
+    # pretend the fused kernel can run here (it needs vllm_prism._C on a GPU): named first,
+    # it is chosen for a prologue it runs and passed over, to the torch reference named
+    # next (which runs on the CPU), for one it cannot
+    monkeypatch.setattr(fused, "is_supported", classmethod(lambda cls, cap: (True, "")))
+    monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_fused_cuda,torch")
+    dispatch._select.cache_clear()
+    try:
+        ok32 = Prologue(rms_weight=torch.ones(32), rms_group=32)
+        assert dispatch.select_kernel(1, w, x.dtype, ok32) is fused
+        pro = Prologue(rms_weight=torch.rand(16) + 0.5, rms_group=16)
+        assert dispatch.select_kernel(1, w, x.dtype, pro) is dispatch.TorchKernel
+        y, _ = dispatch.pq2_linear_fused(x, w, None, pro)
+    finally:
+        dispatch._select.cache_clear()
     ref = dispatch.TorchKernel.run(dispatch.TorchKernel.make_activation(x, w, pro), w, None,
                                    x.dtype)
     assert torch.equal(y, ref)
-
-
-def _recording_select(calls: list[str]):
-    """A _select that answers gemv_fused_cuda first, then what the real one would (recording
-    the kernel each call skips)."""
-    real = dispatch._select
-
-    def select(c, forced, skip=""):
-        calls.append(skip)
-        return dispatch.GemvFusedCudaKernel if not skip else real(c, forced, skip)
-    return select
 
 
 def test_gemm_dq_leaves_the_lm_head_to_the_int8_kernels() -> None:

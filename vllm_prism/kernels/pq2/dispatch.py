@@ -78,8 +78,31 @@ GEMV_FUSED_MIN_RMS_GROUP = 32
 
 
 @dataclass(frozen=True)
+class PrologueFeatures:
+    """What of a call's :class:`Prologue` a kernel whose own launch runs it must support:
+    ``mixed_dtype`` names the first residual / gate tensor whose dtype is not x's ("" when
+    none), ``rms_group`` the per-group RMSNorm width (0: the whole row or no norm)."""
+
+    mixed_dtype: str = ""
+    rms_group: int = 0
+
+    @classmethod
+    def of(cls, prologue: Prologue, dtype: torch.dtype) -> PrologueFeatures:
+        mixed = ""
+        for name in ("residual", "gate"):
+            t = getattr(prologue, name)
+            if t is not None and t.dtype != dtype and not mixed:
+                mixed = f"{name} is {t.dtype}, x is {dtype}"
+        return cls(mixed_dtype=mixed, rms_group=prologue.rms_group)
+
+
+NO_PROLOGUE_FEATURES = PrologueFeatures()
+
+
+@dataclass(frozen=True)
 class PQ2LinearConfig:
-    """What a kernel needs to know to accept a call."""
+    """What a kernel needs to know to accept a call (the prologue's features included, so
+    that one selection decides)."""
 
     m: int
     n: int
@@ -88,11 +111,16 @@ class PQ2LinearConfig:
     fmt: str
     device_type: str
     capability: tuple[int, int] | None
+    hadamard_block: int | None = None
+    prologue: PrologueFeatures = NO_PROLOGUE_FEATURES
 
     @classmethod
-    def of(cls, m: int, w: Weight, dtype: torch.dtype) -> PQ2LinearConfig:
+    def of(cls, m: int, w: Weight, dtype: torch.dtype,
+           prologue: Prologue = NO_PROLOGUE) -> PQ2LinearConfig:
         return cls(m=m, n=w.n, k=w.k, dtype=dtype, fmt=w.fmt, device_type=w.device.type,
-                   capability=device_capability(w.device))
+                   capability=device_capability(w.device),
+                   hadamard_block=getattr(w, "hadamard_block", None),
+                   prologue=PrologueFeatures.of(prologue, dtype))
 
 
 def _triton_supported(capability: tuple[int, int] | None) -> tuple[bool, str]:
@@ -145,13 +173,6 @@ class PQ2LinearKernel:
     def run(cls, act: PQ2Activation, w: Weight, bias: torch.Tensor | None,
             out_dtype: torch.dtype) -> torch.Tensor:
         raise NotImplementedError
-
-    @classmethod
-    def accepts_prologue(cls, x: torch.Tensor, w: Weight,
-                         prologue: Prologue) -> tuple[bool, str]:
-        """Whether this kernel's producer runs ``prologue`` on x (``pq2_linear_fused`` takes
-        the next kernel when not); the Triton producer runs every prologue."""
-        return True, ""
 
     @classmethod
     def make_activation(cls, x: torch.Tensor, w: Weight,
@@ -415,20 +436,15 @@ class GemvFusedCudaKernel(_CudaOpKernel):
             return False, f"K = {c.k}: needs a multiple of 128, at most {GEMV_FUSED_MAX_K}"
         if c.dtype not in _FLOAT_ACT:
             return False, f"activation dtype {c.dtype} (needs bf16 or fp16)"
-        return _pq2_only(c)
-
-    @classmethod
-    def accepts_prologue(cls, x, w, prologue):
-        for name in ("residual", "gate"):
-            t = getattr(prologue, name)
-            if t is not None and t.dtype != x.dtype:
-                return False, f"{name} is {t.dtype}, x is {x.dtype}"
-        if 0 < prologue.rms_group < GEMV_FUSED_MIN_RMS_GROUP:
-            return False, (f"rms_group {prologue.rms_group} < {GEMV_FUSED_MIN_RMS_GROUP} "
+        # the producer runs in this kernel's launch: the prologue's features are its own
+        if c.prologue.mixed_dtype:
+            return False, c.prologue.mixed_dtype
+        if 0 < c.prologue.rms_group < GEMV_FUSED_MIN_RMS_GROUP:
+            return False, (f"rms_group {c.prologue.rms_group} < {GEMV_FUSED_MIN_RMS_GROUP} "
                            "values")
-        if w.hadamard_block is not None and w.hadamard_block > 1024:
-            return False, f"Hadamard block {w.hadamard_block} > 1024"
-        return True, ""
+        if c.hadamard_block is not None and c.hadamard_block > 1024:
+            return False, f"Hadamard block {c.hadamard_block} > 1024"
+        return _pq2_only(c)
 
     @classmethod
     def make_activation(cls, x, w, prologue=NO_PROLOGUE):
@@ -627,13 +643,9 @@ def _accepts(kernel: type[PQ2LinearKernel], c: PQ2LinearConfig) -> tuple[bool, s
 
 
 @functools.lru_cache(maxsize=4096)
-def _select(c: PQ2LinearConfig, forced: str, skip: str = "") -> type[PQ2LinearKernel]:
-    """The first forced kernel that accepts ``c``, else the first of the automatic order
-    (``skip``: a kernel name passed over, one whose producer cannot run the call's
-    prologue)."""
+def _select(c: PQ2LinearConfig, forced: str) -> type[PQ2LinearKernel]:
+    """The first forced kernel that accepts ``c``, else the first of the automatic order."""
     for name in _forced_names(forced):
-        if name == skip:
-            continue
         kernel = _BY_NAME[name]
         ok, why = _accepts(kernel, c)
         if ok:
@@ -650,8 +662,6 @@ def _select(c: PQ2LinearConfig, forced: str, skip: str = "") -> type[PQ2LinearKe
                   "next choice%s", name, c.fmt, c.m, c.n, c.k, why,
                   " (other calls it cannot run are logged at debug level)" if first else "")
     for kernel in KERNELS:
-        if kernel.name == skip:
-            continue
         ok, why = kernel.auto_accepts(c)
         if ok:
             ok, why = _accepts(kernel, c)
@@ -682,9 +692,11 @@ def _m_bucket(m: int) -> int:
     return m if m <= 1 else (2 if m <= MMA_MAX_M else 3)
 
 
-def select_kernel(m: int, w: Weight, dtype: torch.dtype) -> type[PQ2LinearKernel]:
-    """The kernel class that runs an [m, K] activation of ``dtype`` through ``w``."""
-    return _select(PQ2LinearConfig.of(m, w, dtype), envs.VLLM_PRISM_PQ2_KERNEL)
+def select_kernel(m: int, w: Weight, dtype: torch.dtype,
+                  prologue: Prologue = NO_PROLOGUE) -> type[PQ2LinearKernel]:
+    """The kernel class that runs an [m, K] activation of ``dtype`` (made with ``prologue``)
+    through ``w``."""
+    return _select(PQ2LinearConfig.of(m, w, dtype, prologue), envs.VLLM_PRISM_PQ2_KERNEL)
 
 
 def pq2_linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -711,14 +723,7 @@ def pq2_linear_fused(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = Non
         prologue = dataclasses.replace(prologue, residual=prologue.residual.reshape(-1, w.k))
     if prologue.gate is not None:
         prologue = dataclasses.replace(prologue, gate=prologue.gate.reshape(-1, w.k))
-    kernel = select_kernel(x2.shape[0], w, x.dtype)
-    ok, why = kernel.accepts_prologue(x2, w, prologue)
-    if not ok:
-        _log_once(logging.INFO, ("prologue", kernel.name, why),
-                  "PQ2 linear: kernel %s cannot run this prologue (%s); taking the next "
-                  "choice", kernel.name, why)
-        kernel = _select(PQ2LinearConfig.of(x2.shape[0], w, x.dtype),
-                         envs.VLLM_PRISM_PQ2_KERNEL, kernel.name)
+    kernel = select_kernel(x2.shape[0], w, x.dtype, prologue)
     act = kernel.make_activation(x2, w, prologue)
     y = kernel.run(act, w, bias, x.dtype).reshape(*lead, w.n)
     res = None if act.residual is None else act.residual.reshape(*lead, w.k)
