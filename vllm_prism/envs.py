@@ -35,8 +35,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # "auto" (default) runs the CUDA C++ kernel of vllm_prism._C (attention/ops/cuda_decode.py)
     # wherever it can serve the call, the Triton split-KV kernel elsewhere; "triton" always the
     # Triton kernel; "cuda" also INT8 verification on the CUDA C++ kernel (opt-in: correct on
-    # the H200, slower than Triton at 4-8 tokens). Read per call (inside vLLM's attention op,
-    # outside any traced graph).
+    # the H200, faster than Triton at 4 tokens from 32K, slower at 6-8 tokens and at 4K). Read
+    # per call (inside vLLM's attention op, outside any traced graph).
     "VLLM_PRISM_ATTN_KERNEL": lambda: os.getenv("VLLM_PRISM_ATTN_KERNEL", "auto").strip().lower(),
     # Tile overrides for the int8 GEMV (kernels/pq2/triton_gemv.py), to measure a variant
     # through vLLM: comma-separated key=value among n (rows per program), g (groups per step),

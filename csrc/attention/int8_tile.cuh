@@ -68,6 +68,17 @@ __device__ __forceinline__ uint32_t f16x2_of(uint32_t flipped, uint32_t sel) {
   return r;
 }
 
+// f16x2_of with the 0x64 filler in a register (`k64`, 0x64646464 the compiler cannot fold) and
+// the selector SEL immediate: one PRMT and one HADD2. Where registers are short, a literal
+// filler makes the compiler re-materialise the selector before every PRMT (int8_verify.cu).
+template <uint32_t SEL>
+__device__ __forceinline__ uint32_t f16x2_sel(uint32_t flipped, uint32_t k64) {
+  uint32_t h, r;
+  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(h) : "r"(flipped), "r"(k64), "n"(SEL));
+  asm("sub.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(h), "r"(kF16Bias));
+  return r;
+}
+
 __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                          uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(

@@ -56,16 +56,6 @@ struct VShape {
   static_assert(kRow % 8 == 0 && kSRow >= kRow && (kSRow / 4) % 32 == 8, "row layout");
 };
 
-// f16x2_of with the 0x64 filler in a register (`k64`) and the selector immediate: one PRMT and
-// one HADD2 (a literal filler makes the compiler re-materialise the selector every time).
-template <uint32_t SEL>
-__device__ __forceinline__ uint32_t f16x2_sel(uint32_t flipped, uint32_t k64) {
-  uint32_t h, r;
-  asm("prmt.b32 %0, %1, %2, %3;\n" : "=r"(h) : "r"(flipped), "r"(k64), "n"(SEL));
-  asm("sub.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(h), "r"(kF16Bias));
-  return r;
-}
-
 template <int HD, int NW, int NPW>
 __global__ void __launch_bounds__(VShape<HD, NW, NPW>::kThreads, VShape<HD, NW, NPW>::kMinBlocks)
     int8_verify_kernel(const Int8AttnParams p) {

@@ -119,7 +119,7 @@ class PQ2LinearConfig:
            prologue: Prologue = NO_PROLOGUE) -> PQ2LinearConfig:
         return cls(m=m, n=w.n, k=w.k, dtype=dtype, fmt=w.fmt, device_type=w.device.type,
                    capability=device_capability(w.device),
-                   hadamard_block=getattr(w, "hadamard_block", None),
+                   hadamard_block=w.hadamard_block,
                    prologue=PrologueFeatures.of(prologue, dtype))
 
 
