@@ -232,7 +232,7 @@ def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
 
 
 def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gbps: float,
-                records: list[dict]) -> None:
+                records: list[dict], only: list[str] | None = None) -> None:
     w0 = random_weight(n, k, gen)
     ws = [w0] + [clone_weight(w0) for _ in range(copies_for(w0.nbytes) - 1)]
     wd = w0.dequantize(torch.bfloat16)
@@ -265,7 +265,7 @@ def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gb
         if m == 1:
             t1 = us
         cands = {}
-        for name in candidates(m):
+        for name in candidates(m) if only is None else only:
             try:
                 fn = candidate_fn(name)
                 cands[name] = round(time_graph([lambda i=i: fn(x, ws[i % len(ws)])
@@ -305,7 +305,8 @@ class _pdl_off:
 
 def candidates(m: int) -> list[str]:
     """Other kernels timed at this M (end to end, producer included)."""
-    small = ["mma_small_cuda", "mma_small_pipe_cuda", "mma_stream_cuda", "mma_stream_cuda:3"]
+    small = ["mma_small_cuda", "mma_small_pipe_cuda", "mma_stream_cuda", "mma_stream_cuda:3",
+             "mma_bulk_cuda"]
     if m == 1:
         return ["gemv_a8", "gemv_a16", "gemv_cuda", "gemv_fused_cuda", "mma_cuda", *small]
     if m <= 8:
@@ -325,7 +326,7 @@ def candidate_fn(name: str) -> Callable[[torch.Tensor, PQ2Weight], torch.Tensor]
         return lambda x, w: gemv_a8(kern.make_activation(x, w), w)
     if ":" in name:  # "<kernel>:<op variant>" of the small-batch op family (mma_small.cuh)
         base, variant = name.split(":")
-        kern = type(name, (dispatch._BY_NAME[base],), {"variant": int(variant)})
+        kern = dispatch._BY_NAME[base].with_variant(int(variant))
         return candidate_fn_of(kern, name)
     return candidate_fn_of(dispatch._BY_NAME[name], name)
 
@@ -399,6 +400,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--shapes", default="", help="comma list like 12288x5120 (default: all)")
     ap.add_argument("--m", default="", help="comma list of M (default: all)")
+    ap.add_argument("--candidates", default="",
+                    help="comma list of the other kernels to time (default: those of each M)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_pq2_linear.py needs a CUDA GPU")
@@ -429,7 +432,8 @@ def main() -> None:
         "torch": torch.__version__, "read_gbps": round(read_gbps, 1), "records": records,
     }
     for n, k in shapes:
-        bench_shape(n, k, m_sel or M_LIST, gen, read_gbps, records)
+        bench_shape(n, k, m_sel or M_LIST, gen, read_gbps, records,
+                    args.candidates.split(",") if args.candidates else None)
         write_results(out, payload)
     print(f"benchmark done in {time.time() - t0:.0f} s")
 

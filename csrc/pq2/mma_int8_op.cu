@@ -1,40 +1,12 @@
 // The torch op around the int8 tensor-core PQ2 kernel for any M (mma_int8.cu): checks,
 // output allocation, the K split (its workspace and per-stream tile counters), the launch on
 // the current stream.
-#include <map>
-#include <mutex>
-#include <utility>
-
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
 #include "../ops.h"
 #include "mma_int8.cuh"
 #include "op_utils.h"
-
-namespace {
-
-constexpr int64_t kCounters = 65536;  // output tiles a K-split launch may have
-
-// The K split's tile counters of the current stream: zeros, left at zero by every launch
-// (the last CTA of a tile resets its counter), so launches in one stream share them and
-// launches in different streams never do.
-int* split_counters(const c10::Device& device) {
-  static std::mutex mu;
-  static std::map<std::pair<int, int64_t>, torch::Tensor> by_stream;
-  const auto key = std::make_pair(static_cast<int>(device.index()),
-                                  static_cast<int64_t>(at::cuda::getCurrentCUDAStream().id()));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = by_stream.find(key);
-  if (it == by_stream.end()) {
-    it = by_stream
-             .emplace(key, torch::zeros({kCounters}, torch::dtype(torch::kInt32).device(device)))
-             .first;
-  }
-  return it->second.data_ptr<int>();
-}
-
-}  // namespace
 
 torch::Tensor pq2_mma_int8(const torch::Tensor& codes, const torch::Tensor& scales,
                            const torch::Tensor& xq, const torch::Tensor& sx,
@@ -51,7 +23,7 @@ torch::Tensor pq2_mma_int8(const torch::Tensor& codes, const torch::Tensor& scal
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   int split = split_k > 0 ? static_cast<int>(split_k)
                           : vllm_prism::pq2_mma_int8_default_split(m, n, k, sms);
-  if (vllm_prism::pq2_mma_int8_tiles(m, n) > kCounters) split = 1;
+  if (vllm_prism::pq2_mma_int8_tiles(m, n) > vllm_prism::kSplitCounters) split = 1;
   torch::Tensor out = torch::empty({m, n}, codes.options().dtype(out_dtype));
   if (m == 0 || n == 0) return out;
   vllm_prism::Pq2LinearParams p{};
@@ -64,7 +36,7 @@ torch::Tensor pq2_mma_int8(const torch::Tensor& codes, const torch::Tensor& scal
     workspace = torch::empty({vllm_prism::pq2_mma_int8_workspace_floats(m, n, split)},
                              codes.options().dtype(torch::kFloat32));
     p.workspace = workspace.data_ptr<float>();
-    p.counters = split_counters(codes.device());
+    p.counters = vllm_prism::split_counters(codes.device());
   }
   const cudaError_t err =
       vllm_prism::pq2_mma_int8_launch(p, at::cuda::getCurrentCUDAStream().stream());

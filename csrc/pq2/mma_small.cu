@@ -60,10 +60,6 @@ struct SmallSmem {
   }
 };
 
-__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
-  return i == 0 ? q.x : (i == 1 ? q.y : (i == 2 ? q.z : q.w));
-}
-
 // B fragments of one 64-weight piece (two 32-chunks) for each token tile: 4-byte loads at k 4t
 // and 16 + 4t of each chunk.
 template <int NT>
@@ -380,26 +376,7 @@ __global__ void __launch_bounds__(512)
         }
       }
       int32_t isum[NT][4];
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) isum[nt][e] = 0;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const uint32_t wg = c < 2 ? f.w0[i].x : f.w0[i].y;
-        const uint32_t wh = c < 2 ? f.w1[i].x : f.w1[i].y;
-        const int sh = 4 * (c & 1);
-        uint32_t a[4];
-        a[0] = (wg >> sh) & kMask;        // row g, group element 32t + 8c + b
-        a[1] = (wh >> sh) & kMask;        // row g + 8
-        a[2] = (wg >> (sh + 2)) & kMask;  // row g, element 32t + 8c + 4 + b
-        a[3] = (wh >> (sh + 2)) & kMask;  // row g + 8
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt) {
-          mma_s8(isum[nt], a, word_of(bx[nt][c >> 1], 2 * (c & 1)),
-                 word_of(bx[nt][c >> 1], 2 * (c & 1) + 1));
-        }
-      }
+      mma_group_permuted<NT>(isum, f.w0[i], f.w1[i], bx);
       const float d0 = __half2float(__ushort_as_half(static_cast<unsigned short>(f.d[i])));
       const float d1 = __half2float(__ushort_as_half(static_cast<unsigned short>(f.d[i] >> 16)));
 #pragma unroll
@@ -488,7 +465,7 @@ int pq2_mma_small_rows(int n, int k, int m, int sm_count, int smem_max) {
 cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream,
                                  int variant) {
   if (p.n <= 0 || p.m <= 0) return cudaSuccess;
-  if (p.m > kPq2SmallMaxM || p.k % 128 != 0 || variant < 0 || variant > 3) {
+  if (p.m > kPq2SmallMaxM || p.k % 128 != 0 || variant < 0 || variant > 4) {
     return cudaErrorInvalidValue;
   }
   // 16-byte cp.async of code rows, 4-byte ones of scale pairs, 4-byte activation loads
@@ -501,6 +478,7 @@ cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStr
     if (reinterpret_cast<uintptr_t>(p.xq) % 16 || p.stride_x % 16) {
       return cudaErrorMisalignedAddress;
     }
+    if (variant == 4) return pq2_mma_bulk_launch(p, sm_count, stream);
     const int target = variant == 3 ? 5 : 10;
     return p.m <= 8 ? launch_stream<1>(p, sm_count, target, stream)
                     : launch_stream<2>(p, sm_count, target, stream);

@@ -24,8 +24,14 @@ constexpr int kPq2SmallMaxM = 16;
 // warp streams its 16 rows' K slice into registers (mma_small.cu, STREAM; xq 16-byte aligned,
 // its row stride a multiple of 16; K slices of up to 10 groups a warp); 3: the same with
 // slices of up to 5 groups (more, shorter warps); the same int32 group sums, added in
-// another order.
+// another order. 4: one CTA a multiprocessor, each an equal share of the (tile, group) units,
+// read through a ring of shared-memory stages (mma_bulk.cu; xq as for 2; p.workspace of
+// pq2_mma_bulk_workspace_floats floats and p.counters, zero, one a 16-row tile).
 cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream,
                                  int variant = 0);
+
+// Variant 4 (mma_bulk.cu): its launch, and the fp32 workspace it needs.
+cudaError_t pq2_mma_bulk_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream);
+int pq2_mma_bulk_workspace_floats(int n, int k, int sm_count);
 
 }  // namespace vllm_prism

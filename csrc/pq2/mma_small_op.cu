@@ -1,5 +1,5 @@
-// The torch op around the small-batch int8 tensor-core PQ2 kernel (mma_small.cu): checks,
-// output, launch on the current stream.
+// The torch op around the small-batch int8 tensor-core PQ2 kernels (mma_small.cu, and
+// mma_bulk.cu as variant 4): checks, output, workspace, launch on the current stream.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -19,11 +19,16 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
               " outside 1..", vllm_prism::kPq2SmallMaxM);
   TORCH_CHECK(k % 128 == 0, "pq2_mma_small_int8: K = ", k, " is not a multiple of 128");
   TORCH_CHECK(n < (int64_t{1} << 31), "pq2_mma_small_int8: too many rows");
-  TORCH_CHECK(variant >= 0 && variant <= 3, "pq2_mma_small_int8: variant ", variant,
-              " (0: loads, then compute; 1: pipelined; 2, 3: streamed into registers)");
+  TORCH_CHECK(variant >= 0 && variant <= 4, "pq2_mma_small_int8: variant ", variant,
+              " (0: loads, then compute; 1: pipelined; 2, 3: streamed into registers; 4: every "
+              "multiprocessor's share in flight)");
   TORCH_CHECK(variant < 2 || reinterpret_cast<uintptr_t>(xq.data_ptr()) % 16 == 0,
-              "pq2_mma_small_int8: variants 2 and 3 read the activation 16 bytes at a time: xq "
+              "pq2_mma_small_int8: variants 2 to 4 read the activation 16 bytes at a time: xq "
               "needs a 16-byte aligned start");
+  TORCH_CHECK(variant != 4 || ((n + 15) / 16 <= vllm_prism::kSplitCounters &&
+                                (n + 15) / 16 * (k / 128) * 1024 < (int64_t{1} << 31)),
+              "pq2_mma_small_int8: variant 4 takes at most ", vllm_prism::kSplitCounters * 16,
+              " rows and 2^21 16x128 tiles (its plan is 32-bit), got N = ", n, ", K = ", k);
   const c10::cuda::CUDAGuard guard(codes.device());
   torch::Tensor out = torch::empty({m, n}, codes.options().dtype(out_dtype));
   if (n == 0) return out;
@@ -33,6 +38,14 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
   p.split = 1;
   p.pdl = pdl;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  torch::Tensor workspace;
+  if (variant == 4) {  // the partial sums of the 16-row tiles that CTAs share
+    workspace = torch::empty({vllm_prism::pq2_mma_bulk_workspace_floats(
+                                 static_cast<int>(n), static_cast<int>(k), sms)},
+                             codes.options().dtype(torch::kFloat32));
+    p.workspace = workspace.data_ptr<float>();
+    p.counters = vllm_prism::split_counters(codes.device());
+  }
   const cudaError_t err =
       vllm_prism::pq2_mma_small_launch(p, sms, at::cuda::getCurrentCUDAStream().stream(),
                                        static_cast<int>(variant));

@@ -1,9 +1,13 @@
-// Shared argument checks and parameter filling of the PQ2 torch ops (mma_int8_op.cu,
-// mma_small_op.cu, gemv_int8_op.cu).
+// Shared argument checks, parameter filling and tile counters of the PQ2 torch ops
+// (mma_int8_op.cu, mma_small_op.cu, gemv_int8_op.cu).
 #pragma once
 
+#include <map>
+#include <mutex>
 #include <optional>
+#include <utility>
 
+#include <ATen/cuda/CUDAContext.h>
 #include <torch/all.h>
 
 #include "pq2_params.cuh"
@@ -72,6 +76,27 @@ inline void fill_common(Pq2LinearParams& p, const torch::Tensor& codes,
   p.stride_x = xq.stride(0);
   p.stride_g = sx.stride(0);
   p.stride_o = out.stride(0);
+}
+
+constexpr int64_t kSplitCounters = 65536;  // output tiles a launch with counters may have
+
+// The tile counters of the current stream (K splits of mma_int8.cu, shared tiles of
+// mma_bulk.cu): zeros, left at zero by every launch (the last CTA of a tile resets its
+// counter), so launches in one stream share them and launches in different streams never do.
+inline int* split_counters(const c10::Device& device) {
+  static std::mutex mu;
+  static std::map<std::pair<int, int64_t>, torch::Tensor> by_stream;
+  const auto key = std::make_pair(static_cast<int>(device.index()),
+                                  static_cast<int64_t>(at::cuda::getCurrentCUDAStream().id()));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = by_stream.find(key);
+  if (it == by_stream.end()) {
+    it = by_stream
+             .emplace(key,
+                      torch::zeros({kSplitCounters}, torch::dtype(torch::kInt32).device(device)))
+             .first;
+  }
+  return it->second.data_ptr<int>();
 }
 
 }  // namespace vllm_prism

@@ -1,5 +1,5 @@
 // Device helpers shared by the PQ2 kernels of csrc/pq2: programmatic dependent launch,
-// cp.async, the int8 mma.sync, accumulator fills, the exact int32 -> fp32 conversion, and
+// cp.async, the int8 mma.sync (and one 128-group in the permuted k order), accumulator fills, the exact int32 -> fp32 conversion, and
 // loads/stores of the dtypes Pq2LinearParams names.
 #pragma once
 
@@ -78,6 +78,44 @@ __device__ __forceinline__ void mma_s8(int32_t (&c)[4], const uint32_t (&a)[4], 
       "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Word i (0..3) of a 16-byte register quad.
+__device__ __forceinline__ uint32_t word_of(const uint4& q, int i) {
+  return i == 0 ? q.x : (i == 1 ? q.y : (i == 2 ? q.z : q.w));
+}
+
+// The int32 sums of one 128-group of a 16-row tile against NT tiles of 8 tokens, with the
+// MMA's k index permuted within the group (mma_small.cu STREAM, mma_bulk.cu): lane (g, t)
+// holds bytes 8t .. 8t + 7 of the group's 32 bytes of codes of rows g (w0) and g + 8 (w1), and
+// the 32 activation bytes at 32t of the group of its B token of each token tile (bx). At step
+// c (0..3) the MMA's k 4t + b is the group's element 32t + 8c + b and k 16 + 4t + b its
+// element 32t + 8c + 4 + b, so a lane's A fragments are its own bytes: word c / 2, shifted by
+// 4 (c % 2) and 4 (c % 2) + 2, masked to the 2-bit codes (values 0..2, the weight plus one).
+template <int NT>
+__device__ __forceinline__ void mma_group_permuted(int32_t (&isum)[NT][4], const uint2& w0,
+                                                   const uint2& w1, const uint4 (&bx)[NT][2]) {
+  constexpr uint32_t kMask = 0x03030303u;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) isum[nt][e] = 0;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const uint32_t wg = c < 2 ? w0.x : w0.y;
+    const uint32_t wh = c < 2 ? w1.x : w1.y;
+    const int sh = 4 * (c & 1);
+    uint32_t a[4];
+    a[0] = (wg >> sh) & kMask;        // row g, group element 32t + 8c + b
+    a[1] = (wh >> sh) & kMask;        // row g + 8
+    a[2] = (wg >> (sh + 2)) & kMask;  // row g, element 32t + 8c + 4 + b
+    a[3] = (wh >> (sh + 2)) & kMask;  // row g + 8
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      mma_s8(isum[nt], a, word_of(bx[nt][c >> 1], 2 * (c & 1)),
+             word_of(bx[nt][c >> 1], 2 * (c & 1) + 1));
+    }
+  }
 }
 
 // Every element of a [A][B][C] register array (accumulators) set to `v`.

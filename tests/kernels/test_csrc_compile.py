@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NVCC = shutil.which("nvcc")
 TORCH_FREE = ["csrc/pq2/mma_int8.cu", "csrc/pq2/gemv_int8.cu", "csrc/pq2/mma_small.cu",
+              "csrc/pq2/mma_bulk.cu",
               "csrc/attention/int8_decode.cu", "csrc/attention/int8_verify.cu"]
 
 

@@ -32,9 +32,10 @@ ODD_SHAPES = [(37, 640, 128), (300, 2304, 256), (4097, 5120, 1024), (96, 384, No
 M_FULL = list(range(1, 17)) + [24, 32, 48, 64, 128, 512, 2048]
 TOL = {"gemv_a16": 4e-3, "mma_a16": 8e-3, "gemm_a16": 8e-3, "gemv_a8": 3e-2, "mma_a8": 3e-2,
        "gemm_a8": 3e-2, "ptq1_gemv": 4e-3, "mma_cuda": 3e-2, "gemv_cuda": 3e-2, "gemm_dq": 1e-2,
-       "mma_small_cuda": 3e-2, "mma_small_pipe_cuda": 3e-2, "mma_stream_cuda": 3e-2}
+       "mma_small_cuda": 3e-2, "mma_small_pipe_cuda": 3e-2, "mma_stream_cuda": 3e-2,
+       "mma_bulk_cuda": 3e-2}
 A8 = {"gemv_a8", "mma_a8", "gemm_a8", "mma_cuda", "gemv_cuda", "mma_small_cuda",
-      "mma_small_pipe_cuda", "mma_stream_cuda"}
+      "mma_small_pipe_cuda", "mma_stream_cuda", "mma_bulk_cuda"}
 
 
 def kernels_for(m: int, n: int = 0) -> list[str]:
@@ -224,7 +225,8 @@ def test_gemv_cuda_several_rows(shape: tuple[int, int], m: int) -> None:
 
 @pytest.mark.parametrize("name,n,k,m", [("gemv_cuda", 1000, 17408, 1),
                                          ("mma_small_cuda", 1000, 6144, 6),
-                                         ("mma_stream_cuda", 1000, 6144, 11)])
+                                         ("mma_stream_cuda", 1000, 6144, 11),
+                                         ("mma_bulk_cuda", 1000, 6144, 11)])
 def test_cuda_kernel_bias_fp16(name: str, n: int, k: int, m: int) -> None:
     """fp16 activations, outputs and bias through the CUDA C++ kernels that take them."""
     _need_mma_cuda(name)
@@ -290,9 +292,30 @@ def test_mma_stream_cuda(shape: tuple[int, int], m: int) -> None:
     another order: equal to within fp32 rounding; so are those of op variant 3 (K slices of
     at most 5 groups: other slice counts)."""
     stream, base, act, w = _small_variant_case("mma_stream_cuda", shape, m)
-    short = type("short_slices", (stream,), {"variant": 3})  # op variant 3: <= 5 groups
+    short = stream.with_variant(3)  # op variant 3: <= 5 groups
     y, y0, y3 = (kern.run(act, w, None, torch.float32) for kern in (stream, base, short))
     assert rel_err(y, y0) < 1e-6 and rel_err(y3, y0) < 1e-6
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16])
+@pytest.mark.parametrize("shape", [(12288, 5120), (34816, 5120), (5120, 6144), (5120, 17408),
+                                   (1024, 5120), (300, 2304), (17000, 1024), (40, 128),
+                                   (24, 1280), (8, 640)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_mma_bulk_cuda(shape: tuple[int, int], m: int) -> None:
+    """The small-batch kernel with each multiprocessor's equal share of the matrix (op
+    variant 4): against the exact and the integer reference, and twice in a row bit for bit
+    (the tile counters are left at zero, a shared tile's partials added in CTA order). The
+    shapes give CTAs of several tiles with partial first and last tiles (12288, 34816 rows),
+    one stage a tile (K = 5120, 6144) and three (K = 17408), a tile shared by three CTAs
+    (1024x5120: 19 units a CTA), fewer groups than warps in a stage (K = 1280, 2304), a
+    4-byte scale pair past an odd group count (K = 640), one group a row (K = 128), fewer
+    CTAs than multiprocessors (40x128, 8x640) and rows past N (300, 17000, 40, 24, 8 rows);
+    one and two token tiles."""
+    bulk, base, act, w = _small_variant_case("mma_bulk_cuda", shape, m)
+    y, y0 = (kern.run(act, w, None, torch.float32) for kern in (bulk, base))
+    assert rel_err(y, y0) < 1e-6
+    assert torch.equal(bulk.run(act, w, None, torch.float32), y)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 64, 65, 128, 300])

@@ -522,6 +522,12 @@ class MmaSmallCudaA8Kernel(_CudaOpKernel):
     variant: ClassVar[int] = 0  # the op's kernel variant (mma_small.cuh)
 
     @classmethod
+    def with_variant(cls, variant: int) -> type["MmaSmallCudaA8Kernel"]:
+        """This kernel running op variant ``variant`` instead (for the benchmark and the tests
+        of variants that have no kernel name, e.g. 3: mma_stream_cuda's shorter K slices)."""
+        return type(f"{cls.name}:{variant}", (cls,), {"variant": variant})
+
+    @classmethod
     def run(cls, act, w, bias, out_dtype):
         return torch.ops._C_prism.pq2_mma_small_int8(w.codes, w.scales, act.data,
                                                      act.group_scale, act.group_sum, bias,
@@ -573,6 +579,23 @@ class MmaStreamCudaA8Kernel(MmaSmallCudaA8Kernel):
         return ok, why
 
 
+class MmaBulkCudaA8Kernel(MmaSmallCudaA8Kernel):
+    """M = 1..16: the small-batch int8 tensor-core kernel that gives every multiprocessor the
+    same bytes (op variant 4, csrc/pq2/mma_bulk.cu): one CTA a multiprocessor, the matrix's
+    (16-row tile, 128-group) units cut into equal contiguous ranges (a tile shared by CTAs
+    meets in a workspace, added in CTA order), read through a ring of shared-memory stages
+    whose first ones are requested before the grid-dependency wait. The same exact int32
+    group sums as ``mma_small_cuda``, added in another order. Flat in M, but on the H200
+    2-2.7x slower than the automatic choice (12288x5120: 22.7 / 23.5 us at M = 1 / 8 against
+    gemv_cuda's 8.6 and mma_small_cuda's 13.1; Nsight Compute: issue-latency bound at 10 % of
+    DRAM throughput, benchmarks/results/pq2_linear_h200_notes.md), so it runs only where
+    ``VLLM_PRISM_PQ2_KERNEL`` names it."""
+
+    name = "mma_bulk_cuda"
+    in_auto = False
+    variant = 4
+
+
 class TorchKernel(PQ2LinearKernel):
     """Exact reference: transform in fp32, dense dequantized weight, one matmul. Any device."""
 
@@ -610,13 +633,13 @@ class TorchKernel(PQ2LinearKernel):
 # fp32 GEMV is issue-bound, see triton_gemv), then the Triton int8 tensor-core kernels (1.1-1.5x
 # faster than bf16 at every M measured), gemm_dq from M = 512. The bf16/fp16 kernels (*_a16)
 # stay for the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the
-# pipelined small-batch variant (mma_small_pipe_cuda) and the GEMV with the producer in its
-# launch (gemv_fused_cuda) only where named.
+# pipelined small-batch variant (mma_small_pipe_cuda), the equal-share one (mma_bulk_cuda) and
+# the GEMV with the producer in its launch (gemv_fused_cuda) only where named.
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, MmaStreamCudaA8Kernel, GemvCudaA8Kernel, MmaSmallCudaA8Kernel, GemvA8Kernel,
     GemvA16Kernel,
     GemmDqKernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel, GemmA16Kernel,
-    MmaSmallPipeCudaA8Kernel, GemvFusedCudaKernel, TorchKernel,
+    MmaSmallPipeCudaA8Kernel, MmaBulkCudaA8Kernel, GemvFusedCudaKernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 
