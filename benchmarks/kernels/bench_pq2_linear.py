@@ -394,11 +394,26 @@ def print_sweep_summary(results: list[dict]) -> None:
         print("FAILED", r)
 
 
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"12288x5120"`` -> (12288, 5120): N output rows by K inputs (K a multiple of the
+    benchmark's Hadamard block)."""
+    try:
+        n, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"--shapes: {text!r} is not NxK (e.g. 12288x5120)") from None
+    if n <= 0 or k <= 0 or k % HADAMARD_BLOCK:
+        raise SystemExit(f"--shapes: {text!r} needs N > 0 and K a positive multiple of "
+                         f"{HADAMARD_BLOCK} (the benchmark's Hadamard block)")
+    return n, k
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sweep", action="store_true", help="time every tile variant")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    ap.add_argument("--shapes", default="", help="comma list like 12288x5120 (default: all)")
+    ap.add_argument("--shapes", default="",
+                    help="comma list of NxK like 12288x5120,16896x5120 (default: the Bonsai "
+                         "shapes)")
     ap.add_argument("--m", default="", help="comma list of M (default: all)")
     ap.add_argument("--candidates", default="",
                     help="comma list of the other kernels to time (default: those of each M)")
@@ -406,9 +421,8 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench_pq2_linear.py needs a CUDA GPU")
     shapes = SHAPES
-    if args.shapes:
-        want = set(args.shapes.split(","))
-        shapes = [s for s in SHAPES if f"{s[0]}x{s[1]}" in want]
+    if args.shapes:  # any NxK, in the order given
+        shapes = [parse_shape(v) for v in args.shapes.split(",")]
     m_sel = [int(v) for v in args.m.split(",")] if args.m else None
     gen = torch.Generator(device=DEVICE).manual_seed(0)
     out = Path(args.out)
