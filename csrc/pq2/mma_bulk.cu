@@ -54,7 +54,7 @@ constexpr int kSmemBudget = 160 * 1024;  // leaves ~90 KiB of L1 for the activat
 constexpr int kWsPerCta = 2 * 16 * kPq2SmallMaxM;  // fp32 partials: first and last tile
 
 // The first unit of CTA c (32-bit: the launch checks units * ctas < 2^31).
-__host__ __device__ inline int unit_start(int c, int units, int ctas) {
+__device__ inline int unit_start(int c, int units, int ctas) {
   return static_cast<int>(static_cast<unsigned>(c * units) / static_cast<unsigned>(ctas));
 }
 
@@ -122,8 +122,7 @@ __device__ __forceinline__ void issue_stage(const Pq2LinearParams& p, const Stag
 }
 
 // A warp's activation operands of one group: B fragments of each token tile (32 bytes at 32t),
-// and for this lane's two C tokens the group's scale and 0x4B400000 minus its int32 sum (so
-// that isum + q is the magic-number form of isum - qsum).
+// and the group's scale and int32 sum of this lane's two C tokens.
 template <int NT>
 struct BFrag {
   uint4 x[NT][2];
@@ -163,7 +162,7 @@ __device__ __forceinline__ void load_bfrag(BFrag<NT>& f, const ActPtrs<NT>& a, i
 #pragma unroll
     for (int c = 0; c < 2; ++c) {
       f.s[nt][c] = __ldg(a.s[nt][c] + grp);
-      f.q[nt][c] = 0x4B400000 - __ldg(a.q[nt][c] + grp);
+      f.q[nt][c] = __ldg(a.q[nt][c] + grp);
     }
   }
 }
@@ -182,13 +181,12 @@ __device__ __forceinline__ void mma_group(float (&acc)[NT][4], const char* slot,
   const float d1 = __half2float(__ushort_as_half(sc[8 * kScaleRow]));
   int32_t isum[NT][4];
   mma_group_permuted<NT>(isum, w0, w1, f.x);
-  constexpr float kMagic = 12582912.0f;  // exact int32 -> fp32 (pq2_device.cuh exact_float)
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
-    acc[nt][0] += (__int_as_float(isum[nt][0] + f.q[nt][0]) - kMagic) * (d0 * f.s[nt][0]);
-    acc[nt][1] += (__int_as_float(isum[nt][1] + f.q[nt][1]) - kMagic) * (d0 * f.s[nt][1]);
-    acc[nt][2] += (__int_as_float(isum[nt][2] + f.q[nt][0]) - kMagic) * (d1 * f.s[nt][0]);
-    acc[nt][3] += (__int_as_float(isum[nt][3] + f.q[nt][1]) - kMagic) * (d1 * f.s[nt][1]);
+    acc[nt][0] += exact_float(isum[nt][0] - f.q[nt][0]) * (d0 * f.s[nt][0]);
+    acc[nt][1] += exact_float(isum[nt][1] - f.q[nt][1]) * (d0 * f.s[nt][1]);
+    acc[nt][2] += exact_float(isum[nt][2] - f.q[nt][0]) * (d1 * f.s[nt][0]);
+    acc[nt][3] += exact_float(isum[nt][3] - f.q[nt][1]) * (d1 * f.s[nt][1]);
   }
 }
 

@@ -1,6 +1,6 @@
 // Device helpers shared by the PQ2 kernels of csrc/pq2: programmatic dependent launch,
-// cp.async, the int8 mma.sync (and one 128-group in the permuted k order), accumulator fills, the exact int32 -> fp32 conversion, and
-// loads/stores of the dtypes Pq2LinearParams names.
+// cp.async, the int8 mma.sync (and one 128-group in the permuted k order), accumulator fills,
+// the exact int32 -> fp32 conversion, and loads/stores of the dtypes Pq2LinearParams names.
 #pragma once
 
 #include <cuda_bf16.h>
