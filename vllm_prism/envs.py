@@ -31,12 +31,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # traced graph.
     "VLLM_PRISM_PDL": lambda: os.getenv("VLLM_PRISM_PDL", "1").strip().lower() in ("1", "true",
                                                                                      "on"),
-    # Decode attention kernel over an INT8 KV cache (attention/ops/triton_split_kv.py):
-    # "auto" (default) runs the CUDA C++ kernel of vllm_prism._C (attention/ops/cuda_decode.py)
-    # wherever it can serve the call, the Triton split-KV kernel elsewhere; "triton" always the
-    # Triton kernel; "cuda" also INT8 verification on the CUDA C++ kernel (opt-in: correct on
-    # the H200, faster than Triton at 4 tokens from 32K, slower at 6-8 tokens and at 4K). Read
-    # per call (inside vLLM's attention op, outside any traced graph).
+    # Decode and verification attention kernel over an INT8 KV cache
+    # (attention/ops/triton_split_kv.py): "auto" (default) runs the CUDA C++ kernels of
+    # vllm_prism._C (attention/ops/cuda_decode.py) wherever they can serve the call, the Triton
+    # split-KV kernel elsewhere; "triton" always the Triton kernel; "cuda" the same as "auto".
+    # Read per call (inside vLLM's attention op, outside any traced graph).
     "VLLM_PRISM_ATTN_KERNEL": lambda: os.getenv("VLLM_PRISM_ATTN_KERNEL", "auto").strip().lower(),
     # Tile overrides for the int8 GEMV (kernels/pq2/triton_gemv.py), to measure a variant
     # through vLLM: comma-separated key=value among n (rows per program), g (groups per step),

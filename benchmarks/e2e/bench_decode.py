@@ -503,8 +503,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--attn-kernel", nargs="+", default=["auto"],
                    choices=["auto", "triton", "cuda"],
                    help="VLLM_PRISM_ATTN_KERNEL for the engines, each in turn (auto: the CUDA "
-                   "C++ INT8 decode attention where built; triton: the Triton split-KV kernel; "
-                   "cuda: INT8 verification on the CUDA C++ kernel too)")
+                   "C++ INT8 decode and verification attention where built; triton: the Triton "
+                   "split-KV kernel; cuda: the same as auto)")
     p.add_argument("--gemv-tuning", nargs="+", default=[""],
                    help="VLLM_PRISM_GEMV_TUNING for the engines, each in turn (e.g. "
                    "'depth=2,scales=1' 'split=4'; '' for the defaults)")

@@ -1,6 +1,7 @@
 // Device helpers shared by the INT8 attention kernels (int8_decode.cu, int8_verify.cu): the
 // 16-byte / 8-byte cp.async pipeline, int8 -> fp16 operands from the bits, the fp16 MMA, the
-// 8x8 transpose that turns an S^T accumulator into a P^T operand, and the slot order of a tile.
+// 8x8 transpose that turns an S^T accumulator into a P^T operand, ldmatrix, and the slot order
+// of a tile.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -86,6 +87,15 @@ __device__ __forceinline__ void mma16816(float (&c)[4], uint32_t a0, uint32_t a1
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two 8x8 fp16 matrices from shared memory: lanes 0..15 give the addresses of row l % 8 of
+// matrix l / 8; r[j] is matrix j in the MMA's operand layout (lane (g, t): row g, columns 2t,
+// 2t + 1).
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+               : "=r"(r[0]), "=r"(r[1])
+               : "r"(addr));
 }
 
 __device__ __forceinline__ uint32_t transpose8x8(uint32_t a) {

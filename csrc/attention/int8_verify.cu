@@ -1,31 +1,32 @@
 // Split-KV verification attention over the paged INT8 cache on the fp16 tensor cores
 // (int8_attention.cuh has the parameters). The tile algebra is the decode kernel's
-// (int8_decode.cu): per 16-slot tile, with the slots as the MMA's M rows,
+// (int8_decode.cu): with the slots as the MMA's M rows and the columns (query token x GQA
+// head, column = token x group + head) as its N,
 //
-//   S^T [16 slots x 8 columns] = K . Q^T       (columns: query token x GQA head)
+//   S^T [16 slots x 8 columns] = K . Q^T
 //   O^T [hd x 8 columns]      += V^T . P^T
 //
-// The query tokens are folded into the GQA group (column = token x group + head) and the
-// columns are split over the warps in blocks of 8 (n-tiles): warp w owns the NPW n-tiles
-// NPW w .. NPW w + NPW - 1 over the whole head dimension and runs the decode kernel's loop for
-// them with its own online softmax, no exchange between warps. A warp builds the fp16 operands
-// of a K or V fragment from the int8 bits once and uses them for all its n-tiles (NPW = 2 up
-// to 32 columns; 33..48 columns take one warp per n-tile, see launch_hd); Q (fp16, scaled)
-// waits in shared memory; n-tiles wholly past the request's columns are skipped.
+// One CTA = one (request, KV head, segment) of W warps (4; 2 for head size 64); a stage is W
+// 16-slot tiles of the head's rows. Each int8 K or V element becomes an fp16 operand once in
+// the CTA: warp w builds S^T of tile w for every column, the column maxima of the stage are
+// exchanged through shared memory (one barrier), and the warp writes its P^T (fp16, scaled by
+// v_scale / the running maximum of the V scales) to shared memory; after a second barrier warp
+// w runs O^T += V^T . P^T for its HD / W dimensions over the whole stage, the P^T operands
+// read with ldmatrix. All warps hold the same running maxima, so the rescaling is the same
+// in every warp; the row sums are kept per thread and added up at the end.
 //
-// The accumulator is kept in units of the running maximum of the V scales seen so far (P^T
-// carries v_scale[slot] / that maximum, in [0, 1]); a tile that raises neither a column's
-// score maximum nor the V-scale maximum leaves the accumulator as it is (no rescaling).
-//
-// One CTA per (request, KV head, segment); the head's rows (2 hd + 8 bytes, 8-byte aligned in
-// any vLLM layout) are copied with 8-byte cp.async into shared memory rows padded to a stride
-// of 8 words mod 32, one 16-slot tile a stage, four stages; the decode kernel's
-// bank-conflict-free slot order applies. Prefix and causal tail run in one pass: column
-// (token t, head j) sees positions <= prefix + t.
+// The head's rows (2 hd + 8 bytes) go into shared memory rows padded to a stride of 8 words mod
+// 32 by cp.async, two stages (the next one copied while the current one is computed): with
+// 16-byte aligned cache blocks and slots (vLLM's NHD layout) in 16-byte pieces and one 8-byte
+// piece (a row then starts 8 bytes into its shared row where the head's offset is 8 mod 16),
+// in any other layout in 8-byte pieces. The decode kernel's bank-conflict-free slot order
+// applies. Prefix and causal tail run in one pass: column (token t, head j) sees positions
+// <= prefix + t. A segment covers a multiple of W tiles.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
+#include <type_traits>
 
 #include "int8_tile.cuh"
 #include "int8_attention.cuh"
@@ -36,40 +37,77 @@ namespace {
 using namespace attn;
 
 constexpr int kSlots = 16;
-constexpr int kStages = 4;
 
-template <int HD, int NW, int NPW>
+template <int HD, int NT>
 struct VShape {
-  static constexpr int kThreads = NW * 32;
-  static constexpr int kCols = 8 * NW * NPW;
-  // Resident CTAs the registers are sized for. Each of a multiprocessor's four schedulers
-  // holds the registers of its own warps (16K): two n-tiles a warp (one or two warps) take
-  // about 208 registers, two warps a scheduler; one n-tile a warp (five or six warps) 128, four.
-  static constexpr int kMinBlocks = NPW == 2 ? 4 : (15 / NW < 4 ? 15 / NW : 4);
+  static constexpr int kTiles = HD >= 128 ? 4 : 2;  // 16-slot tiles a stage
+  // column halves: at head size 256 two warps share a tile's S^T (each its half of the
+  // n-tiles), so a CTA has 8 warps of at most 128 registers
+  static constexpr int kHalves = HD == 256 && NT >= 2 ? 2 : 1;
+  static constexpr int kWarps = kTiles * kHalves;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kUnits = HD / 32 / kWarps;  // 32-dimension output units a warp
+  static constexpr int kHalfNT = (NT + kHalves - 1) / kHalves;  // n-tiles of a half
+  static constexpr int kCols = 8 * NT;
+  static constexpr int kStageSlots = kSlots * kTiles;
   static constexpr int kRow = 2 * HD + 8;  // bytes of one (slot, head) row in the cache
-  static constexpr int kChunks = kRow / 8;
-  // shared-memory row stride: words = 8 mod 32 (conflict-free K and V reads)
+  // shared-memory row stride: words = 8 mod 32 (conflict-free K and V reads), room for a row
+  // that starts 8 bytes in
   static constexpr int kSRow = 4 * (((kRow / 4 - 8 + 31) / 32) * 32 + 8);
-  static constexpr int kStageBytes = kSlots * kSRow;
+  static constexpr int kStageBytes = kStageSlots * kSRow;
   static constexpr int kQRow = 2 * HD + 64;  // fp16 query rows: words = 16 mod 32
-  static constexpr int kSmem = kStages * kStageBytes + kCols * kQRow;
-  static_assert(kRow % 8 == 0 && kSRow >= kRow && (kSRow / 4) % 32 == 8, "row layout");
+  static constexpr int kPRow = 2 * kStageSlots + 16;  // fp16 P^T rows: 16-byte steps mod 128
+  static constexpr int kQOff = 2 * kStageBytes;
+  static constexpr int kPOff = kQOff + kCols * kQRow;
+  static constexpr int kRedOff = kPOff + kCols * kPRow;  // fp32 [column][tile]
+  static constexpr int kSmem = kRedOff + kCols * kTiles * 4;
+  static constexpr int kTpr = kThreads / kStageSlots;  // threads copying a row
+  static_assert(kSRow >= kRow + 8 && (kSRow / 4) % 32 == 8 && kSRow % 16 == 0, "row layout");
+  static_assert(kUnits >= 1 && HD == 32 * kWarps * kUnits, "dimension split");
+  static_assert(kTpr * kStageSlots == kThreads, "threads a row");
 };
 
-template <int HD, int NW, int NPW>
-__global__ void __launch_bounds__(VShape<HD, NW, NPW>::kThreads, VShape<HD, NW, NPW>::kMinBlocks)
+// The column maximum over the stage's tiles (red: [column][tile]).
+template <int T>
+__device__ __forceinline__ float stage_max(const float* red, int col) {
+  if constexpr (T == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(red + 4 * col);
+    return fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+  } else {
+    const float2 v = *reinterpret_cast<const float2*>(red + 2 * col);
+    return fmaxf(v.x, v.y);
+  }
+}
+
+template <int T>
+__device__ __forceinline__ float stage_sum(const float* red, int col) {
+  if constexpr (T == 4) {
+    const float4 v = *reinterpret_cast<const float4*>(red + 4 * col);
+    return (v.x + v.y) + (v.z + v.w);
+  } else {
+    const float2 v = *reinterpret_cast<const float2*>(red + 2 * col);
+    return v.x + v.y;
+  }
+}
+
+template <int HD, int NT>
+__global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
     int8_verify_kernel(const Int8AttnParams p) {
-  using S = VShape<HD, NW, NPW>;
-  constexpr int KSTEPS2 = HD / 32;  // pairs of k-steps (QK) = word groups (PV)
-  constexpr int MT = HD / 16;  // O^T accumulator tiles
+  using S = VShape<HD, NT>;
+  constexpr int T = S::kTiles;
+  constexpr int U = S::kUnits;
+  constexpr int NH = S::kHalfNT;
+  constexpr int KSTEPS2 = HD / 32;  // pairs of k-steps (QK)
   extern __shared__ __align__(16) uint8_t smem[];
-  uint8_t* stages = smem;
-  uint8_t* qs = smem + kStages * S::kStageBytes;
+  uint8_t* qs = smem + S::kQOff;
+  uint8_t* ps = smem + S::kPOff;
+  float* red = reinterpret_cast<float*>(smem + S::kRedOff);
 
   const int sel = blockIdx.x;
   const int kvh = blockIdx.y;
   const int seg = blockIdx.z;
   const int warp = threadIdx.x >> 5;
+  const int tile = warp % T;  // the warp's tile of a stage (S^T); warp / T: its column half
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
@@ -82,32 +120,50 @@ __global__ void __launch_bounds__(VShape<HD, NW, NPW>::kThreads, VShape<HD, NW, 
   const int prefix = max(seq_len - q_len, 0);
   const int n_cols = q_len * p.group;
   const int n_tiles = (seq_len + kSlots - 1) / kSlots;
-  const int tps = max((n_tiles + p.num_segs - 1) / p.num_segs, p.min_tiles);
+  int tps = max((n_tiles + p.num_segs - 1) / p.num_segs, p.min_tiles);
+  tps = (tps + T - 1) / T * T;
   const int t0 = seg * tps;
   const int t1 = min(t0 + tps, n_tiles);
-  const int n_iter = t1 > t0 ? t1 - t0 : 0;
+  const int n_stages = t1 > t0 ? (t1 - t0 + T - 1) / T : 0;
   const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.stride_bt;
   const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.cache) +
                          static_cast<int64_t>(kvh) * p.stride_ch;
+  // 16-byte pieces where blocks and slots are 16-byte aligned; the head's rows then start at
+  // `shift` (0 or 8) mod 16, and so does each row in its shared row
+  const bool vec16 = reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.stride_cb % 16 == 0 &&
+                     p.stride_cn % 16 == 0;
+  const int shift = vec16 ? static_cast<int>((static_cast<int64_t>(kvh) * p.stride_ch) % 16) : 0;
 
-  auto issue = [&](int it) {
-    const int pos0 = (t0 + it) * kSlots;  // a tile lies in one block (block size % 16 == 0)
-    const int blk = bt[pos0 / p.block_size];
-    const uint8_t* src = cache + static_cast<int64_t>(blk) * p.stride_cb +
-                         static_cast<int64_t>(pos0 % p.block_size) * p.stride_cn;
-    const uint32_t dst = smem_u32(stages + (it % kStages) * S::kStageBytes);
-    for (int c = threadIdx.x; c < kSlots * S::kChunks; c += S::kThreads) {
-      const int slot = c / S::kChunks;
-      const int ch = c - slot * S::kChunks;
-      cp_async8(dst + slot * S::kSRow + ch * 8, src + slot * p.stride_cn + ch * 8);
+  // stage `st`: kTpr threads a row, tiles past the context not copied (their slots are masked)
+  auto issue = [&](int st) {
+    constexpr int kTpr = S::kTpr;
+    const int row = threadIdx.x / kTpr, sub = threadIdx.x % kTpr;
+    const int tl = t0 + st * T + row / kSlots;
+    if (tl >= n_tiles) return;
+    const int pos = tl * kSlots + row % kSlots;
+    const uint8_t* src = cache + static_cast<int64_t>(bt[pos / p.block_size]) * p.stride_cb +
+                         static_cast<int64_t>(pos % p.block_size) * p.stride_cn;
+    const uint32_t dst = smem_u32(smem + (st & 1) * S::kStageBytes + row * S::kSRow);
+    if (vec16) {
+      // pieces j = 0..HD/8: 16 bytes each but one of 8 (the first where shift = 8, else last)
+      constexpr int kPieces = HD / 8 + 1;
+#pragma unroll
+      for (int i = 0; i < (kPieces + kTpr - 1) / kTpr; ++i) {
+        const int j = sub + kTpr * i;
+        if (j < kPieces) {
+          const bool half = shift == 0 ? j == HD / 8 : j == 0;
+          if (half) cp_async8(dst + (shift == 0 ? 2 * HD : 8), src + (shift == 0 ? 2 * HD : 0));
+          else cp_async16(dst + 16 * j, src + 16 * j - shift);
+        }
+      }
+    } else {
+#pragma unroll 4
+      for (int j = sub; j < S::kRow / 8; j += kTpr) cp_async8(dst + 8 * j, src + 8 * j);
     }
   };
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_iter) issue(s);
-    cp_async_commit();
-  }
+  if (n_stages > 0) issue(0);
+  cp_async_commit();
 
   // Q (scaled by qk_scale) as fp16 rows: column c = token * group + head of the group (zero
   // past the request's columns); read after the loop's first barrier.
@@ -128,27 +184,17 @@ __global__ void __launch_bounds__(VShape<HD, NW, NPW>::kThreads, VShape<HD, NW, 
   // the fp16 filler 0x64 in every byte, in a register the compiler cannot fold (head_dim <
   // 65536): see f16x2_sel
   const uint32_t k64 = 0x64646464u | (static_cast<uint32_t>(p.head_dim) >> 16);
-  float acc[MT][NPW][4];
+  float acc[2 * U][NT][4];  // O^T: this warp's dimensions, every column
 #pragma unroll
-  for (int i = 0; i < MT; ++i)
+  for (int i = 0; i < 2 * U; ++i)
 #pragma unroll
-    for (int n = 0; n < NPW; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
-  float m[NPW][2], l[NPW][2];
-  int lim[NPW][2];  // the last visible position of this thread's columns
-  bool live[NPW];  // the n-tile has a column of the request
-  const uint8_t* qrow[NPW];
+    for (int n = 0; n < NT; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
+  float m[NT][2];  // running maxima of every column (the same in every warp)
+  float l[NH][2];  // this thread's share of the row sums of its half's columns
 #pragma unroll
-  for (int n = 0; n < NPW; ++n) {
-    const int c0 = 8 * (warp * NPW + n);
-    live[n] = c0 < n_cols;
-    qrow[n] = qs + (c0 + g) * S::kQRow + 16 * t;
+  for (int n = 0; n < NT; ++n) m[n][0] = m[n][1] = -INFINITY;
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      m[n][e] = -INFINITY;
-      l[n][e] = 0.f;
-      lim[n][e] = prefix + (c0 + 2 * t + e) / p.group;
-    }
-  }
+  for (int n = 0; n < NH; ++n) l[n][0] = l[n][1] = 0.f;
   float run_vmax = 1e-30f;  // running maximum of the V scales (positive: all-zero V is fine)
 
   const int rg = slot_of_row(g);  // S^T rows g and g + 8
@@ -157,142 +203,213 @@ __global__ void __launch_bounds__(VShape<HD, NW, NPW>::kThreads, VShape<HD, NW, 
   const int r1 = slot_of_row(2 * t + 1);
   const int r2 = r0 + 8;
   const int r3 = r1 + 8;
+  // ldmatrix rows of P^T: lane l gives row l % 8 of matrix l / 8 (k rows 8 (l / 8) ..)
+  const uint32_t p_lane = smem_u32(ps) + (lane & 7) * S::kPRow + ((lane >> 3) & 1) * 16;
 
-  for (int it = 0; it < n_iter; ++it) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    if (it + kStages - 1 < n_iter) issue(it + kStages - 1);
+  for (int st = 0; st < n_stages; ++st) {
+    cp_async_wait<0>();
+    __syncthreads();  // the stage is in; every warp is done with the previous one
+    if (st + 1 < n_stages) issue(st + 1);
     cp_async_commit();
 
-    const uint8_t* base = stages + (it % kStages) * S::kStageBytes;
-    const uint8_t* row_g = base + rg * S::kSRow;
-    const uint8_t* row_g8 = base + rg8 * S::kSRow;
+    const uint8_t* base = smem + (st & 1) * S::kStageBytes + shift;
+    const int stage_pos = (t0 + st * T) * kSlots;
 
-    // ---- S^T = K . Q^T, each K fragment for every n-tile of the warp
-    float s[NPW][4];
+    // the stage's V-scale maximum, the same in every warp
+    float vmax = 0.f;
 #pragma unroll
-    for (int n = 0; n < NPW; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < KSTEPS2; ++kk) {
-      const uint2 ka = *reinterpret_cast<const uint2*>(row_g + 32 * kk + 8 * t);
-      const uint2 kb = *reinterpret_cast<const uint2*>(row_g8 + 32 * kk + 8 * t);
-      const uint32_t xa = ka.x ^ kSignFlip, xb = kb.x ^ kSignFlip;
-      const uint32_t ya = ka.y ^ kSignFlip, yb = kb.y ^ kSignFlip;
-      const uint32_t a0 = f16x2_sel<0x4140>(xa, k64), a1 = f16x2_sel<0x4140>(xb, k64);
-      const uint32_t a2 = f16x2_sel<0x4342>(xa, k64), a3 = f16x2_sel<0x4342>(xb, k64);
-      const uint32_t c0 = f16x2_sel<0x4140>(ya, k64), c1 = f16x2_sel<0x4140>(yb, k64);
-      const uint32_t c2 = f16x2_sel<0x4342>(ya, k64), c3 = f16x2_sel<0x4342>(yb, k64);
-#pragma unroll
-      for (int n = 0; n < NPW; ++n) {
-        if (!live[n]) continue;
-        const uint4 qv = *reinterpret_cast<const uint4*>(qrow[n] + 64 * kk);
-        mma16816(s[n], a0, a1, a2, a3, qv.x, qv.y);
-        mma16816(s[n], c0, c1, c2, c3, qv.z, qv.w);
-      }
+    for (int r = lane; r < S::kStageSlots; r += 32) {
+      if (stage_pos + r < seq_len) vmax = fmaxf(vmax, ld_f32(base + r * S::kSRow + 2 * HD + 4));
     }
-
-    // ---- online softmax (columns 2t, 2t + 1 of each n-tile), P^T operands
-    const int pos0 = (t0 + it) * kSlots;
-    const int pg = pos0 + rg, pg8 = pos0 + rg8;
-    const float ks_g = ld_f32(row_g + HD), ks_g8 = ld_f32(row_g8 + HD);
-    float vs_g = ld_f32(row_g + 2 * HD + 4), vs_g8 = ld_f32(row_g8 + 2 * HD + 4);
-    if (pg >= seq_len) vs_g = 0.f;  // slots past the end hold garbage
-    if (pg8 >= seq_len) vs_g8 = 0.f;
-    float vmax = fmaxf(vs_g, vs_g8);
 #pragma unroll
     for (int o = 1; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
     const float new_vmax = fmaxf(run_vmax, vmax);
     const float vr = new_vmax > run_vmax ? run_vmax / new_vmax : 1.f;
     const float inv_vmax = 1.f / new_vmax;
+
+    // S^T of this warp's tile for the n-tiles N0 .. N0 + NN - 1 of its half, the tile's column
+    // maxima through shared memory (one barrier), then their P^T to shared memory
+    auto scores = [&](auto half) {
+      constexpr int N0 = decltype(half)::value * NH;
+      constexpr int NN = NT - N0 < NH ? NT - N0 : NH;
+      const uint8_t* row_g = base + (tile * kSlots + rg) * S::kSRow;
+      const uint8_t* row_g8 = base + (tile * kSlots + rg8) * S::kSRow;
+      float s[NH][4];
+#pragma unroll
+      for (int n = 0; n < NH; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < KSTEPS2; ++kk) {
+        const uint2 ka = *reinterpret_cast<const uint2*>(row_g + 32 * kk + 8 * t);
+        const uint2 kb = *reinterpret_cast<const uint2*>(row_g8 + 32 * kk + 8 * t);
+        const uint32_t xa = ka.x ^ kSignFlip, xb = kb.x ^ kSignFlip;
+        const uint32_t ya = ka.y ^ kSignFlip, yb = kb.y ^ kSignFlip;
+        const uint32_t a0 = f16x2_sel<0x4140>(xa, k64), a1 = f16x2_sel<0x4140>(xb, k64);
+        const uint32_t a2 = f16x2_sel<0x4342>(xa, k64), a3 = f16x2_sel<0x4342>(xb, k64);
+        const uint32_t c0 = f16x2_sel<0x4140>(ya, k64), c1 = f16x2_sel<0x4140>(yb, k64);
+        const uint32_t c2 = f16x2_sel<0x4342>(ya, k64), c3 = f16x2_sel<0x4342>(yb, k64);
+#pragma unroll
+        for (int n = 0; n < NN; ++n) {
+          const uint4 qv = *reinterpret_cast<const uint4*>(qs + (8 * (N0 + n) + g) * S::kQRow +
+                                                           16 * t + 64 * kk);
+          mma16816(s[n], a0, a1, a2, a3, qv.x, qv.y);
+          mma16816(s[n], c0, c1, c2, c3, qv.z, qv.w);
+        }
+      }
+      const int pos0 = stage_pos + tile * kSlots;
+      const int pg = pos0 + rg, pg8 = pos0 + rg8;
+      const float ks_g = ld_f32(row_g + HD), ks_g8 = ld_f32(row_g8 + HD);
+      float vs_g = ld_f32(row_g + 2 * HD + 4), vs_g8 = ld_f32(row_g8 + 2 * HD + 4);
+      if (pg >= seq_len) vs_g = 0.f;  // slots past the end hold garbage
+      if (pg8 >= seq_len) vs_g8 = 0.f;
+      const bool masked = pos0 + kSlots - 1 > prefix;  // the tile reaches the causal tail
+#pragma unroll
+      for (int n = 0; n < NN; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * (N0 + n) + 2 * t + e;
+          float sa = s[n][e] * ks_g, sb = s[n][2 + e] * ks_g8;
+          if (masked) {  // the last visible position of the column
+            const int lim = min(prefix + col / p.group, seq_len - 1);
+            if (pg > lim) sa = -INFINITY;
+            if (pg8 > lim) sb = -INFINITY;
+          }
+          s[n][e] = sa;
+          s[n][2 + e] = sb;
+          float mx = fmaxf(sa, sb);
+#pragma unroll
+          for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+          if (g == 0) red[col * T + tile] = mx;
+        }
+      }
+      __syncthreads();  // every tile's maxima are in
+#pragma unroll
+      for (int n = 0; n < NN; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float mo = m[N0 + n][e];
+          const float mn = fmaxf(mo, stage_max<T>(red, 8 * (N0 + n) + 2 * t + e));
+          const float mu = mn == -INFINITY ? 0.f : mn;
+          const float a = mn == mo ? 1.f : exp2f(mo - mu);
+          const float pa = exp2f(s[n][e] - mu), pb = exp2f(s[n][2 + e] - mu);
+          l[n][e] = l[n][e] * a + pa + pb;
+          s[n][e] = pa * vs_g * inv_vmax;
+          s[n][2 + e] = pb * vs_g8 * inv_vmax;
+        }
+        // after the transpose lane (g, t) holds column 8n + g at k rows 2t, 2t + 1 (and + 8)
+        const uint32_t lo = transpose8x8(pack_f16x2(s[n][0], s[n][1]));
+        const uint32_t hi = transpose8x8(pack_f16x2(s[n][2], s[n][3]));
+        uint8_t* prow = ps + (8 * (N0 + n) + g) * S::kPRow + (kSlots * tile + 2 * t) * 2;
+        *reinterpret_cast<uint32_t*>(prow) = lo;
+        *reinterpret_cast<uint32_t*>(prow + 16) = hi;
+      }
+    };
+    if constexpr (S::kHalves == 1) {
+      scores(std::integral_constant<int, 0>{});
+    } else {
+      if (warp < T) scores(std::integral_constant<int, 0>{});
+      else scores(std::integral_constant<int, 1>{});
+    }
+
+    // ---- the new maxima of every column, the accumulator's factors
     run_vmax = new_vmax;
-    const bool masked = pos0 + kSlots - 1 > prefix;  // the tile reaches the causal tail
-    float f[NPW][2];
-    uint32_t b0[NPW], b1[NPW];
+    float f[NT][2];
     bool rescale = false;
 #pragma unroll
-    for (int n = 0; n < NPW; ++n) {
-      float pr[4];
+    for (int n = 0; n < NT; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        float sa = s[n][e] * ks_g, sb = s[n][2 + e] * ks_g8;
-        if (masked) {
-          if (pg > lim[n][e] || pg >= seq_len) sa = -INFINITY;
-          if (pg8 > lim[n][e] || pg8 >= seq_len) sb = -INFINITY;
-        }
-        float mx = fmaxf(sa, sb);
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        const float mn = fmaxf(m[n][e], mx);
-        const float mu = mn == -INFINITY ? 0.f : mn;
-        const float a = mn == m[n][e] ? 1.f : exp2f(m[n][e] - mu);
-        const float pa = exp2f(sa - mu), pb = exp2f(sb - mu);
-        l[n][e] = l[n][e] * a + pa + pb;
-        m[n][e] = mn;
-        f[n][e] = a * vr;
+        const float mn = fmaxf(m[n][e], stage_max<T>(red, 8 * n + 2 * t + e));
+        f[n][e] = (mn == m[n][e] ? 1.f : exp2f(m[n][e] - mn)) * vr;  // mn > m: finite
         rescale |= f[n][e] != 1.f;
-        pr[e] = pa * vs_g * inv_vmax;
-        pr[2 + e] = pb * vs_g8 * inv_vmax;
+        m[n][e] = mn;
       }
-      b0[n] = transpose8x8(pack_f16x2(pr[0], pr[1]));
-      b1[n] = transpose8x8(pack_f16x2(pr[2], pr[3]));
     }
     if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-      for (int i = 0; i < MT; ++i)
+      for (int i = 0; i < 2 * U; ++i)
 #pragma unroll
-        for (int n = 0; n < NPW; ++n) {
+        for (int n = 0; n < NT; ++n) {
           acc[i][n][0] *= f[n][0];
           acc[i][n][1] *= f[n][1];
           acc[i][n][2] *= f[n][0];
           acc[i][n][3] *= f[n][1];
         }
     }
+    __syncthreads();  // the stage's P^T is in
 
-    // ---- O^T += V^T . P^T: word c = 8 pp + g of slots r0..r3 -> dims 4c..4c+3
-    const uint8_t* v0 = base + r0 * S::kSRow + HD + 4;
-    const uint8_t* v1 = base + r1 * S::kSRow + HD + 4;
-    const uint8_t* v2 = base + r2 * S::kSRow + HD + 4;
-    const uint8_t* v3 = base + r3 * S::kSRow + HD + 4;
+    // ---- O^T += V^T . P^T over the stage's tiles, this warp's dimensions: word c = 8 pp + g
+    // of slots r0..r3 -> dimensions 4c..4c+3
 #pragma unroll
-    for (int pp = 0; pp < KSTEPS2; ++pp) {
-      const int off = 4 * (8 * pp + g);
-      const uint32_t w0 = ld_u32(v0 + off) ^ kSignFlip, w1 = ld_u32(v1 + off) ^ kSignFlip;
-      const uint32_t w2 = ld_u32(v2 + off) ^ kSignFlip, w3 = ld_u32(v3 + off) ^ kSignFlip;
-      const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
-      const uint32_t lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
-      const uint32_t x0 = f16x2_sel<0x4140>(lo01, k64), x1 = f16x2_sel<0x4342>(lo01, k64);
-      const uint32_t x2 = f16x2_sel<0x4140>(lo23, k64), x3 = f16x2_sel<0x4342>(lo23, k64);
-      const uint32_t y0 = f16x2_sel<0x4140>(hi01, k64), y1 = f16x2_sel<0x4342>(hi01, k64);
-      const uint32_t y2 = f16x2_sel<0x4140>(hi23, k64), y3 = f16x2_sel<0x4342>(hi23, k64);
+    for (int ks = 0; ks < T; ++ks) {
+      uint32_t bf[NT][2];
 #pragma unroll
-      for (int n = 0; n < NPW; ++n) {
-        if (!live[n]) continue;
-        mma16816(acc[2 * pp][n], x0, x1, x2, x3, b0[n], b1[n]);
-        mma16816(acc[2 * pp + 1][n], y0, y1, y2, y3, b0[n], b1[n]);
+      for (int n = 0; n < NT; ++n) ldmatrix_x2(bf[n], p_lane + 8 * n * S::kPRow + 32 * ks);
+      const uint8_t* tv = base + ks * kSlots * S::kSRow + HD + 4;
+      const uint8_t* v0 = tv + r0 * S::kSRow;
+      const uint8_t* v1 = tv + r1 * S::kSRow;
+      const uint8_t* v2 = tv + r2 * S::kSRow;
+      const uint8_t* v3 = tv + r3 * S::kSRow;
+#pragma unroll
+      for (int j = 0; j < U; ++j) {
+        const int off = 4 * (8 * (U * warp + j) + g);
+        const uint32_t w0 = ld_u32(v0 + off) ^ kSignFlip, w1 = ld_u32(v1 + off) ^ kSignFlip;
+        const uint32_t w2 = ld_u32(v2 + off) ^ kSignFlip, w3 = ld_u32(v3 + off) ^ kSignFlip;
+        const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+        const uint32_t lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+        const uint32_t x0 = f16x2_sel<0x4140>(lo01, k64), x1 = f16x2_sel<0x4342>(lo01, k64);
+        const uint32_t x2 = f16x2_sel<0x4140>(lo23, k64), x3 = f16x2_sel<0x4342>(lo23, k64);
+        const uint32_t y0 = f16x2_sel<0x4140>(hi01, k64), y1 = f16x2_sel<0x4342>(hi01, k64);
+        const uint32_t y2 = f16x2_sel<0x4140>(hi23, k64), y3 = f16x2_sel<0x4342>(hi23, k64);
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          mma16816(acc[2 * j][n], x0, x1, x2, x3, bf[n][0], bf[n][1]);
+          mma16816(acc[2 * j + 1][n], y0, y1, y2, y3, bf[n][0], bf[n][1]);
+        }
       }
     }
   }
   cp_async_wait<0>();
 
-  // ---- write this warp's columns, every dimension
+  // ---- the row sums: over the lanes of a tile, then over the tiles
+  auto row_sums = [&](auto half) {
+    constexpr int N0 = decltype(half)::value * NH;
+    constexpr int NN = NT - N0 < NH ? NT - N0 : NH;
+#pragma unroll
+    for (int n = 0; n < NN; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float ls = l[n][e];
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+        if (g == 0) red[(8 * (N0 + n) + 2 * t + e) * T + tile] = ls;
+      }
+    }
+  };
+  if constexpr (S::kHalves == 1) {
+    row_sums(std::integral_constant<int, 0>{});
+  } else {
+    if (warp < T) row_sums(std::integral_constant<int, 0>{});
+    else row_sums(std::integral_constant<int, 1>{});
+  }
+  __syncthreads();
+
+  // ---- write this warp's dimensions of every column
   const bool direct = p.num_segs == 1;
 #pragma unroll
-  for (int n = 0; n < NPW; ++n) {
+  for (int n = 0; n < NT; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      float ls = l[n][e];
-#pragma unroll
-      for (int o = 4; o < 32; o <<= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
-      const int col = 8 * (warp * NPW + n) + 2 * t + e;
+      const int col = 8 * n + 2 * t + e;
       if (col >= n_cols) continue;
+      const float ls = stage_sum<T>(red, col);
       const int tq = col / p.group;
       const int hq = kvh * p.group + (col - tq * p.group);
       const float inv = ls > 0.f ? run_vmax / ls : 0.f;
 #pragma unroll
-      for (int pp = 0; pp < KSTEPS2; ++pp) {
-        const int d = 4 * (8 * pp + g);
-        const float o[4] = {acc[2 * pp][n][e] * inv, acc[2 * pp][n][2 + e] * inv,
-                            acc[2 * pp + 1][n][e] * inv, acc[2 * pp + 1][n][2 + e] * inv};
+      for (int j = 0; j < U; ++j) {
+        const int d = 4 * (8 * (U * warp + j) + g);
+        const float o[4] = {acc[2 * j][n][e] * inv, acc[2 * j][n][2 + e] * inv,
+                            acc[2 * j + 1][n][e] * inv, acc[2 * j + 1][n][2 + e] * inv};
         if (direct) {
           uint8_t* op = reinterpret_cast<uint8_t*>(p.out) +
                         (static_cast<int64_t>(q_start + tq) * p.stride_ot +
@@ -304,41 +421,39 @@ __global__ void __launch_bounds__(VShape<HD, NW, NPW>::kThreads, VShape<HD, NW, 
           *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
         }
       }
-      if (!direct && g == 0)
+      if (!direct && warp == 0 && g == 0)
         p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + seg] =
             ls > 0.f ? m[n][e] + log2f(ls) : -INFINITY;
     }
   }
 }
 
-template <int HD, int NW, int NPW>
+template <int HD, int NT>
 cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  using S = VShape<HD, NW, NPW>;
+  using S = VShape<HD, NT>;
   static const cudaError_t attr = cudaFuncSetAttribute(
-      int8_verify_kernel<HD, NW, NPW>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+      int8_verify_kernel<HD, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (attr != cudaSuccess) return attr;
-  // the largest shared-memory carveout: the driver's default may leave room for fewer CTAs
+  // the largest shared-memory carveout: the driver's default may leave room for one CTA
   static const cudaError_t carve = cudaFuncSetAttribute(
-      int8_verify_kernel<HD, NW, NPW>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      int8_verify_kernel<HD, NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
       cudaSharedmemCarveoutMaxShared);
   if (carve != cudaSuccess) return carve;
-  int8_verify_kernel<HD, NW, NPW>
+  int8_verify_kernel<HD, NT>
       <<<dim3(num_selected, p.num_kv_heads, p.num_segs), S::kThreads, S::kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
-// Up to four n-tiles of 8 columns: one warp per two (each K / V fragment decoded once for 16
-// columns); five or six n-tiles: one warp each (at 208 registers, three warps of two n-tiles
-// leave too few warps a multiprocessor: 1.2-1.3x slower on the H200).
+// n-tiles of 8 columns for the widest request (the registers follow them)
 template <int HD>
 cudaError_t launch_hd(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
   switch ((p.group * p.max_q + 7) / 8) {
-    case 1: return launch<HD, 1, 1>(p, num_selected, stream);
-    case 2: return launch<HD, 1, 2>(p, num_selected, stream);
-    case 3:
-    case 4: return launch<HD, 2, 2>(p, num_selected, stream);
-    case 5: return launch<HD, 5, 1>(p, num_selected, stream);
-    case 6: return launch<HD, 6, 1>(p, num_selected, stream);
+    case 1: return launch<HD, 1>(p, num_selected, stream);
+    case 2: return launch<HD, 2>(p, num_selected, stream);
+    case 3: return launch<HD, 3>(p, num_selected, stream);
+    case 4: return launch<HD, 4>(p, num_selected, stream);
+    case 5: return launch<HD, 5>(p, num_selected, stream);
+    case 6: return launch<HD, 6>(p, num_selected, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -180,8 +180,8 @@ except RuntimeError as e:
 
 @needs_c
 def test_cuda_decode_refusals(child_python):
-    """What the CUDA kernel cannot serve is refused by name when asked for, and taken by the
-    Triton kernel under ``auto``."""
+    """What the CUDA kernels cannot serve is refused by name when asked for, and taken by the
+    Triton kernel under ``auto`` (decode in the HND layout, verification past 48 columns)."""
     b = make_batch([100, 2000], [1, 1], torch.int8, device="cuda", layout="HND", seed=13)
     with pytest.raises(ValueError, match="NHD"):
         decode_attention(b.q, b.cache, b.md, out=poisoned_out(b.q), kernel="cuda")
@@ -202,6 +202,9 @@ def test_cuda_decode_refusals(child_python):
     b = make_batch([100], [16], torch.int8, device="cuda", seed=13)
     with pytest.raises(ValueError, match="exceed 48 columns"):
         verify_attention(b.q, b.cache, b.md, out=poisoned_out(b.q), kernel="cuda")
+    out = poisoned_out(b.q)
+    verify_attention(b.q, b.cache, b.md, out=out)  # auto: the Triton kernel takes it
+    assert max(_per_request(out, _ref(b), b)) < TOL
 
 
 # (KV heads, query heads per KV head, head size, block size, layout, query dtype)
@@ -213,9 +216,10 @@ VERIFY_SHAPES = [(4, 6, 256, 16, "NHD", torch.bfloat16), (4, 6, 256, 784, "HND",
 @pytest.mark.parametrize("shape", VERIFY_SHAPES, ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(
     *s[:5]))
 def test_cuda_verify(shape):
-    """The CUDA C++ INT8 verification kernel (opt-in): 2..8 query tokens, requests of
-    different lengths in one launch, the causal tail inside a tile and across tiles, contexts
-    to 70K; many segments and one."""
+    """The CUDA C++ INT8 verification kernel (the automatic choice): 2..8 query tokens,
+    requests of different lengths in one launch, the causal tail inside a tile and across
+    tiles, contexts to 70K; many segments and one; NHD (16-byte copies, heads at 0 or 8 mod
+    16) and HND (8-byte copies)."""
     nkv, group, hs, bs, layout, qdt = shape
     q_lens = [2, 6, 3, 8 if group * 8 <= 48 else 6, 5, 4]
     lens = [2, 100, 17, 5000, 70001, 33]

@@ -13,12 +13,11 @@ a compiled kernel, or unaligned rows. ``decode_attention(kernel="auto")`` (and t
 ``VLLM_PRISM_ATTN_KERNEL`` switch) takes it wherever it can serve the call.
 
 Verification (2..8 query tokens, at most 48 query tokens x GQA heads) has its own kernel: one
-CTA per (request, KV head, segment), the head's rows copied with 8-byte ``cp.async`` (any
-layout), the columns split over the warps (one or two n-tiles of 8 a warp, the whole head
-dimension each), prefix and causal tail in one pass. It runs only when asked for
-(``verify_attention(kernel="cuda")``): on the H200 faster than the Triton kernel at 4 tokens
-from 32K but slower at 6-8 tokens and at 4K (benchmarks/results/attention_h200.md), so never
-the automatic choice.
+CTA per (request, KV head, segment), four 16-slot tiles a stage (16-byte ``cp.async`` in the
+NHD layout, 8-byte in any other), S^T built per tile and column half, the stage's column maxima
+and P^T exchanged through shared memory, O^T split over the warps by head dimension, prefix and
+causal tail in one pass. ``auto`` takes it wherever it can serve the call: on the H200
+1.06-1.39x the Triton kernel at 4K-128K context (benchmarks/results/attention_h200.md).
 """
 
 from __future__ import annotations
@@ -31,9 +30,9 @@ from vllm_prism.attention.ops.layout import KVFormat
 from vllm_prism.kernels.common import device_capability
 
 __all__ = ["CTAS_PER_SM", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP", "MAX_SEGMENTS",
-           "MAX_VERIFY_COLUMNS", "MIN_TILES", "VERIFY_MAX_CTAS_PER_SM", "cuda_decode_problem",
+           "MAX_VERIFY_COLUMNS", "MIN_TILES", "VERIFY_CTAS_PER_SM", "cuda_decode_problem",
            "cuda_verify_problem", "launch_cuda_decode", "launch_cuda_verify", "layout_problem",
-           "num_cuda_segments", "verify_ctas_per_sm"]
+           "num_cuda_segments"]
 
 OP = "int8_decode_attention"
 VERIFY_OP = "int8_verify_attention"
@@ -43,7 +42,9 @@ KV_HEADS = (1, 2, 4)
 MAX_GROUP = 8
 TILE = 16  # slots a tile
 CTAS_PER_SM = 2  # resident decode CTAs a multiprocessor (about 100 KiB of shared memory each)
-VERIFY_MAX_CTAS_PER_SM = 5  # verification, one warp a CTA: 44 KiB of shared memory each
+# verification: resident CTAs a multiprocessor (the kernel's __launch_bounds__; up to 103 KiB of
+# shared memory each at head size 256)
+VERIFY_CTAS_PER_SM = 2
 MAX_SEGMENTS = 256
 MIN_TILES = 4  # a segment covers at least 64 context tokens
 MIN_CAPABILITY = (8, 0)  # the extension's oldest target (CMakeLists.txt: sm_80)
@@ -122,21 +123,10 @@ def _io_problem(q: torch.Tensor, out: torch.Tensor) -> str | None:
     return None
 
 
-def verify_ctas_per_sm(columns: int) -> int:
-    """Resident verification CTAs a multiprocessor holds for ``columns`` query tokens x GQA
-    heads at head size 256 (csrc/attention/int8_verify.cu): up to 16 columns one warp (5:
-    shared memory), 17..32 two warps of about 208 registers (4: two warps a scheduler), 33..40
-    five warps and 41..48 six of 128 registers (3 and 2: four warps a scheduler)."""
-    n_tiles = -(-columns // 8)
-    if n_tiles <= 2:
-        return VERIFY_MAX_CTAS_PER_SM
-    return {3: 4, 4: 4, 5: 3}.get(n_tiles, 2)
-
-
 def num_cuda_segments(num_selected: int, sms: int, num_kv_heads: int = 1,
                       ctas_per_sm: int = CTAS_PER_SM) -> int:
     """Segments per request (decode: a CTA serves every KV head) or per (request, KV head)
-    (verification: pass ``num_kv_heads`` and :func:`verify_ctas_per_sm`): about
+    (verification: pass ``num_kv_heads`` and ``VERIFY_CTAS_PER_SM``): about
     ``ctas_per_sm`` CTAs per multiprocessor."""
     return split_count(ctas_per_sm, MAX_SEGMENTS, num_selected * num_kv_heads, sms)
 

@@ -48,10 +48,10 @@ import math
 import torch
 
 from vllm_prism import envs
-from vllm_prism.attention.ops.cuda_decode import (CTAS_PER_SM, cuda_decode_problem,
-                                                  cuda_verify_problem, launch_cuda_decode,
-                                                  launch_cuda_verify, num_cuda_segments,
-                                                  verify_ctas_per_sm)
+from vllm_prism.attention.ops.cuda_decode import (CTAS_PER_SM, VERIFY_CTAS_PER_SM,
+                                                  cuda_decode_problem, cuda_verify_problem,
+                                                  launch_cuda_decode, launch_cuda_verify,
+                                                  num_cuda_segments)
 from vllm_prism.attention.ops.geometry import (SplitGeometry, gpu_geometry, num_segments,
                                                sm_count)
 from vllm_prism.attention.ops.layout import KVFormat, kv_format
@@ -67,7 +67,7 @@ __all__ = ["ATTN_KERNELS", "INT_QK_ERROR", "MAX_VERIFY_TOKENS", "decode_attentio
            "split_kv_attention", "verify_attention"]
 
 logger = logging.getLogger(__name__)
-_LOGGED: set[str | None] = set()
+_LOGGED: set[tuple[str, str | None]] = set()
 
 MAX_VERIFY_TOKENS = 16
 ATTN_KERNELS = ("auto", "triton", "cuda")
@@ -397,11 +397,10 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
     device values on the host.
 
     ``kernel`` (default: the ``VLLM_PRISM_ATTN_KERNEL`` switch, ``auto``): ``auto`` runs INT8
-    decode on the CUDA C++ kernel (:mod:`.cuda_decode`) wherever it can serve the call and
-    everything else here; ``triton`` always here; ``cuda`` runs INT8 verification on the CUDA
-    C++ kernel too (opt-in: slower than Triton on the H200). Passed as ``kernel="cuda"`` it
-    requires the CUDA kernels (an error names why one cannot serve a call); from the switch, a
-    call they cannot serve runs here.
+    decode and INT8 verification on the CUDA C++ kernels (:mod:`.cuda_decode`) wherever they
+    can serve the call and everything else here; ``triton`` always here; ``cuda`` the same as
+    ``auto``, but passed as ``kernel="cuda"`` it requires the CUDA kernels (an error names why
+    one cannot serve a call); from the switch, a call they cannot serve runs here.
     """
     fmt = _check_inputs(q, kv_cache)
     if out is None:
@@ -424,20 +423,15 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
         raise ValueError(f"attention kernel {choice!r} is not one of {ATTN_KERNELS} "
                          "(VLLM_PRISM_ATTN_KERNEL)")
     if choice != "triton" and fmt.is_int8 and not int_qk:
-        why = None
-        if not verify:
-            why = cuda_decode_problem(q, kv_cache, fmt, out3)
-            _log_decode_choice(why)
-            if why is None:
-                _cuda_split_kv(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel,
-                               scale, 1, num_segs)
-                return out
-        elif choice == "cuda":  # verification: only when asked for (slower than Triton)
+        if verify:
             why = cuda_verify_problem(q, kv_cache, fmt, out3, max_q)
-            if why is None:
-                _cuda_split_kv(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel,
-                               scale, max_q, num_segs)
-                return out
+        else:
+            why = cuda_decode_problem(q, kv_cache, fmt, out3)
+        _log_cuda_choice("verification" if verify else "decode", why)
+        if why is None:
+            _cuda_split_kv(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel, scale,
+                           max_q, num_segs)
+            return out
         if kernel == "cuda":
             raise ValueError(f"the CUDA attention kernel cannot serve this call: {why}")
     elif kernel == "cuda":
@@ -489,15 +483,16 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
     return out
 
 
-def _log_decode_choice(why: str | None) -> None:
-    """Say once per process (and per reason) which kernel INT8 decode attention runs."""
-    if why in _LOGGED:
+def _log_cuda_choice(kind: str, why: str | None) -> None:
+    """Say once per process (and per reason) which kernel INT8 decode or verification
+    attention runs."""
+    if (kind, why) in _LOGGED:
         return
-    _LOGGED.add(why)
+    _LOGGED.add((kind, why))
     if why is None:
-        logger.info("PRISM attention: INT8 decode on the CUDA C++ kernel (vllm_prism._C)")
+        logger.info("PRISM attention: INT8 %s on the CUDA C++ kernel (vllm_prism._C)", kind)
     else:
-        logger.info("PRISM attention: INT8 decode on the Triton kernel (%s)", why)
+        logger.info("PRISM attention: INT8 %s on the Triton kernel (%s)", kind, why)
 
 
 def _merge(part_o: torch.Tensor, part_lse: torch.Tensor, out3: torch.Tensor,
@@ -524,7 +519,7 @@ def _cuda_split_kv(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadat
     here when they split the context."""
     verify = max_q > 1
     nkv = kv_cache.shape[1] if verify else 1
-    per_sm = verify_ctas_per_sm(max_q * (q.shape[1] // nkv)) if verify else CTAS_PER_SM
+    per_sm = VERIFY_CTAS_PER_SM if verify else CTAS_PER_SM
     segs = num_segs or num_cuda_segments(n_sel, sm_count(q.device), nkv, per_sm)
     hq, hs = q.shape[1], q.shape[2]
     if segs > 1:
