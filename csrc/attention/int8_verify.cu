@@ -60,11 +60,16 @@ struct VShape {
   static constexpr int kQOff = 2 * kStageBytes;
   static constexpr int kPOff = kQOff + kCols * kQRow;
   static constexpr int kRedOff = kPOff + kCols * kPRow;  // fp32 [column][tile]
-  static constexpr int kSmem = kRedOff + kCols * kTiles * 4;
-  static constexpr int kTpr = kThreads / kStageSlots;  // threads copying a row
+  static constexpr int kFacOff = kRedOff + kCols * kTiles * 4;  // fp32 [column]
+  static constexpr int kSmem = kFacOff + kCols * 4;
+  // With 5 n-tiles the first column half has three, the second two: the second half's warps
+  // alone copy the stages (at 3 n-tiles that was slower: the copies start later)
+  static constexpr bool kCopyHalf1 = kHalves == 2 && NT == 5;
+  static constexpr int kCopyThreads = kCopyHalf1 ? kThreads / 2 : kThreads;
+  static constexpr int kTpr = kCopyThreads / kStageSlots;  // threads copying a row
   static_assert(kSRow >= kRow + 8 && (kSRow / 4) % 32 == 8 && kSRow % 16 == 0, "row layout");
   static_assert(kUnits >= 1 && HD == 32 * kWarps * kUnits, "dimension split");
-  static_assert(kTpr * kStageSlots == kThreads, "threads a row");
+  static_assert(kTpr * kStageSlots == kCopyThreads, "threads a row");
 };
 
 // The column maximum over the stage's tiles (red: [column][tile]).
@@ -102,6 +107,7 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
   uint8_t* qs = smem + S::kQOff;
   uint8_t* ps = smem + S::kPOff;
   float* red = reinterpret_cast<float*>(smem + S::kRedOff);
+  float* fac = reinterpret_cast<float*>(smem + S::kFacOff);
 
   const int sel = blockIdx.x;
   const int kvh = blockIdx.y;
@@ -137,7 +143,9 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
   // stage `st`: kTpr threads a row, tiles past the context not copied (their slots are masked)
   auto issue = [&](int st) {
     constexpr int kTpr = S::kTpr;
-    const int row = threadIdx.x / kTpr, sub = threadIdx.x % kTpr;
+    const int ct = static_cast<int>(threadIdx.x) - (S::kCopyHalf1 ? S::kCopyThreads : 0);
+    if (ct < 0) return;
+    const int row = ct / kTpr, sub = ct % kTpr;
     const int tl = t0 + st * T + row / kSlots;
     if (tl >= n_tiles) return;
     const int pos = tl * kSlots + row % kSlots;
@@ -189,10 +197,10 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
   for (int i = 0; i < 2 * U; ++i)
 #pragma unroll
     for (int n = 0; n < NT; ++n) acc[i][n][0] = acc[i][n][1] = acc[i][n][2] = acc[i][n][3] = 0.f;
-  float m[NT][2];  // running maxima of every column (the same in every warp)
+  float m[NH][2];  // running maxima of the columns of this warp's half
   float l[NH][2];  // this thread's share of the row sums of its half's columns
 #pragma unroll
-  for (int n = 0; n < NT; ++n) m[n][0] = m[n][1] = -INFINITY;
+  for (int n = 0; n < NH; ++n) m[n][0] = m[n][1] = -INFINITY;
 #pragma unroll
   for (int n = 0; n < NH; ++n) l[n][0] = l[n][1] = 0.f;
   float run_vmax = 1e-30f;  // running maximum of the V scales (positive: all-zero V is fine)
@@ -286,10 +294,13 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
       for (int n = 0; n < NN; ++n) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float mo = m[N0 + n][e];
-          const float mn = fmaxf(mo, stage_max<T>(red, 8 * (N0 + n) + 2 * t + e));
+          const int col = 8 * (N0 + n) + 2 * t + e;
+          const float mo = m[n][e];
+          const float mn = fmaxf(mo, stage_max<T>(red, col));
           const float mu = mn == -INFINITY ? 0.f : mn;
-          const float a = mn == mo ? 1.f : exp2f(mo - mu);
+          const float a = mn == mo ? 1.f : exp2f(mo - mu);  // mn > mo: finite
+          m[n][e] = mn;
+          if (tile == 0 && g == 0) fac[col] = a * vr;  // the accumulator's factor
           const float pa = exp2f(s[n][e] - mu), pb = exp2f(s[n][2 + e] - mu);
           l[n][e] = l[n][e] * a + pa + pb;
           s[n][e] = pa * vs_g * inv_vmax;
@@ -310,19 +321,18 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
       else scores(std::integral_constant<int, 1>{});
     }
 
-    // ---- the new maxima of every column, the accumulator's factors
     run_vmax = new_vmax;
+    __syncthreads();  // the stage's P^T and the columns' factors are in
+
+    // ---- the accumulator's factors of every column (written by the columns' first tile)
     float f[NT][2];
     bool rescale = false;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float mn = fmaxf(m[n][e], stage_max<T>(red, 8 * n + 2 * t + e));
-        f[n][e] = (mn == m[n][e] ? 1.f : exp2f(m[n][e] - mn)) * vr;  // mn > m: finite
-        rescale |= f[n][e] != 1.f;
-        m[n][e] = mn;
-      }
+      const float2 fv = *reinterpret_cast<const float2*>(fac + 8 * n + 2 * t);
+      f[n][0] = fv.x;
+      f[n][1] = fv.y;
+      rescale |= fv.x != 1.f || fv.y != 1.f;
     }
     if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
@@ -335,7 +345,6 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
           acc[i][n][3] *= f[n][1];
         }
     }
-    __syncthreads();  // the stage's P^T is in
 
     // ---- O^T += V^T . P^T over the stage's tiles, this warp's dimensions: word c = 8 pp + g
     // of slots r0..r3 -> dimensions 4c..4c+3
@@ -393,6 +402,33 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
   }
   __syncthreads();
 
+  // ---- the log2-sum-exp of each column, by its half's first tile
+  auto write_lse = [&](auto half) {
+    constexpr int N0 = decltype(half)::value * NH;
+    constexpr int NN = NT - N0 < NH ? NT - N0 : NH;
+#pragma unroll
+    for (int n = 0; n < NN; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * (N0 + n) + 2 * t + e;
+        if (col >= n_cols) continue;
+        const float ls = stage_sum<T>(red, col);
+        const int tq = col / p.group;
+        const int hq = kvh * p.group + (col - tq * p.group);
+        p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + seg] =
+            ls > 0.f ? m[n][e] + log2f(ls) : -INFINITY;
+      }
+    }
+  };
+  if (p.num_segs > 1 && tile == 0 && g == 0) {
+    if constexpr (S::kHalves == 1) {
+      write_lse(std::integral_constant<int, 0>{});
+    } else {
+      if (warp < T) write_lse(std::integral_constant<int, 0>{});
+      else write_lse(std::integral_constant<int, 1>{});
+    }
+  }
+
   // ---- write this warp's dimensions of every column
   const bool direct = p.num_segs == 1;
 #pragma unroll
@@ -421,9 +457,6 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
           *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
         }
       }
-      if (!direct && warp == 0 && g == 0)
-        p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + seg] =
-            ls > 0.f ? m[n][e] + log2f(ls) : -INFINITY;
     }
   }
 }

@@ -17,7 +17,7 @@ CTA per (request, KV head, segment), four 16-slot tiles a stage (16-byte ``cp.as
 NHD layout, 8-byte in any other), S^T built per tile and column half, the stage's column maxima
 and P^T exchanged through shared memory, O^T split over the warps by head dimension, prefix and
 causal tail in one pass. ``auto`` takes it wherever it can serve the call: on the H200
-1.06-1.39x the Triton kernel at 4K-128K context (benchmarks/results/attention_h200.md).
+1.10-1.41x the Triton kernel at 4K-128K context (benchmarks/results/attention_h200.md).
 """
 
 from __future__ import annotations
