@@ -95,6 +95,18 @@ __device__ __forceinline__ float stage_sum(const float* red, int col) {
   }
 }
 
+// Runs f(std::integral_constant<int, h>{}) for the column half h of warp `warp` (T warps a
+// half), so that f indexes its registers by compile-time n-tiles.
+template <int T, int HALVES, class F>
+__device__ __forceinline__ void with_half(int warp, F&& f) {
+  if constexpr (HALVES == 1) {
+    f(std::integral_constant<int, 0>{});
+  } else {
+    if (warp < T) f(std::integral_constant<int, 0>{});
+    else f(std::integral_constant<int, 1>{});
+  }
+}
+
 template <int HD, int NT>
 __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
     int8_verify_kernel(const Int8AttnParams p) {
@@ -314,12 +326,7 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
         *reinterpret_cast<uint32_t*>(prow + 16) = hi;
       }
     };
-    if constexpr (S::kHalves == 1) {
-      scores(std::integral_constant<int, 0>{});
-    } else {
-      if (warp < T) scores(std::integral_constant<int, 0>{});
-      else scores(std::integral_constant<int, 1>{});
-    }
+    with_half<T, S::kHalves>(warp, scores);
 
     run_vmax = new_vmax;
     __syncthreads();  // the stage's P^T and the columns' factors are in
@@ -394,12 +401,7 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
       }
     }
   };
-  if constexpr (S::kHalves == 1) {
-    row_sums(std::integral_constant<int, 0>{});
-  } else {
-    if (warp < T) row_sums(std::integral_constant<int, 0>{});
-    else row_sums(std::integral_constant<int, 1>{});
-  }
+  with_half<T, S::kHalves>(warp, row_sums);
   __syncthreads();
 
   // ---- the log2-sum-exp of each column, by its half's first tile
@@ -421,12 +423,7 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
     }
   };
   if (p.num_segs > 1 && tile == 0 && g == 0) {
-    if constexpr (S::kHalves == 1) {
-      write_lse(std::integral_constant<int, 0>{});
-    } else {
-      if (warp < T) write_lse(std::integral_constant<int, 0>{});
-      else write_lse(std::integral_constant<int, 1>{});
-    }
+    with_half<T, S::kHalves>(warp, write_lse);
   }
 
   // ---- write this warp's dimensions of every column
