@@ -6,14 +6,16 @@
 //   S^T [16 slots x 8 columns] = K . Q^T
 //   O^T [hd x 8 columns]      += V^T . P^T
 //
-// One CTA = one (request, KV head, segment) of W warps (4; 2 for head size 64); a stage is W
-// 16-slot tiles of the head's rows. Each int8 K or V element becomes an fp16 operand once in
-// the CTA: warp w builds S^T of tile w for every column, the column maxima of the stage are
-// exchanged through shared memory (one barrier), and the warp writes its P^T (fp16, scaled by
-// v_scale / the running maximum of the V scales) to shared memory; after a second barrier warp
-// w runs O^T += V^T . P^T for its HD / W dimensions over the whole stage, the P^T operands
-// read with ldmatrix. All warps hold the same running maxima, so the rescaling is the same
-// in every warp; the row sums are kept per thread and added up at the end.
+// One CTA = one (request, KV head, segment); a stage is T 16-slot tiles of the head's rows
+// (T = 4; 2 at head size 64). Each int8 V element becomes an fp16 operand once in the CTA, each
+// K element once or twice: warp w builds S^T of tile w % T for the n-tiles of its column half
+// w / T (two halves, 8 warps, at head size 256 with two or more n-tiles; one half, T warps,
+// otherwise); the tiles' column maxima meet in shared memory (one barrier); each warp writes
+// its P^T (fp16, scaled by v_scale / the running maximum of the V scales) to shared memory and
+// the column's first tile its accumulator factor (the softmax's alpha times the V-scale
+// ratio); after a second barrier warp w runs O^T += V^T . P^T for its HD / warps dimensions
+// over the whole stage, the P^T operands read with ldmatrix, the accumulator rescaled by those
+// factors. The row sums are kept per thread and added up at the end.
 //
 // The head's rows (2 hd + 8 bytes) go into shared memory rows padded to a stride of 8 words mod
 // 32 by cp.async, two stages (the next one copied while the current one is computed): with
@@ -21,7 +23,7 @@
 // piece (a row then starts 8 bytes into its shared row where the head's offset is 8 mod 16),
 // in any other layout in 8-byte pieces. The decode kernel's bank-conflict-free slot order
 // applies. Prefix and causal tail run in one pass: column (token t, head j) sees positions
-// <= prefix + t. A segment covers a multiple of W tiles.
+// <= prefix + t. A segment covers a multiple of T tiles.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
