@@ -1,8 +1,8 @@
 """Split-KV attention over vLLM's paged cache (BF16/FP16 or INT8 per token-head), in Triton.
 
-(INT8 decode goes to the CUDA C++ kernel of :mod:`.cuda_decode` wherever it can serve the
-call; ``kernel="triton"`` or ``VLLM_PRISM_ATTN_KERNEL=triton`` keeps it here. Its segments are
-merged by this module's merge kernel.)
+(INT8 decode and INT8 verification go to the CUDA C++ kernels of :mod:`.cuda_decode` wherever
+they can serve the call; ``kernel="triton"`` or ``VLLM_PRISM_ATTN_KERNEL=triton`` keeps them
+here. Their segments are merged by this module's merge kernel.)
 
 One kernel serves decode (one query token per request) and verification (2..16 query tokens
 per request, e.g. k+1 speculative tokens); the cache dtype is a compile-time parameter, so the
