@@ -109,6 +109,23 @@ __device__ __forceinline__ void with_half(int warp, F&& f) {
   }
 }
 
+// Calls f(n, e, col) for each column col = 8 (N0 + n) + 2t + e that lane t holds in the
+// n-tiles N0 .. of its warp's column half (n counted within the half: a compile-time index
+// once unrolled).
+template <int T, int HALVES, int NT, class F>
+__device__ __forceinline__ void for_half_columns(int warp, int t, F&& f) {
+  constexpr int NH = (NT + HALVES - 1) / HALVES;
+  with_half<T, HALVES>(warp, [&](auto half) {
+    constexpr int N0 = decltype(half)::value * NH;
+    constexpr int NN = NT - N0 < NH ? NT - N0 : NH;
+#pragma unroll
+    for (int n = 0; n < NN; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) f(n, e, 8 * (N0 + n) + 2 * t + e);
+    }
+  });
+}
+
 template <int HD, int NT>
 __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
     int8_verify_kernel(const Int8AttnParams p) {
@@ -389,43 +406,24 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
   cp_async_wait<0>();
 
   // ---- the row sums: over the lanes of a tile, then over the tiles
-  auto row_sums = [&](auto half) {
-    constexpr int N0 = decltype(half)::value * NH;
-    constexpr int NN = NT - N0 < NH ? NT - N0 : NH;
+  for_half_columns<T, S::kHalves, NT>(warp, t, [&](int n, int e, int col) {
+    float ls = l[n][e];
 #pragma unroll
-    for (int n = 0; n < NN; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float ls = l[n][e];
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
-        if (g == 0) red[(8 * (N0 + n) + 2 * t + e) * T + tile] = ls;
-      }
-    }
-  };
-  with_half<T, S::kHalves>(warp, row_sums);
+    for (int o = 4; o < 32; o <<= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+    if (g == 0) red[col * T + tile] = ls;
+  });
   __syncthreads();
 
   // ---- the log2-sum-exp of each column, by its half's first tile
-  auto write_lse = [&](auto half) {
-    constexpr int N0 = decltype(half)::value * NH;
-    constexpr int NN = NT - N0 < NH ? NT - N0 : NH;
-#pragma unroll
-    for (int n = 0; n < NN; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 8 * (N0 + n) + 2 * t + e;
-        if (col >= n_cols) continue;
-        const float ls = stage_sum<T>(red, col);
-        const int tq = col / p.group;
-        const int hq = kvh * p.group + (col - tq * p.group);
-        p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + seg] =
-            ls > 0.f ? m[n][e] + log2f(ls) : -INFINITY;
-      }
-    }
-  };
   if (p.num_segs > 1 && tile == 0 && g == 0) {
-    with_half<T, S::kHalves>(warp, write_lse);
+    for_half_columns<T, S::kHalves, NT>(warp, t, [&](int n, int e, int col) {
+      if (col >= n_cols) return;
+      const float ls = stage_sum<T>(red, col);
+      const int tq = col / p.group;
+      const int hq = kvh * p.group + (col - tq * p.group);
+      p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + seg] =
+          ls > 0.f ? m[n][e] + log2f(ls) : -INFINITY;
+    });
   }
 
   // ---- write this warp's dimensions of every column
