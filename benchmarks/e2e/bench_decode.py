@@ -46,9 +46,9 @@ prefilled. Prompts are random token ids, distinct per request.
 * profile (batch 1, or each of ``--profile-batches``; first context): torch-profiler traces
   of two generate() calls of T/2 and T decode steps, whose difference gives per decode step
   the kernel time by family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise,
-  sampler, other), the kernel count
-  and the GPU-busy share: the union of kernel intervals over the step time measured without
-  the profiler. (The first runs attributed one trace to decode by a wall-clock ratio.)
+  sampler, other), the kernel count, the ``TOP_KERNELS`` kernels by name (time and launches
+  per step) and the GPU-busy share: the union of kernel intervals over the step time measured
+  without the profiler. (The first runs attributed one trace to decode by a wall-clock ratio.)
 
 ``ceiling_frac`` is the bytes a step must move (the ternary weights but the embedding, plus
 the KV cache read for every request's context, plus each request's Gated DeltaNet state read
@@ -90,6 +90,9 @@ FAMILIES = [  # (family, substrings of kernel names), first match wins
                           "reduce", "silu", "mul", "add", "copy", "fill", "index", "cat",
                           "embedding")),
 ]
+
+
+TOP_KERNELS = 30  # kernels by name a profiled step lists (the most time first)
 
 
 def family_of(name: str) -> str:
@@ -159,9 +162,21 @@ def _decode_step_s(llm, prompts, steps: int, reps: int = 3) -> float:
     return statistics.median(per_step)
 
 
-def _trace(llm, prompts, max_tokens: int) -> tuple[float, dict[str, float], int]:
+def short_kernel_name(name: str, width: int = 80) -> str:
+    """A kernel's name as the profile tables show it: anonymous namespaces, C++ template
+    arguments and parameter lists dropped, cut to ``width`` characters."""
+    name = name.replace("(anonymous namespace)::", "")
+    for sep in ("<", "("):
+        if sep in name:
+            name = name[:name.index(sep)]
+    name = name.removeprefix("void ").strip()
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def _trace(llm, prompts, max_tokens: int
+           ) -> tuple[float, dict[str, float], int, dict[str, tuple[float, int]]]:
     """Profile one generate() call: GPU-busy time (union of kernel intervals, us), kernel time
-    by family (us) and the number of kernels."""
+    by family (us), the number of kernels, and (us, launches) by short kernel name."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -170,8 +185,11 @@ def _trace(llm, prompts, max_tokens: int) -> tuple[float, dict[str, float], int]
     torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_family: dict[str, float] = {}
+    by_name: dict[str, tuple[float, int]] = {}
     for e in kernels:
         by_family[family_of(e.name)] = by_family.get(family_of(e.name), 0.0) + e.device_time
+        us, n = by_name.get(short_kernel_name(e.name), (0.0, 0))
+        by_name[short_kernel_name(e.name)] = (us + e.device_time, n + 1)
     busy, cur_s, cur_e = 0.0, None, None
     for s, e in sorted((e.time_range.start, e.time_range.end) for e in kernels):
         if cur_e is None or s > cur_e:
@@ -182,7 +200,7 @@ def _trace(llm, prompts, max_tokens: int) -> tuple[float, dict[str, float], int]
             cur_e = max(cur_e, e)
     if cur_e is not None:
         busy += cur_e - cur_s
-    return busy, by_family, len(kernels)
+    return busy, by_family, len(kernels), by_name
 
 
 def _profile(llm, prompts, steps: int, step_s: float,
@@ -195,16 +213,21 @@ def _profile(llm, prompts, steps: int, step_s: float,
     _timed(llm, prompts, 1 + steps)  # warm
     half = steps // 2
     c0 = counter() if counter else 0
-    busy_a, fam_a, n_a = _trace(llm, prompts, 1 + half)
+    busy_a, fam_a, n_a, names_a = _trace(llm, prompts, 1 + half)
     c1 = counter() if counter else half
-    busy_b, fam_b, n_b = _trace(llm, prompts, 1 + steps)
+    busy_b, fam_b, n_b, names_b = _trace(llm, prompts, 1 + steps)
     c2 = counter() if counter else half + steps
     d = max((c2 - c1) - (c1 - c0), 1)
     per_step_us = {k: max(0.0, v - fam_a.get(k, 0.0)) / d for k, v in sorted(fam_b.items())}
     busy_per_step_us = (busy_b - busy_a) / d
+    per_name = {k: ((us - names_a.get(k, (0.0, 0))[0]) / d, (n - names_a.get(k, (0.0, 0))[1]) / d)
+                for k, (us, n) in names_b.items()}
+    top = sorted(((k, us, n) for k, (us, n) in per_name.items() if n > 0), key=lambda t: -t[1])
     return {"kernel_us_per_step": per_step_us, "busy_us_per_step": busy_per_step_us,
             "gpu_busy_frac": min(1.0, busy_per_step_us * 1e-6 / step_s),
-            "kernels_per_step": (n_b - n_a) / d}
+            "kernels_per_step": (n_b - n_a) / d,
+            "top_kernels_per_step": [{"name": k, "family": family_of(k), "us": round(us, 2),
+                                      "launches": round(n, 2)} for k, us, n in top[:TOP_KERNELS]]}
 
 
 def _num_drafts(llm) -> int:
@@ -468,6 +491,11 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
                   "| family | us per step | share of step |", "|---|---|---|"]
         for fam, us in sorted(r["kernel_us_per_step"].items(), key=lambda kv: -kv[1]):
             lines.append(f"| {fam} | {us:.0f} | {us / (r['ms_per_step'] * 1e3):.3f} |")
+        if r.get("top_kernels_per_step"):
+            lines += ["", "| kernel | family | us per step | launches per step |",
+                      "|---|---|---|---|"]
+            lines += [f"| `{t['name']}` | {t['family']} | {t['us']:.1f} | {t['launches']:.1f} |"
+                      for t in r["top_kernels_per_step"]]
     md = path.with_suffix(".md")
     md.write_text("\n".join(lines) + "\n")
     return path

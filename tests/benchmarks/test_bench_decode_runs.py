@@ -88,15 +88,29 @@ def test_profile_divides_by_the_steps_the_counter_saw(monkeypatch) -> None:
     """A verify step's profile: the kernel time of the longer traced call minus the shorter
     one's, over the difference of their counted steps (vLLM's verify steps), not over the
     difference of their token counts."""
-    traces = iter([(100.0, {"pq2_linear": 80.0}, 10), (300.0, {"pq2_linear": 240.0}, 30)] * 2)
+    traces = iter([(100.0, {"pq2_linear": 80.0}, 10, {"pq2_gemv": (80.0, 10)}),
+                   (300.0, {"pq2_linear": 240.0}, 30, {"pq2_gemv": (200.0, 25), "fill": (40.0, 5)})]
+                  * 2)
     monkeypatch.setattr(bench_decode, "_trace", lambda llm, prompts, n: next(traces))
     monkeypatch.setattr(bench_decode, "_timed", lambda *args: 0.0)
     counts = iter([0, 3, 11])  # 3 verify steps in the short call, 8 in the long one
     out = bench_decode._profile(None, [], 8, 1e-3, counter=lambda: next(counts))
     assert out["kernel_us_per_step"] == {"pq2_linear": 32.0}  # (240 - 80) / (8 - 3)
     assert out["busy_us_per_step"] == 40.0 and out["kernels_per_step"] == 4.0
+    assert out["top_kernels_per_step"] == [  # by name: (200 - 80) / 5 us, (25 - 10) / 5 launches
+        {"name": "pq2_gemv", "family": "pq2_linear", "us": 24.0, "launches": 3.0},
+        {"name": "fill", "family": "norm_elementwise", "us": 8.0, "launches": 1.0}]
     plain = bench_decode._profile(None, [], 8, 1e-3)  # 4 and 8 decode steps
     assert plain["kernel_us_per_step"] == {"pq2_linear": 40.0}
+
+
+def test_kernel_names_lose_their_template_and_parameter_lists() -> None:
+    name = ("void vllm_prism::(anonymous namespace)::pq2_gemv_int8_kernel<8, 5, 1, false, 1>"
+            "(vllm_prism::Pq2LinearParams)")
+    assert (bench_decode.short_kernel_name(name)
+            == "vllm_prism::pq2_gemv_int8_kernel")
+    assert bench_decode.short_kernel_name("triton_poi_fused_add_0") == "triton_poi_fused_add_0"
+    assert len(bench_decode.short_kernel_name("k" * 200)) == 80
 
 
 def test_plain_engines_keep_vllms_graph_sizes() -> None:
