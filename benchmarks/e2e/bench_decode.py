@@ -605,7 +605,7 @@ def main() -> None:
     children = engine_runs(args, sys.argv[1:], drafter, lock)
     path = None
     with ThreadPoolExecutor(max_workers=len(children) if lock else 1) as pool:
-        futures = {pool.submit(_run_child, cmd, env, label): label
+        futures = {pool.submit(_run_child, cmd, env, label, lock): label
                    for cmd, env, label in children}
         for fut in as_completed(futures):
             label = futures[fut]
@@ -628,10 +628,12 @@ def main() -> None:
         print(path.with_suffix(".md").read_text())
 
 
-def _run_child(cmd: list[str], env: dict[str, str], label: str) -> tuple[int, list[str]]:
+def _run_child(cmd: list[str], env: dict[str, str], label: str,
+               lock: str | None = None) -> tuple[int, list[str]]:
     """Run one engine's child process; echo each measurement as it comes (with the seconds
     since the start, so a run cut off shows how far it got) and return its exit status and
-    RECORDS lines."""
+    RECORDS lines. A child that fails counts as arrived at the side-by-side barrier of
+    ``lock``, so the engines still warming up do not wait the barrier's timeout for it."""
     t0 = time.perf_counter()
     print(f"[{0:6.1f} s] engine {label}: starting", file=sys.stderr, flush=True)
     lines = []
@@ -646,6 +648,11 @@ def _run_child(cmd: list[str], env: dict[str, str], label: str) -> tuple[int, li
         returncode = proc.wait()
     print(f"[{time.perf_counter() - t0:6.1f} s] engine {label}: exit {returncode}",
           file=sys.stderr, flush=True)
+    if returncode and lock:
+        with open(lock + ".ready", "a") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            f.write(f"failed {proc.pid}\n")
+            fcntl.flock(f, fcntl.LOCK_UN)
     return returncode, lines
 
 

@@ -6,7 +6,9 @@ KV-cache size. No GPU: only the command lines are built and parsed."""
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,8 +73,6 @@ def test_each_switch_value_gets_its_own_engine(flag: str, env_name: str,
 def test_barrier_waits_for_every_engine_then_lets_go(tmp_path) -> None:
     """Side-by-side engines measure only once all are warm; a missing engine holds the others
     no longer than the timeout."""
-    import time
-
     lock = str(tmp_path / "turn")
     Path(lock + ".ready").write_text("111\n")  # one engine already warm
     t0 = time.monotonic()
@@ -82,6 +82,18 @@ def test_barrier_waits_for_every_engine_then_lets_go(tmp_path) -> None:
     t0 = time.monotonic()
     bench_decode._barrier(lock, 5, timeout_s=1.0)  # two more never come
     assert 1.0 <= time.monotonic() - t0 < 5
+
+
+def test_a_failed_engine_does_not_hold_the_barrier(tmp_path) -> None:
+    """An engine that dies while warming up counts as arrived: the other engine passes the
+    barrier at once instead of after its timeout."""
+    lock = str(tmp_path / "turn")
+    code, lines = bench_decode._run_child([sys.executable, "-c", "raise SystemExit(3)"],
+                                          dict(os.environ), "dies", lock)
+    assert code == 3 and lines == []
+    t0 = time.monotonic()
+    bench_decode._barrier(lock, 2, timeout_s=30.0)
+    assert time.monotonic() - t0 < 5
 
 
 def test_profile_divides_by_the_steps_the_counter_saw(monkeypatch) -> None:

@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 
 PATCH_MODULES = (
     "vllm_prism.patches.cli_distribution_version",
+    "vllm_prism.patches.dflash_draft_positions",
     "vllm_prism.patches.int8_scale_view_fill",
     "vllm_prism.patches.kv_cache_group_size",
     "vllm_prism.patches.pp_kv_cache_layout",

@@ -1,0 +1,74 @@
+"""Patch: a DFlash drafter's rotary table is only as long as its own checkpoint says.
+
+What breaks: a DFlash drafter whose ``max_position_embeddings`` is below the target's
+``max_model_len`` (vllm-prism's tiny drafter says 4096; a distilled drafter may say its
+training length) crashes the engine once a request passes that position: on a GPU a
+device-side assert in the drafter's rotary gather ("index out of bounds: 0 <= tmp < 4096")
+kills the engine core, and every later request of the server fails with it.
+
+Why: the proposer feeds the drafter the target's positions (DFlash drafts share the target's
+positional space, as EAGLE drafts do), but the drafter sizes its ``cos_sin_cache`` by its own
+``max_position_embeddings``. vLLM 0.32 raises that value to the target's ``max_model_len``
+for ``eagle`` and ``eagle3`` drafts only (``SpeculativeConfig.
+_maybe_override_draft_max_position_embeddings``, vLLM #48894); ``dflash`` is left out.
+
+The fix (upstream): call the same override for ``dflash``. Here, at load time,
+``SpeculativeConfig.__post_init__`` is wrapped: after it, a ``dflash`` draft's config (the
+``EAGLEConfig`` wrapper and the checkpoint config inside it) gets the target's
+``max_model_len`` as ``max_position_embeddings`` where its own is smaller, through vLLM's own
+override, before any model is built. Other methods and drafters that already cover the
+target's length are untouched.
+
+Applies to: vLLM 0.32.x. Test: tests/patches/test_dflash_draft_positions.py. PR text:
+docs/upstream/dflash-draft-positions.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_prism.patches import VllmPatch, is_patched, mark_patched
+
+TARGET = "vllm.config.speculative.SpeculativeConfig.__post_init__"
+
+
+def _raise_dflash_positions(config: Any) -> None:
+    """The eagle override of vLLM, applied to a ``dflash`` draft's configs."""
+    from vllm.config.speculative import SpeculativeConfig
+
+    draft, target = config.draft_model_config, config.target_model_config
+    if config.method != "dflash" or draft is None or target is None:
+        return
+    hf_config = draft.hf_config
+    for cfg in (getattr(hf_config, "model", None), hf_config):
+        if cfg is not None:
+            SpeculativeConfig._maybe_override_draft_max_position_embeddings(
+                cfg, target.max_model_len)
+
+
+def apply() -> bool:
+    from vllm.config.speculative import SpeculativeConfig
+
+    original = SpeculativeConfig.__post_init__
+    if is_patched(original):
+        return False
+
+    def __post_init__(self: Any) -> None:
+        original(self)
+        _raise_dflash_positions(self)
+
+    SpeculativeConfig.__post_init__ = mark_patched(__post_init__, original)
+    return True
+
+
+PATCH = VllmPatch(
+    name="dflash_draft_positions",
+    target=TARGET,
+    vllm_versions=("0.32.*",),
+    apply=apply,
+    upstream_doc="docs/upstream/dflash-draft-positions.md",
+    upstream="not yet filed (PR text in docs/upstream/dflash-draft-positions.md)",
+    remove_when="SpeculativeConfig calls _maybe_override_draft_max_position_embeddings for "
+                "dflash drafts",
+    test="tests/patches/test_dflash_draft_positions.py",
+)
