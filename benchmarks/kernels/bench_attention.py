@@ -8,6 +8,9 @@ request, vLLM's NHD paged cache with block size 16 and a shuffled block table.
   read bandwidth measured in the same run (bytes = K+V rows and scales of every context token),
   ratio to torch SDPA (flash) on contiguous BF16 K/V of the same shape (``vs_sdpa`` = SDPA time
   / ours), and for verify the ratio to decode at the same context (``vs_decode``).
+* noncausal: a DFlash drafter's 6-token block against the whole context (no mask), split,
+  and with one segment (``one_segment_us``: one program per KV head over the whole context,
+  the launch vLLM's ``unified_attention`` makes for any step of more than one query token).
 * prefill: a 2048-token chunk at context 0 and 32K, tokens/s against SDPA flash on contiguous
   BF16 K/V (causal at context 0, plain over all keys at 32K).
 
@@ -46,8 +49,8 @@ sys.path.insert(0, str(ROOT))
 import timing  # noqa: E402
 from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry,  # noqa: E402
                                       cuda_decode, decode_attention, gpu_geometry,
-                                      make_kv_cache, prefill_attention, reference_attention,
-                                      verify_attention)
+                                      make_kv_cache, noncausal_attention, prefill_attention,
+                                      reference_attention, verify_attention)
 from vllm_prism.attention.ops.layout import kv_format  # noqa: E402
 
 DEVICE = "cuda"
@@ -145,15 +148,21 @@ def sdpa_time(ctx: int, q_len: int, causal: bool = False) -> tuple[float, str]:
 
 
 def ours_time(cache: Cache, ctx: int, q_len: int, geometry: SplitGeometry | None = None,
-              int_qk: bool = False, check: bool = False, kernel: str = "triton"):
+              int_qk: bool = False, check: bool = False, kernel: str = "triton",
+              causal: bool = True, num_segs: int | None = None):
     """Microseconds per call of ``kernel`` (``triton`` or ``cuda``: the CUDA C++ INT8 decode
     kernel); with ``check``, also the relative error of the first call's output against the
-    fp32 reference."""
+    fp32 reference. ``causal=False``: a DFlash drafter's non-causal block
+    (``noncausal_attention``, ``num_segs`` segments or the geometry's)."""
     copies = cache.copies(ctx)
     q = torch.randn(q_len, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
     outs = [torch.empty_like(q) for _ in range(copies)]
     mds = [cache.metadata(ctx, q_len, i) for i in range(copies)]
-    if q_len == 1:
+    if not causal:
+        calls = [lambda i=i: noncausal_attention(q, cache.cache, mds[i], out=outs[i],
+                                                 geometry=geometry, num_segs=num_segs)
+                 for i in range(copies)]
+    elif q_len == 1:
         calls = [lambda i=i: decode_attention(q, cache.cache, mds[i], out=outs[i],
                                               geometry=geometry, int_qk=int_qk,
                                               kernel=kernel)
@@ -167,7 +176,7 @@ def ours_time(cache: Cache, ctx: int, q_len: int, geometry: SplitGeometry | None
         return us
     md = mds[0]
     ref = reference_attention(q, cache.cache, md.block_table, md.seq_lens_cpu,
-                              md.query_start_loc_cpu)
+                              md.query_start_loc_cpu, causal=causal)
     err = ((outs[0].float() - ref).norm() / ref.norm()).item()
     return us, err
 
@@ -290,6 +299,20 @@ def main() -> None:
                                    err=float(f"{err:.3g}"))
                         res["records"].append(rec)
                         print(json.dumps(rec), flush=True)
+                # a DFlash drafter's non-causal 6-token block, split, against the same kernel
+                # with one segment: one program per KV head walking the whole context, as
+                # vLLM's unified_attention launches any step with more than one query token
+                us, err = ours_time(cache, ctx, 6, geometry=geom("verify", kv_name),
+                                    check=True, causal=False)
+                one = ours_time(cache, ctx, 6, geometry=geom("verify", kv_name), causal=False,
+                                num_segs=1)
+                rec = dict(kind="noncausal", kernel="triton", context=ctx, q_tokens=6,
+                           kv=kv_name, us=round(us, 2), one_segment_us=round(one, 2),
+                           vs_one_segment=round(one / us, 3),
+                           bw_frac=round(bytes_ / (us * 1e-6) / 1e9 / read_bw, 3),
+                           vs_decode=round(us / dec, 3), err=float(f"{err:.3g}"))
+                res["records"].append(rec)
+                print(json.dumps(rec), flush=True)
                 if kv_name == "int8":
                     us = ours_time(cache, ctx, 1, geometry=geom("decode", kv_name),
                                    int_qk=True)
@@ -479,6 +502,15 @@ def markdown(res: dict) -> str:
                      f"{r.get('vs_decode', '')} | {r.get('vs_triton', '')} | "
                      f"{r.get('err', '')} | {r.get('sdpa_us', '')} | "
                      f"{r.get('geometry', '')} |")
+    nc = [r for r in res["records"] if r["kind"] == "noncausal"]
+    if nc:
+        lines += ["", "Non-causal 6-token blocks (a DFlash drafter's step): the split path "
+                  "against the same kernel with one segment (one program per KV head over the "
+                  "whole context, as vLLM's `unified_attention` launches it).", "",
+                  "| kv | context | split us | one segment us | one segment / split |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['kv']} | {r['context']} | {r['us']} | {r['one_segment_us']} | "
+                  f"{r['vs_one_segment']} |" for r in nc]
     pre = [r for r in res["records"] if r["kind"] == "prefill"]
     if pre:
         lines += ["", "| prefill | kv | context | chunk | us | tok/s | SDPA tok/s | vs_sdpa |",

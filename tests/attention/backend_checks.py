@@ -52,17 +52,23 @@ def impl_for(kv_dtype: str, head_size: int) -> PrismAttentionImpl:
     return impl
 
 
-def check(kv_dtype: str, cache_dtype: torch.dtype) -> float:
-    seq_lens, query_lens = [37, 70, 150, 21], [1, 5, 40, 1]  # decode, verify, prefill, decode
+def check(kv_dtype: str, cache_dtype: torch.dtype, causal: bool = True) -> float:
+    """A causal step mixing decode, verification and prefill; or a non-causal step (a DFlash
+    drafter's: 6-token blocks, and one request decoding)."""
+    if causal:  # decode, verify, prefill, decode
+        seq_lens, query_lens = [37, 70, 150, 21], [1, 5, 40, 1]
+    else:
+        seq_lens, query_lens = [37, 70, 150, 21], [6, 6, 1, 6]
     batch = make_batch(seq_lens, query_lens, cache_dtype, block_size=16)
     hs = batch.q.shape[-1]
     md = triton_metadata(batch, len(seq_lens), batch.q.shape[0])
+    md.causal = causal
     out = torch.full((batch.q.shape[0] + 2, *batch.q.shape[1:]), float("nan"),
                      dtype=batch.q.dtype)
     q = torch.cat([batch.q, torch.zeros(2, *batch.q.shape[1:], dtype=batch.q.dtype)])
     impl_for(kv_dtype, hs).forward(None, q, None, None, batch.cache, md, out)
     ref = reference_attention(batch.q, batch.cache, batch.block_table, seq_lens,
-                              batch.md.query_start_loc_cpu)
+                              batch.md.query_start_loc_cpu, causal=causal)
     n = batch.q.shape[0]
     assert torch.isnan(out[n:]).all(), "wrote past num_actual_tokens"
     return rel_err(out[:n], ref)
@@ -70,4 +76,6 @@ def check(kv_dtype: str, cache_dtype: torch.dtype) -> float:
 
 if __name__ == "__main__":
     print(json.dumps({"int8": check("int8_per_token_head", torch.int8),
-                      "bf16": check("auto", torch.bfloat16)}))
+                      "bf16": check("auto", torch.bfloat16),
+                      "int8_noncausal": check("int8_per_token_head", torch.int8, causal=False),
+                      "bf16_noncausal": check("auto", torch.bfloat16, causal=False)}))

@@ -110,6 +110,23 @@ def _verify_k6():
     return "; ".join(msgs)
 
 
+@check("noncausal_blocks")
+def _noncausal():
+    # a DFlash drafter's blocks: every query token against its request's whole sequence
+    from vllm_prism.attention.ops import noncausal_attention
+
+    msgs = []
+    for dtype in (torch.int8, torch.bfloat16):
+        b = make_batch([6, 40, 97], [6, 6, 6], dtype, block_size=16, seed=4)
+        ref = reference_attention(b.q, b.cache, b.block_table, b.seq_lens,
+                                  b.md.query_start_loc_cpu, causal=False)
+        for segs in (1, 3):
+            out = poisoned_out(b.q, torch.float32)
+            noncausal_attention(b.q, b.cache, b.md, out=out, geometry=GEOM, num_segs=segs)
+            msgs.append(expect(rel_err(out, ref), TIGHT, f"{dtype} segments={segs}"))
+    return "; ".join(msgs)
+
+
 @check("verify_capture_seq_lens_one")
 def _verify_capture():
     # vLLM's Triton builder sets every seq_len to 1 for a full CUDA-graph capture, and Model

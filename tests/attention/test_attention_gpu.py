@@ -16,8 +16,8 @@ import torch
 from attn_helpers import make_batch, poisoned_out, rel_err
 from vllm_prism._custom_ops import has_compiled_op
 from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry, decode_attention,
-                                      mixed_attention, prefill_attention, reference_attention,
-                                      verify_attention)
+                                      mixed_attention, noncausal_attention, prefill_attention,
+                                      reference_attention, verify_attention)
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
@@ -60,6 +60,18 @@ def test_decode_large_batch_one_segment(dtype):
     decode_attention(b.q, b.cache, b.md, out=out)
     errs = _per_request(out, _ref(b), b)
     assert max(errs) < TOL, max(errs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_noncausal_blocks(dtype):
+    """A DFlash drafter's non-causal blocks (16 and 6 tokens) against contexts to 128K."""
+    b = make_batch([16, 4101, 32774, 131078], [16, 6, 6, 6], dtype, device="cuda", seed=5)
+    out = poisoned_out(b.q)
+    noncausal_attention(b.q, b.cache, b.md, out=out)
+    ref = reference_attention(b.q, b.cache, b.block_table, b.seq_lens,
+                              b.md.query_start_loc_cpu, causal=False)
+    errs = _per_request(out, ref, b)
+    assert max(errs) < TOL, errs
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

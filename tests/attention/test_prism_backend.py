@@ -24,9 +24,28 @@ def errors(triton_interpreter) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("kv", ["int8", "bf16"])
+@pytest.mark.parametrize("kv", ["int8", "bf16", "int8_noncausal", "bf16_noncausal"])
 def test_backend_forward_matches_reference(errors: dict, kv: str) -> None:
+    """``*_noncausal``: a DFlash drafter's step (6-token blocks and a decoding request, each
+    token against its request's whole sequence) against the reference without the mask."""
     assert errors[kv] < TOL, errors
+
+
+def test_the_noncausal_reference_differs_from_the_causal_one() -> None:
+    """The non-causal check can fail: on its batch the two references disagree by far more
+    than the tolerance, so a kernel that kept the causal mask would not pass it."""
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(HERE))
+    from attn_helpers import make_batch, rel_err
+
+    from vllm_prism.attention.ops.reference import reference_attention
+
+    b = make_batch([37, 70, 150, 21], [6, 6, 1, 6], torch.bfloat16, block_size=16)
+    args = (b.q, b.cache, b.block_table, b.seq_lens, b.md.query_start_loc_cpu)
+    assert rel_err(reference_attention(*args, causal=False), reference_attention(*args)) > 10 * TOL
 
 
 def test_registered_and_selectable() -> None:
@@ -69,25 +88,33 @@ def test_custom_member_survives_a_fresh_process() -> None:
     assert res.stdout.split()[-2:] == ["CUSTOM", "PRISM"]
 
 
-def test_non_causal_steps_go_to_the_triton_backend(monkeypatch) -> None:
-    """A DFlash drafter's draft block is non-causal; our split kernels are causal, so such a
-    step runs vLLM's Triton attention, which honours ``causal=False``."""
+def test_long_non_causal_chunks_go_to_the_triton_backend(monkeypatch) -> None:
+    """A non-causal chunk longer than the split path's 16 tokens a request runs vLLM's Triton
+    attention, which honours ``causal=False``; shorter blocks stay with our kernels."""
     import types
 
     import torch
     from vllm.v1.attention.backends.triton_attn import TritonAttentionImpl
 
+    from vllm_prism.attention.backends import prism_attn
     from vllm_prism.attention.backends.prism_attn import PrismAttentionImpl
+    from vllm_prism.attention.ops.mixed import StepPlan
 
     calls = []
     monkeypatch.setattr(TritonAttentionImpl, "forward",
                         lambda self, *a, **k: calls.append("triton") or a[-1])
+    monkeypatch.setattr(prism_attn, "mixed_attention",
+                        lambda *a, **k: calls.append(("prism", k["causal"])))
     impl = object.__new__(PrismAttentionImpl)
     impl.prism_supported = lambda: (True, "")
+    impl._is_per_token_head_quant = False
+    impl.scale = 0.125
     out = torch.zeros(2, 4, 64)
-    md = types.SimpleNamespace(causal=False)
-    impl.forward(None, out, out, out, None, md, out)
-    assert calls == ["triton"]
+    for lens in ([17], [6, 6]):
+        md = types.SimpleNamespace(causal=False, num_actual_tokens=sum(lens), prism=None,
+                                   prism_plan=StepPlan.build(lens, torch.device("cpu")))
+        impl.forward(None, out, out, out, None, md, out)
+    assert calls == ["triton", ("prism", False)]
 
 
 def test_prefill_reads_vllms_host_lengths_not_the_device() -> None:

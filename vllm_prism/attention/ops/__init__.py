@@ -9,10 +9,13 @@ tensor vLLM hands to TRITON_ATTN (see :mod:`.layout`); its dtype picks the kerne
   INT8 cache the CUDA C++ kernel of :mod:`.cuda_decode` where ``vllm_prism._C`` is built.
 * :func:`verify_attention` - 2..16 query tokens per request: prefix through the split path with
   the tokens folded into the GQA group, plus an exact causal tail, merged by log-sum-exp.
+* :func:`noncausal_attention` - 1..16 query tokens per request, each against the whole
+  sequence (a DFlash drafter's non-causal block): the split path without a tail.
 * :func:`prefill_attention` - long chunks: cached K/V converted in sections of <= 32K tokens
   into one reusable BF16 scratch (<= 128 MiB), flash attention per section (a hook), merged by
   log-sum-exp.
-* :func:`mixed_attention` - a batch mixing the three, routed per request.
+* :func:`mixed_attention` - a batch mixing the three, routed per request (``causal=False``:
+  decode and non-causal blocks only).
 * :func:`reference_attention` - the fp32 torch reference on the dequantised cache.
 """
 
@@ -25,10 +28,10 @@ from vllm_prism.attention.ops.prefill import (SectionAttention, prefill_attentio
                                               sdpa_section_attention)
 from vllm_prism.attention.ops.reference import reference_attention
 from vllm_prism.attention.ops.triton_split_kv import (MAX_VERIFY_TOKENS, decode_attention,
-                                                      verify_attention)
+                                                      noncausal_attention, verify_attention)
 
 __all__ = ["AttentionMetadata", "GpuGeometry", "KVFormat", "MAX_VERIFY_TOKENS",
            "SectionAttention", "SplitGeometry", "decode_attention", "gpu_geometry", "kv_format",
-           "make_kv_cache", "mixed_attention", "prefill_attention", "quantize_per_token_head",
-           "reference_attention", "route_requests", "sdpa_section_attention", "verify_attention",
-           "write_kv"]
+           "make_kv_cache", "mixed_attention", "noncausal_attention", "prefill_attention",
+           "quantize_per_token_head", "reference_attention", "route_requests",
+           "sdpa_section_attention", "verify_attention", "write_kv"]

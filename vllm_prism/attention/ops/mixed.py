@@ -26,7 +26,7 @@ from vllm_prism.attention.ops.geometry import GpuGeometry
 from vllm_prism.attention.ops.metadata import AttentionMetadata
 from vllm_prism.attention.ops.prefill import SectionAttention, prefill_attention
 from vllm_prism.attention.ops.triton_split_kv import (MAX_VERIFY_TOKENS, decode_attention,
-                                                      verify_attention)
+                                                      noncausal_attention, verify_attention)
 
 __all__ = ["route_requests", "mixed_attention", "StepPlan"]
 
@@ -99,23 +99,30 @@ def mixed_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetada
                     attn_fn: SectionAttention | None = None,
                     scratch: torch.Tensor | None = None,
                     geometry: GpuGeometry | None = None,
-                    plan: StepPlan | None = None) -> torch.Tensor:
+                    plan: StepPlan | None = None, causal: bool = True) -> torch.Tensor:
     """Attention for every query token of a batch that mixes decode, verification and prefill
     requests; ``q`` and ``out`` are ``[num_tokens, num_heads, head_size]``. ``plan`` is the
-    step's routing (made here from the host copy of the metadata when not given)."""
+    step's routing (made here from the host copy of the metadata when not given).
+    ``causal=False`` (a DFlash drafter's block): every query token attends to its request's
+    whole sequence; requests of 2..``verify_max`` tokens go through
+    :func:`noncausal_attention`, and longer ones are refused (no non-causal prefill path)."""
     if out is None:
         out = torch.empty_like(q)
     if plan is None:
         plan = StepPlan.build(md.query_lens(), q.device, verify_max=verify_max)
+    if not causal and plan.prefill:
+        raise ValueError(f"non-causal attention takes at most {MAX_VERIFY_TOKENS} query tokens "
+                         f"a request; requests {plan.prefill} have more")
     is_int8 = kv_cache.dtype == torch.int8
     if plan.decode:
         decode_attention(q, kv_cache, md, scale=scale, out=out, req_ids=plan.decode_ids,
                          int_qk=int_qk,
                          geometry=geometry.pick(False, is_int8) if geometry else None)
     if plan.verify:
-        verify_attention(q, kv_cache, md, scale=scale, out=out, req_ids=plan.verify_ids,
-                         max_query_len=plan.verify_len,
-                         geometry=geometry.pick(True, is_int8) if geometry else None)
+        blocks = verify_attention if causal else noncausal_attention
+        blocks(q, kv_cache, md, scale=scale, out=out, req_ids=plan.verify_ids,
+               max_query_len=plan.verify_len,
+               geometry=geometry.pick(True, is_int8) if geometry else None)
     if plan.prefill:
         prefill_attention(q, kv_cache, md, scale=scale, out=out, req_ids=plan.prefill,
                           attn_fn=attn_fn, scratch=scratch)

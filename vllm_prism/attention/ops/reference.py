@@ -5,7 +5,8 @@ block_size, content)`` by plain indexing and dequantises an INT8 row as
 ``int8[0:hs] * float32(bytes[hs:hs+4])`` for K and ``int8[hs+4:2hs+4] * float32(bytes[2hs+4:])``
 for V (vLLM 0.32's ``int8_per_token_head`` content, see :mod:`.layout`); a BF16/FP16 row is
 ``[K(hs) | V(hs)]``. Query token ``t`` of a request with ``q_len`` query tokens and ``seq_len``
-tokens sits at position ``seq_len - q_len + t`` and attends to positions ``0..`` that.
+tokens sits at position ``seq_len - q_len + t`` and attends to positions ``0..`` that (all
+``seq_len`` positions when not causal).
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ def gather_dequantized(kv_cache: torch.Tensor, block_row: torch.Tensor, seq_len:
 def reference_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                         seq_lens: list[int] | torch.Tensor,
                         query_start_loc: list[int] | torch.Tensor,
-                        scale: float | None = None) -> torch.Tensor:
-    """fp32 causal attention of every query token of ``q [T, Hq, hs]``; returns fp32
-    ``[T, Hq, hs]``."""
+                        scale: float | None = None, causal: bool = True) -> torch.Tensor:
+    """fp32 attention of every query token of ``q [T, Hq, hs]``; returns fp32 ``[T, Hq, hs]``.
+    ``causal=False``: every query token attends to all ``seq_len`` positions of its request
+    (a DFlash drafter's block)."""
     if isinstance(seq_lens, torch.Tensor):
         seq_lens = seq_lens.tolist()
     if isinstance(query_start_loc, torch.Tensor):
@@ -62,7 +64,9 @@ def reference_attention(q: torch.Tensor, kv_cache: torch.Tensor, block_table: to
         s = torch.einsum("hgqd,hld->hgql", qr, k) * scale
         qpos = torch.arange(seq_len - qlen, seq_len, device=q.device)
         kpos = torch.arange(seq_len, device=q.device)
-        s = s.masked_fill(kpos[None, None, None, :] > qpos[None, None, :, None], float("-inf"))
+        if causal:
+            s = s.masked_fill(kpos[None, None, None, :] > qpos[None, None, :, None],
+                              float("-inf"))
         p = torch.softmax(s, dim=-1)
         o = torch.einsum("hgql,hld->hgqd", p, v)
         out[a:b] = o.permute(2, 0, 1, 3).reshape(qlen, nq, hs)

@@ -64,7 +64,7 @@ if HAS_TRITON:
     import triton.language as tl
 
 __all__ = ["ATTN_KERNELS", "INT_QK_ERROR", "MAX_VERIFY_TOKENS", "decode_attention",
-           "split_kv_attention", "verify_attention"]
+           "noncausal_attention", "split_kv_attention", "verify_attention"]
 
 logger = logging.getLogger(__name__)
 _LOGGED: set[tuple[str, str | None]] = set()
@@ -388,12 +388,15 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
                        scale: float, max_q: int, out: torch.Tensor | None = None,
                        req_ids: torch.Tensor | None = None, int_qk: bool = False,
                        geometry: SplitGeometry | None = None,
-                       num_segs: int | None = None, kernel: str | None = None) -> torch.Tensor:
+                       num_segs: int | None = None, kernel: str | None = None,
+                       causal: bool = True) -> torch.Tensor:
     """Attention of the last ``q_len <= max_q`` tokens of each selected request.
 
     ``max_q == 1`` is decode (no tail program); ``max_q > 1`` is verification (prefix split +
-    exact causal tail). ``req_ids`` (int32, on the device) selects requests of a mixed batch;
-    the output rows of the other requests are left untouched. Graph-safe: nothing here reads
+    exact causal tail), or with ``causal=False`` every query token against all ``seq_len``
+    positions, split like a decode (a DFlash drafter's non-causal block). ``req_ids`` (int32,
+    on the device) selects requests of a mixed batch; the output rows of the other requests
+    are left untouched. Graph-safe: nothing here reads
     device values on the host.
 
     ``kernel`` (default: the ``VLLM_PRISM_ATTN_KERNEL`` switch, ``auto``): ``auto`` runs INT8
@@ -422,7 +425,7 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
     if choice not in ATTN_KERNELS:
         raise ValueError(f"attention kernel {choice!r} is not one of {ATTN_KERNELS} "
                          "(VLLM_PRISM_ATTN_KERNEL)")
-    if choice != "triton" and fmt.is_int8 and not int_qk:
+    if choice != "triton" and fmt.is_int8 and not int_qk and (causal or not verify):
         if verify:
             why = cuda_verify_problem(q, kv_cache, fmt, out3, max_q)
         else:
@@ -436,7 +439,7 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
             raise ValueError(f"the CUDA attention kernel cannot serve this call: {why}")
     elif kernel == "cuda":
         raise ValueError("the CUDA attention kernels serve the INT8 cache (int8_per_token_head) "
-                         "with exact Q.K only")
+                         "with exact Q.K and causal verification only")
     geom = geometry or gpu_geometry(q.device).pick(verify, fmt.is_int8)
     nkv = fmt.num_kv_heads
     group = q.shape[1] // nkv
@@ -450,7 +453,7 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
     if tile < max_q or tile & (tile - 1) or tile < 16:
         raise ValueError(f"tile {tile} must be a power of two >= 16 and >= {max_q}")
     segs = num_segs or num_segments(geom, n_sel, nkv, sm_count(q.device))
-    has_tail = verify
+    has_tail = verify and causal
     nseg_t = segs + int(has_tail)
     direct = nseg_t == 1
     if direct:
@@ -565,3 +568,19 @@ def verify_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetad
     return split_kv_attention(q, kv_cache, md, scale=scale, max_q=max(2, max_q), out=out,
                               req_ids=req_ids, geometry=geometry, num_segs=num_segs,
                               kernel=kernel)
+
+
+def noncausal_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, *,
+                        scale: float | None = None, max_query_len: int | None = None,
+                        out: torch.Tensor | None = None, req_ids: torch.Tensor | None = None,
+                        geometry: SplitGeometry | None = None,
+                        num_segs: int | None = None) -> torch.Tensor:
+    """1..16 query tokens per request, each attending to all ``seq_len`` cached positions of
+    its request, its own block included (a DFlash drafter's draft block): the whole sequence
+    through the split path with the tokens folded into the GQA group, no causal tail. On the
+    Triton kernel for every cache dtype (the CUDA verification kernel is causal)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    max_q = md.max_query_len if max_query_len is None else max_query_len
+    return split_kv_attention(q, kv_cache, md, scale=scale, max_q=max(1, max_q), out=out,
+                              req_ids=req_ids, geometry=geometry, num_segs=num_segs,
+                              causal=False)
