@@ -79,7 +79,7 @@ sys.path.insert(0, str(HERE.parent / "kernels"))
 FAMILIES = [  # (family, substrings of kernel names), first match wins
     ("pq2_linear", ("_act_kernel", "gemv", "_mma", "pq2", "_tc_", "ptq1")),
     ("attention", ("split_kv", "_merge_kernel", "flash", "attn", "gather_kv", "reshape_and_cache",
-                   "unified_attention")),
+                   "unified_attention", "int8_decode", "int8_verify", "reshape_cache")),
     ("gated_deltanet", ("gated_delta", "chunk_", "fused_recurrent", "causal_conv1d", "conv1d",
                         "gdn", "l2norm", "solve_tril", "cumsum", "fused_gdn", "recompute_w_u",
                         "kkt")),
