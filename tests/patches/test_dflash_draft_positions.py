@@ -1,9 +1,10 @@
 """Patch dflash_draft_positions: a DFlash drafter's rotary table covers the target's context.
 
 Configs only (no weights, no engine): a Qwen3 target folder served at ``max_model_len`` 32768
-and a DFlash drafter folder whose checkpoint says ``max_position_embeddings`` 4096, the value
-vllm-prism's tiny drafter writes; on the H200 such a drafter crashed the engine at a 32K
-prompt with a device-side assert in its rotary gather.
+and a DFlash drafter folder whose checkpoint says ``max_position_embeddings`` 4096 (what
+vllm-prism's tiny drafter wrote for the 27B-shaped target before it took the target's length);
+on the H200 such a drafter crashed the engine at a 32K prompt with a device-side assert in its
+rotary gather. tests/spec_decode/test_dflash_gpu.py runs a 16-position drafter through vLLM.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 (torch.compile, FULL_AND_PIECEWISE CUDA graphs), BF16 and INT8 KV caches.
 
 Checked for k = 3 and 7: greedy output with speculation equals greedy output without it
-(with the BF16 drafter, and with the drafter quantized online to fp8 at k = 3);
+(with the BF16 drafter, and with the drafter quantized online to fp8 at k = 3; the drafter's
+config says 16 positions, fewer than the requests reach: patch dflash_draft_positions);
 vLLM's counters show the tiny drafter accepted (first position far above chance); and the
 verify steps (k + 1 tokens for every request) ran as full CUDA graphs: vLLM's CUDA-graph
 dispatcher, recorded in the engine, chose FULL for uniform batches of k + 1 tokens a request.
@@ -47,7 +48,9 @@ def runs(tiny_gguf, tmp_path_factory):
     target = tiny_gguf("pq2_0", seed=7)
     from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
 
-    drafter = make_tiny_drafter(tmp / "drafter", target)["path"]
+    # A rotary table shorter than the requests (prompt + 24 tokens + k drafts): without patch
+    # dflash_draft_positions every DFlash engine dies on a device-side assert in its gather.
+    drafter = make_tiny_drafter(tmp / "drafter", target, max_positions=16)["path"]
     request = {"prompts": PROMPTS, "max_tokens": NEW_TOKENS, "score": []}
     reqs = [dflash_requests(drafter, request, llm=_llm(kv), ks=(k,) if k else (),
                             plain=not k, drafter_quantization=quant,

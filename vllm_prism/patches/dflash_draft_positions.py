@@ -1,10 +1,11 @@
 """Patch: a DFlash drafter's rotary table is only as long as its own checkpoint says.
 
 What breaks: a DFlash drafter whose ``max_position_embeddings`` is below the target's
-``max_model_len`` (vllm-prism's tiny drafter says 4096; a distilled drafter may say its
-training length) crashes the engine once a request passes that position: on a GPU a
-device-side assert in the drafter's rotary gather ("index out of bounds: 0 <= tmp < 4096")
-kills the engine core, and every later request of the server fails with it.
+``max_model_len`` (a distilled drafter may say its training length; vllm-prism's tiny drafter
+said 4096 next to the 262,144-token 27B-shaped target) crashes the engine once a request
+passes that position: on a GPU a device-side assert in the drafter's rotary gather ("index
+out of bounds: 0 <= tmp < 4096") kills the engine core, and every later request of the server
+fails with it. (On vLLM's CPU build the gather reads past the table without an error.)
 
 Why: the proposer feeds the drafter the target's positions (DFlash drafts share the target's
 positional space, as EAGLE drafts do), but the drafter sizes its ``cos_sin_cache`` by its own
@@ -19,7 +20,8 @@ The fix (upstream): call the same override for ``dflash``. Here, at load time,
 override, before any model is built. Other methods and drafters that already cover the
 target's length are untouched.
 
-Applies to: vLLM 0.32.x. Test: tests/patches/test_dflash_draft_positions.py. PR text:
+Applies to: vLLM 0.32.x. Tests: tests/patches/test_dflash_draft_positions.py (configs, CPU);
+tests/spec_decode/test_dflash_gpu.py (a 16-position drafter through vLLM on a GPU). PR text:
 docs/upstream/dflash-draft-positions.md.
 """
 

@@ -35,35 +35,42 @@ HEADS, KV_HEADS, HEAD_DIM = 4, 2, 64
 OUTPUT_SCALE = 1.0e4
 
 
-def _primal_embedding_row(path: str, token: int) -> tuple[np.ndarray, int, int, int]:
-    """(the primal embedding of ``token``, vocab, hidden, layer count) of a GGUF target."""
+def _primal_embedding_row(path: str, token: int) -> tuple[np.ndarray, int, int, int, int]:
+    """(the primal embedding of ``token``, vocab, hidden, layer count, context length) of a
+    GGUF target."""
     from vllm_prism.gguf.codecs import dequantize
     from vllm_prism.gguf.hadamard import inverse_embedding_transform, parse_hadamard_contract
-    from vllm_prism.gguf.qwen35 import qwen35_dims
+    from vllm_prism.gguf.qwen35 import qwen35_dims, qwen35_text_config
     from vllm_prism.gguf.reader import GGUFReader
 
     with GGUFReader(path) as r:
         info = r.tensors["token_embd.weight"]
         vocab, hidden = info.shape
         dims = qwen35_dims(r.metadata, r.path, vocab_size=vocab)
+        context = int(qwen35_text_config(r.metadata, r.path,
+                                         vocab_size=vocab)["max_position_embeddings"])
         raw = np.asarray(r.raw("token_embd.weight")[token:token + 1])
         z = dequantize(raw, info.ggml_type).astype(np.float64)
         widths = {n: i.ne[0] for n, i in r.tensors.items()}
         contract = parse_hadamard_contract(r.metadata, widths, r.path)
     row = z[0] if contract is None else inverse_embedding_transform(
         z, contract.signs_for(hidden), contract.block_size)[0]
-    return row, vocab, hidden, dims.n_layers
+    return row, vocab, hidden, dims.n_layers, context
 
 
 def make_tiny_drafter(out_dir: str | os.PathLike, target: str | os.PathLike, *,
                       mask_token_id: int = 1, seed: int = 0, layers: int = 1,
-                      sliding_window: int | None = None) -> dict[str, Any]:
+                      sliding_window: int | None = None,
+                      max_positions: int | None = None) -> dict[str, Any]:
     """Write the drafter for ``target`` into ``out_dir``; returns a summary.
 
     Layer 0 does the drafting; ``layers - 1`` more layers with zero projections pass the
     hidden state through unchanged (the layer count and attention type of a real drafter,
     e.g. DFlash2's 5 sliding-window layers, for KV-cache planning; acceptance is the same).
     ``sliding_window`` makes every layer sliding-window attention (``dflash_config.use_swa``).
+    ``max_positions`` is the drafter's ``max_position_embeddings`` (default: the target's
+    context length); a smaller one is what a drafter trained on shorter sequences says (vLLM
+    raises it to the target's length: patch ``dflash_draft_positions``).
     """
     if layers < 1:
         raise ValueError(f"a drafter has at least one layer, got {layers}")
@@ -72,7 +79,7 @@ def make_tiny_drafter(out_dir: str | os.PathLike, target: str | os.PathLike, *,
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    mask, vocab, hidden, n_layers = _primal_embedding_row(str(target), mask_token_id)
+    mask, vocab, hidden, n_layers, context = _primal_embedding_row(str(target), mask_token_id)
     if hidden < VALUE_DIMS + 1:
         raise ValueError(f"{target}: hidden size {hidden} is too small for the tiny drafter")
     target_layers = [n_layers // 4, n_layers // 2]
@@ -91,7 +98,8 @@ def make_tiny_drafter(out_dir: str | os.PathLike, target: str | os.PathLike, *,
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": hidden,
         "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": HEADS,
         "num_key_value_heads": KV_HEADS, "head_dim": HEAD_DIM, "vocab_size": vocab,
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "rope_theta": 1e6,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": max_positions or context,
+        "rope_theta": 1e6,
         "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
         "dflash_config": {"target_layer_ids": target_layers, "mask_token_id": mask_token_id},
     }
