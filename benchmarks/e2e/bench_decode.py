@@ -46,9 +46,9 @@ prefilled. Prompts are random token ids, distinct per request.
 * profile (batch 1, or each of ``--profile-batches``; first context): torch-profiler traces
   of two generate() calls of T/2 and T decode steps, whose difference gives per decode step
   the kernel time by family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise,
-  sampler, other), the kernel count, the ``TOP_KERNELS`` kernels by name (time and launches
-  per step) and the GPU-busy share: the union of kernel intervals over the step time measured
-  without the profiler. (The first runs attributed one trace to decode by a wall-clock ratio.)
+  sampler, other; span and own time), the kernel count, the ``TOP_KERNELS`` kernels by name
+  (span, own time and launches per step; own time: see :func:`own_time`) and the GPU-busy
+  share: the union of kernel intervals over the step time measured without the profiler. (The first runs attributed one trace to decode by a wall-clock ratio.)
 
 ``ceiling_frac`` is the bytes a step must move (the ternary weights but the embedding, plus
 the KV cache read for every request's context, plus each request's Gated DeltaNet state read
@@ -173,10 +173,37 @@ def short_kernel_name(name: str, width: int = 80) -> str:
     return name if len(name) <= width else name[:width - 3] + "..."
 
 
+def own_time(intervals: list[tuple[float, float]]) -> list[float]:
+    """Each interval's share of the union of all: every instant belongs to the earliest-started
+    interval still running. With programmatic dependent launch a kernel starts while the one
+    before it runs and waits for it, so its span double-counts; the earliest running kernel is
+    the one working (the shares add up to the GPU-busy time)."""
+    import heapq
+
+    events = sorted([(s, 1, i) for i, (s, _) in enumerate(intervals)]
+                    + [(e, 0, i) for i, (_, e) in enumerate(intervals)])
+    own = [0.0] * len(intervals)
+    running: list[tuple[float, int]] = []
+    ended = [False] * len(intervals)
+    prev = None
+    for t, is_start, i in events:
+        while running and ended[running[0][1]]:
+            heapq.heappop(running)
+        if running and prev is not None:
+            own[running[0][1]] += t - prev
+        prev = t
+        if is_start:
+            heapq.heappush(running, (intervals[i][0], i))
+        else:
+            ended[i] = True
+    return own
+
+
 def _trace(llm, prompts, max_tokens: int
-           ) -> tuple[float, dict[str, float], int, dict[str, tuple[float, int]]]:
+           ) -> tuple[float, dict[str, float], int, dict[str, tuple[float, int, float]]]:
     """Profile one generate() call: GPU-busy time (union of kernel intervals, us), kernel time
-    by family (us), the number of kernels, and (us, launches) by short kernel name."""
+    by family (us), the number of kernels, and (span us, launches, own us: :func:`own_time`)
+    by short kernel name."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -185,11 +212,12 @@ def _trace(llm, prompts, max_tokens: int
     torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     by_family: dict[str, float] = {}
-    by_name: dict[str, tuple[float, int]] = {}
-    for e in kernels:
+    by_name: dict[str, tuple[float, int, float]] = {}
+    owns = own_time([(e.time_range.start, e.time_range.end) for e in kernels])
+    for e, own in zip(kernels, owns):
         by_family[family_of(e.name)] = by_family.get(family_of(e.name), 0.0) + e.device_time
-        us, n = by_name.get(short_kernel_name(e.name), (0.0, 0))
-        by_name[short_kernel_name(e.name)] = (us + e.device_time, n + 1)
+        us, n, o = by_name.get(short_kernel_name(e.name), (0.0, 0, 0.0))
+        by_name[short_kernel_name(e.name)] = (us + e.device_time, n + 1, o + own)
     busy, cur_s, cur_e = 0.0, None, None
     for s, e in sorted((e.time_range.start, e.time_range.end) for e in kernels):
         if cur_e is None or s > cur_e:
@@ -220,14 +248,20 @@ def _profile(llm, prompts, steps: int, step_s: float,
     d = max((c2 - c1) - (c1 - c0), 1)
     per_step_us = {k: max(0.0, v - fam_a.get(k, 0.0)) / d for k, v in sorted(fam_b.items())}
     busy_per_step_us = (busy_b - busy_a) / d
-    per_name = {k: ((us - names_a.get(k, (0.0, 0))[0]) / d, (n - names_a.get(k, (0.0, 0))[1]) / d)
-                for k, (us, n) in names_b.items()}
-    top = sorted(((k, us, n) for k, (us, n) in per_name.items() if n > 0), key=lambda t: -t[1])
+    zero = (0.0, 0, 0.0)
+    per_name = {k: tuple((x - y) / d for x, y in zip(v, names_a.get(k, zero)))
+                for k, v in names_b.items()}
+    top = sorted(((k, *v) for k, v in per_name.items() if v[1] > 0), key=lambda t: -t[3])
+    own_by_family: dict[str, float] = {}
+    for k, _, _, own in top:
+        own_by_family[family_of(k)] = own_by_family.get(family_of(k), 0.0) + own
     return {"kernel_us_per_step": per_step_us, "busy_us_per_step": busy_per_step_us,
             "gpu_busy_frac": min(1.0, busy_per_step_us * 1e-6 / step_s),
             "kernels_per_step": (n_b - n_a) / d,
+            "kernel_own_us_per_step": {k: round(v, 2) for k, v in sorted(own_by_family.items())},
             "top_kernels_per_step": [{"name": k, "family": family_of(k), "us": round(us, 2),
-                                      "launches": round(n, 2)} for k, us, n in top[:TOP_KERNELS]]}
+                                      "launches": round(n, 2), "own_us": round(own, 2)}
+                                     for k, us, n, own in top[:TOP_KERNELS]]}
 
 
 def _num_drafts(llm) -> int:
@@ -488,13 +522,20 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
                   f"attention {r.get('attn_kernel', 'auto')}, "
                   f"context {r['context']}): {r['kernels_per_step']:.0f} kernels, "
                   f"{r['busy_us_per_step']:.0f} us busy of {r['ms_per_step'] * 1e3:.0f} us", "",
-                  "| family | us per step | share of step |", "|---|---|---|"]
+                  "| family | us per step | own us per step | share of step |",
+                  "|---|---|---|---|"]
+        owns = r.get("kernel_own_us_per_step", {})
         for fam, us in sorted(r["kernel_us_per_step"].items(), key=lambda kv: -kv[1]):
-            lines.append(f"| {fam} | {us:.0f} | {us / (r['ms_per_step'] * 1e3):.3f} |")
+            own = f"{owns[fam]:.0f}" if fam in owns else ""
+            lines.append(f"| {fam} | {us:.0f} | {own} | {us / (r['ms_per_step'] * 1e3):.3f} |")
         if r.get("top_kernels_per_step"):
-            lines += ["", "| kernel | family | us per step | launches per step |",
-                      "|---|---|---|---|"]
-            lines += [f"| `{t['name']}` | {t['family']} | {t['us']:.1f} | {t['launches']:.1f} |"
+            lines += ["", "`own us`: the instants where the kernel is the earliest-started one "
+                      "running (with programmatic dependent launch a kernel's span includes its "
+                      "wait for the one before it).", "",
+                      "| kernel | family | us per step | own us per step | launches per step |",
+                      "|---|---|---|---|---|"]
+            lines += [f"| `{t['name']}` | {t['family']} | {t['us']:.1f} | "
+                      f"{t['own_us'] if 'own_us' in t else ''} | {t['launches']:.1f} |"
                       for t in r["top_kernels_per_step"]]
     md = path.with_suffix(".md")
     md.write_text("\n".join(lines) + "\n")

@@ -100,9 +100,9 @@ def test_profile_divides_by_the_steps_the_counter_saw(monkeypatch) -> None:
     """A verify step's profile: the kernel time of the longer traced call minus the shorter
     one's, over the difference of their counted steps (vLLM's verify steps), not over the
     difference of their token counts."""
-    traces = iter([(100.0, {"pq2_linear": 80.0}, 10, {"pq2_gemv": (80.0, 10)}),
-                   (300.0, {"pq2_linear": 240.0}, 30, {"pq2_gemv": (200.0, 25), "fill": (40.0, 5)})]
-                  * 2)
+    traces = iter([(100.0, {"pq2_linear": 80.0}, 10, {"pq2_gemv": (80.0, 10, 60.0)}),
+                   (300.0, {"pq2_linear": 240.0}, 30,
+                    {"pq2_gemv": (200.0, 25, 160.0), "fill": (40.0, 5, 40.0)})] * 2)
     monkeypatch.setattr(bench_decode, "_trace", lambda llm, prompts, n: next(traces))
     monkeypatch.setattr(bench_decode, "_timed", lambda *args: 0.0)
     counts = iter([0, 3, 11])  # 3 verify steps in the short call, 8 in the long one
@@ -110,10 +110,22 @@ def test_profile_divides_by_the_steps_the_counter_saw(monkeypatch) -> None:
     assert out["kernel_us_per_step"] == {"pq2_linear": 32.0}  # (240 - 80) / (8 - 3)
     assert out["busy_us_per_step"] == 40.0 and out["kernels_per_step"] == 4.0
     assert out["top_kernels_per_step"] == [  # by name: (200 - 80) / 5 us, (25 - 10) / 5 launches
-        {"name": "pq2_gemv", "family": "pq2_linear", "us": 24.0, "launches": 3.0},
-        {"name": "fill", "family": "norm_elementwise", "us": 8.0, "launches": 1.0}]
+        {"name": "pq2_gemv", "family": "pq2_linear", "us": 24.0, "launches": 3.0,
+         "own_us": 20.0},
+        {"name": "fill", "family": "norm_elementwise", "us": 8.0, "launches": 1.0,
+         "own_us": 8.0}]
+    assert out["kernel_own_us_per_step"] == {"pq2_linear": 20.0, "norm_elementwise": 8.0}
     plain = bench_decode._profile(None, [], 8, 1e-3)  # 4 and 8 decode steps
     assert plain["kernel_us_per_step"] == {"pq2_linear": 40.0}
+
+
+def test_own_time_gives_each_instant_to_the_earliest_running_kernel() -> None:
+    """A producer runs 0-10; the GEMV launched early by PDL spans 2-30 but works only once the
+    producer is done; a later kernel overlaps the GEMV's tail; a gap; a lone kernel. The shares
+    add up to the busy time (10 + 20 + 5 + 4 = 39)."""
+    own = bench_decode.own_time([(0.0, 10.0), (2.0, 30.0), (25.0, 35.0), (40.0, 44.0)])
+    assert own == [10.0, 20.0, 5.0, 4.0]
+    assert bench_decode.own_time([]) == []
 
 
 def test_kernel_names_lose_their_template_and_parameter_lists() -> None:
