@@ -48,7 +48,8 @@ prefilled. Prompts are random token ids, distinct per request.
   the kernel time by family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise,
   sampler, other; span and own time), the kernel count, the ``TOP_KERNELS`` kernels by name
   (span, own time and launches per step; own time: see :func:`own_time`) and the GPU-busy
-  share: the union of kernel intervals over the step time measured without the profiler. (The first runs attributed one trace to decode by a wall-clock ratio.)
+  share: the union of kernel intervals over the step time measured without the profiler.
+  (The first runs attributed one trace to decode by a wall-clock ratio.)
 
 ``ceiling_frac`` is the bytes a step must move (the ternary weights but the embedding, plus
 the KV cache read for every request's context, plus each request's Gated DeltaNet state read
