@@ -15,6 +15,8 @@ Siblings fuse what feeds a linear in the model into the producer launch of its k
 the new residual) and ``pq2_gated_linear`` (the output gate, after an optional per-group
 RMSNorm: the attention's ``o_proj`` and the Gated DeltaNet's gated norm before
 ``out_proj``), so neither the activation, the gate nor the norm is a kernel of its own.
+``dense_linear`` runs the float projections Bonsai keeps (``in_proj_ba``) on CUDA: ``F.linear``,
+or the small-M GEMV of vllm_prism.kernels.dense_gemv where ``VLLM_PRISM_DENSE_GEMV`` says so.
 
 The compiled extension is optional: a CPU install, or a CUDA install built without a
 toolkit, has no ``vllm_prism._C``; callers get the exact torch reference there.
@@ -140,6 +142,26 @@ def _pq2_gated_linear_fake(x: torch.Tensor, gate: torch.Tensor, rms_weight: torc
     return _linear_out(x, codes)
 
 
+def dense_linear_impl(x: torch.Tensor, weight: torch.Tensor,
+                      bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear`` of a float projection, or where ``VLLM_PRISM_DENSE_GEMV=triton`` and the
+    call fits (M <= 16 rows, a skinny weight, on CUDA), the one-launch small-M GEMV."""
+    from vllm_prism import envs
+
+    if envs.VLLM_PRISM_DENSE_GEMV == "triton":
+        from vllm_prism.kernels.dense_gemv import small_m_linear, small_m_problem
+
+        x2 = x.reshape(-1, x.shape[-1])
+        if small_m_problem(x2, weight, bias) is None:
+            return small_m_linear(x2, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+def _dense_linear_fake(x: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
 @functools.cache
 def _library() -> torch.library.Library:
     return torch.library.Library(OP_NAMESPACE, "FRAGMENT")  # kept alive by the cache
@@ -159,7 +181,8 @@ def register_ops() -> None:
            "pq2_glu_linear": (_pq2_glu_linear_impl, _pq2_linear_fake),
            "pq2_add_rmsnorm_linear": (_pq2_add_rmsnorm_linear_impl,
                                       _pq2_add_rmsnorm_linear_fake),
-           "pq2_gated_linear": (_pq2_gated_linear_impl, _pq2_gated_linear_fake)}
+           "pq2_gated_linear": (_pq2_gated_linear_impl, _pq2_gated_linear_fake),
+           "dense_linear": (dense_linear_impl, _dense_linear_fake)}
     for name, (impl, fake) in ops.items():
         direct_register_custom_op(name, impl, mutates_args=[], fake_impl=fake, target_lib=lib)
         if current_platform.dispatch_key != "CPU":  # CPU tensors on a GPU host: torch path

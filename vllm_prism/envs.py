@@ -42,6 +42,12 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # w (warps), depth (tiles in flight, 1..3), scales (1: scales travel with their tile),
     # split (programs per row's K). Empty (default): the tuned defaults.
     "VLLM_PRISM_GEMV_TUNING": lambda: os.getenv("VLLM_PRISM_GEMV_TUNING", "").strip().lower(),
+    # The float projections Bonsai keeps (the Gated DeltaNet's in_proj_ba) on CUDA: "torch"
+    # (default) F.linear, as vLLM runs them (cuBLAS: a split-K GEMM and a reduction at decode
+    # sizes); "triton" the one-launch small-M GEMV of kernels/dense_gemv.py for M <= 16. Read
+    # per call inside the op vllm_prism::dense_linear; it changes no traced graph. Opt-in until
+    # timed through vLLM.
+    "VLLM_PRISM_DENSE_GEMV": lambda: os.getenv("VLLM_PRISM_DENSE_GEMV", "torch").strip().lower(),
     # Patches to vLLM (vllm_prism/patches) not to apply, by name, comma-separated: to measure
     # what one changes, or to rule it out. Empty (default): every patch for this vLLM.
     "VLLM_PRISM_DISABLED_PATCHES": lambda: [x.strip() for x in os.getenv(

@@ -112,9 +112,32 @@ class PrismConfig(QuantizationConfig):
             return PrismEmbeddingMethod(self)
         if isinstance(layer, LinearBase):
             if prefix.endswith(FLOAT_LINEAR_SUFFIXES):
-                return UnquantizedLinearMethod()
+                return PrismFloatLinearMethod()
             return PrismLinearMethod(self)
         return None
+
+
+def _dense_linear_gemm(layer: torch.nn.Module, x: torch.Tensor, weight: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    return torch.ops.vllm_prism.dense_linear(x, weight, bias)
+
+
+class PrismFloatLinearMethod(UnquantizedLinearMethod):
+    """vLLM's unquantized linear for the float projections Bonsai keeps (``in_proj_ba``); on
+    CUDA, where vLLM would call ``F.linear``, the op ``vllm_prism::dense_linear`` runs it
+    instead (``F.linear`` too, unless ``VLLM_PRISM_DENSE_GEMV`` picks the small-M GEMV; read
+    inside the op). Every other platform and linear backend keeps vLLM's own GEMM."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from vllm.model_executor.layers.utils import default_unquantized_gemm
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cuda() and self._gemm_impl is default_unquantized_gemm:
+            from vllm_prism._custom_ops import register_ops
+
+            register_ops()
+            self._gemm_impl = _dense_linear_gemm
 
 
 def _partition_signs(config: PrismConfig, layer: torch.nn.Module, input_size: int,

@@ -1,0 +1,94 @@
+"""The small-M dense GEMV for Bonsai's float projections (``in_proj_ba``) and the op that
+chooses it: exact to bf16 rounding against an fp64 product (Triton interpreter on CPU, the
+GPU where there is one); the op takes it only where ``VLLM_PRISM_DENSE_GEMV=triton`` and the
+call fits, ``F.linear`` otherwise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from vllm_prism.kernels.dense_gemv import MAX_M, small_m_linear, small_m_problem
+
+HERE = Path(__file__).resolve().parent
+# bf16 outputs (the interpreter truncates the final conversion): about 2^-8 relative
+TOL = {"bfloat16": 8e-3, "float16": 2e-3, "float32": 1e-5}
+
+
+@pytest.fixture(scope="module")
+def interpreter_errors(triton_interpreter) -> dict[str, float]:
+    return json.loads(triton_interpreter(HERE / "dense_gemv_checks.py", timeout=600))
+
+
+def test_interpreter_matches_fp64(interpreter_errors: dict[str, float]) -> None:
+    assert len(interpreter_errors) == 5, interpreter_errors
+    for case, err in interpreter_errors.items():
+        assert err < TOL[case.split("_")[3]], (case, err)
+
+
+def test_refusals_name_the_problem() -> None:
+    x = torch.zeros(2, 64, dtype=torch.bfloat16)
+    w = torch.zeros(8, 64, dtype=torch.bfloat16)
+    if small_m_problem(x, w, None) is None:  # the interpreter is on in this process
+        pytest.skip("TRITON_INTERPRET is set")
+    assert "Triton" in small_m_problem(x, w, None)
+    with pytest.raises(ValueError, match="small_m_linear"):
+        small_m_linear(x, w)
+
+
+def test_the_op_uses_f_linear_unless_switched(monkeypatch) -> None:
+    """``vllm_prism::dense_linear`` on CPU, both switch values: the call the GEMV cannot take
+    (no Triton here) falls back to ``F.linear``, bit for bit."""
+    from vllm_prism import _custom_ops
+
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    w = torch.randn(8, 64, dtype=torch.bfloat16)
+    b = torch.randn(8, dtype=torch.bfloat16)
+    for value in ("torch", "triton"):
+        monkeypatch.setenv("VLLM_PRISM_DENSE_GEMV", value)
+        assert torch.equal(_custom_ops.dense_linear_impl(x, w, b),
+                           torch.nn.functional.linear(x, w, b))
+
+
+def test_float_projections_keep_vllms_gemm_off_cuda() -> None:
+    """On the CPU build the float projections run vLLM's own (CPU) GEMM, untouched."""
+    pytest.importorskip("vllm")
+    from vllm.platforms import current_platform
+
+    from vllm_prism.model_executor.layers.quantization.prism import (PrismFloatLinearMethod,
+                                                                     _dense_linear_gemm)
+
+    if current_platform.is_cuda():
+        pytest.skip("CUDA platform: see test_float_projections_run_the_op_on_cuda")
+    assert PrismFloatLinearMethod()._gemm_impl is not _dense_linear_gemm
+
+
+@pytest.mark.gpu
+def test_float_projections_run_the_op_on_cuda() -> None:
+    pytest.importorskip("vllm")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    from vllm_prism.model_executor.layers.quantization.prism import (PrismFloatLinearMethod,
+                                                                     _dense_linear_gemm)
+
+    assert PrismFloatLinearMethod()._gemm_impl is _dense_linear_gemm
+    x = torch.randn(2, 5120, device="cuda").bfloat16()
+    w = torch.randn(96, 5120, device="cuda").bfloat16()
+    assert torch.equal(torch.ops.vllm_prism.dense_linear(x, w, None),
+                       torch.nn.functional.linear(x, w))  # the default switch: F.linear
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, 6, MAX_M])
+def test_gpu_matches_fp64(m: int) -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, 5120, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(96, 5120, device="cuda", generator=g) / 72).bfloat16()
+    y = small_m_linear(x, w)
+    ref = x.double() @ w.double().T
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 4e-3

@@ -1,0 +1,110 @@
+"""A Triton GEMV for the float (unquantized) projections Bonsai keeps, at decode sizes.
+
+Bonsai files keep the Gated DeltaNet's ``in_proj_ba`` (``[2 x 48, 5120]`` for the 27B model)
+in bf16. At batch 1 vLLM runs it through cuBLAS, which picks a split-K GEMM and a separate
+reduction kernel for the skinny output: two launches, 4.9 + 1.5 us a layer on the H200
+(benchmarks/results/e2e_h200_notes.md, eleventh run), 0.3 ms of a 5.3 ms step over 48 layers.
+
+:func:`small_m_linear` is ``x @ w.T + bias`` for ``M <= MAX_M`` rows in one launch: one
+program per ``BLOCK_N`` output rows walks K in ``BLOCK_K`` chunks, the next chunk of weights
+loaded before the current one is reduced (fp32 accumulation, products summed per chunk in
+registers). With programmatic dependent launch the first weight chunk is requested before the
+grid-dependency wait: the weights do not depend on the kernel before.
+
+The op choosing it (``vllm_prism::dense_linear``, :mod:`vllm_prism._custom_ops`) runs it only
+where ``VLLM_PRISM_DENSE_GEMV=triton`` and :func:`small_m_problem` finds nothing against it;
+``F.linear`` otherwise.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_prism.kernels.common import (HAS_TRITON, cdiv, next_power_of_2, pdl_launch,
+                                       triton_can_run, use_pdl)
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+__all__ = ["MAX_M", "MAX_N", "small_m_linear", "small_m_problem"]
+
+MAX_M = 16  # rows of x a call takes (decode, small batches, speculative verification)
+MAX_N = 1024  # output rows: the skinny projections this is for
+BLOCK_K = 2048
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _small_m_gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
+                             stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                             BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                             PDL: tl.constexpr):
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        row_ok = rows < N
+        ms = tl.arange(0, BLOCK_M)
+        m_ok = ms < M
+        ks = tl.arange(0, BLOCK_K)
+        w_rows = w_ptr + rows.to(tl.int64)[:, None] * stride_wn
+        w = tl.load(w_rows + ks[None, :], mask=row_ok[:, None] & (ks[None, :] < K), other=0.0)
+        if PDL:
+            tl.extra.cuda.gdc_wait()  # x is complete, and the output ours to write, past here
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kn = k0 + BLOCK_K + ks
+            w_next = tl.load(w_rows + kn[None, :], mask=row_ok[:, None] & (kn[None, :] < K),
+                             other=0.0)
+            kc = k0 + ks
+            x = tl.load(x_ptr + ms.to(tl.int64)[:, None] * stride_xm + kc[None, :],
+                        mask=m_ok[:, None] & (kc[None, :] < K), other=0.0)
+            prod = x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+            acc += tl.sum(prod, axis=2)
+            w = w_next
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
+        y = y_ptr + ms.to(tl.int64)[:, None] * stride_ym + rows[None, :]
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
+
+
+def small_m_problem(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> str | None:
+    """Why :func:`small_m_linear` cannot take ``x [M, K] @ w [N, K].T``, or None."""
+    if not triton_can_run(x.device):
+        return "Triton cannot run on this device"
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        return f"shapes {tuple(x.shape)} x {tuple(w.shape)}"
+    if not 1 <= x.shape[0] <= MAX_M:
+        return f"M = {x.shape[0]} is outside 1..{MAX_M}"
+    if w.shape[0] > MAX_N:
+        return f"N = {w.shape[0]} > {MAX_N}"
+    if x.dtype not in DTYPES or w.dtype != x.dtype:
+        return f"dtypes {x.dtype} x {w.dtype}"
+    if x.stride(1) != 1 or w.stride(1) != 1:
+        return "x and w need unit column strides"
+    if bias is not None and (bias.shape != (w.shape[0],) or bias.stride(0) != 1):
+        return f"bias of shape {tuple(bias.shape)}"
+    return None
+
+
+def small_m_linear(x: torch.Tensor, w: torch.Tensor,
+                   bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ w.T + bias`` for x ``[M <= MAX_M, K]`` and w ``[N <= MAX_N, K]`` of one dtype, in
+    one Triton launch; the output has x's dtype. ValueError where :func:`small_m_problem`
+    says it cannot."""
+    why = small_m_problem(x, w, bias)
+    if why is not None:
+        raise ValueError(f"small_m_linear: {why}")
+    m, k = x.shape
+    n = w.shape[0]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    block_m = max(1, next_power_of_2(m))
+    block_n = 1  # one program per output row: 96 programs for the 27B model's in_proj_ba
+    pdl = use_pdl(x.device)
+    _small_m_gemv_kernel[(cdiv(n, block_n),)](
+        x, w, bias if bias is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=min(BLOCK_K, next_power_of_2(k)),
+        HAS_BIAS=bias is not None, PDL=pdl, num_warps=8 if block_m > 4 else 4,
+        **pdl_launch(pdl))
+    return y
