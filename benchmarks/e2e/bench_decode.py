@@ -605,8 +605,9 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
                 lock: str | None) -> list[tuple[list[str], dict[str, str], str]]:
     """(child command line, environment, label) of every engine of the run: one per KV dtype
     and TP size, one per --spec-k (batch 1, with ``drafter``), each with every --pdl,
-    --pq2-kernel, --gemv-tuning, --attn-kernel and --dense-gemv value. ``argv`` is this process's arguments (the children
-    get them all, then their own); ``lock`` is the side-by-side turn lock, if any."""
+    --pq2-kernel, --gemv-tuning, --attn-kernel and --dense-gemv value. ``argv`` is this
+    process's arguments (the children get them all, then their own); ``lock`` is the
+    side-by-side turn lock, if any."""
     # the plain engines: no drafter (an empty --spec-k overrides the one in argv)
     runs = [] if args.spec_k and args.spec_only else [
         (kv, ["--tp", str(tp), "--spec-k"]) for tp in args.tp for kv in args.kv]
