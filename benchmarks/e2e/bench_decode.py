@@ -96,6 +96,7 @@ FAMILIES = [  # (family, substrings of kernel names), first match wins
 
 
 TOP_KERNELS = 30  # kernels by name a profiled step lists (the most time first)
+GPU_EVENT_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")  # of a Chrome trace
 
 
 def family_of(name: str) -> str:
@@ -202,36 +203,56 @@ def own_time(intervals: list[tuple[float, float]]) -> list[float]:
     return own
 
 
+def kernel_records(trace: dict) -> list[tuple[str, float, float, str]]:
+    """(name, start us, end us, grid) of every GPU kernel, copy and memset of a torch-profiler
+    Chrome trace (``grid`` "x,y,z" where the trace records it, else "")."""
+    out = []
+    for ev in trace.get("traceEvents", []):
+        if ev.get("cat") not in GPU_EVENT_CATEGORIES or "dur" not in ev:
+            continue
+        grid = (ev.get("args") or {}).get("grid")
+        grid_s = ",".join(str(g) for g in grid) if isinstance(grid, list) else ""
+        out.append((ev["name"], float(ev["ts"]), float(ev["ts"]) + float(ev["dur"]), grid_s))
+    return out
+
+
+def summarize_kernels(kernels: list[tuple[str, float, float, str]]
+                      ) -> tuple[float, dict[str, float], int, dict[str, tuple[float, int, float]]]:
+    """(GPU-busy time: the union of the kernels' intervals; span time by family; the number of
+    kernels; (span, launches, own time: :func:`own_time`) by short name and grid) of
+    :func:`kernel_records`. The grid tells apart launches of one kernel on different shapes
+    (e.g. a GEMV on each projection of a layer and on the LM head)."""
+    by_family: dict[str, float] = {}
+    by_name: dict[str, tuple[float, int, float]] = {}
+    owns = own_time([(s, e) for _, s, e, _ in kernels])
+    for (name, s, e, grid), own in zip(kernels, owns):
+        by_family[family_of(name)] = by_family.get(family_of(name), 0.0) + (e - s)
+        key = f"{short_kernel_name(name)} [{grid}]" if grid else short_kernel_name(name)
+        us, n, o = by_name.get(key, (0.0, 0, 0.0))
+        by_name[key] = (us + (e - s), n + 1, o + own)
+    return sum(owns), by_family, len(kernels), by_name
+
+
 def _trace(llm, prompts, max_tokens: int
            ) -> tuple[float, dict[str, float], int, dict[str, tuple[float, int, float]]]:
-    """Profile one generate() call: GPU-busy time (union of kernel intervals, us), kernel time
-    by family (us), the number of kernels, and (span us, launches, own us: :func:`own_time`)
-    by short kernel name."""
+    """Profile one generate() call: :func:`summarize_kernels` of its GPU kernels."""
+    import tempfile
+
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         _timed(llm, prompts, max_tokens)
     torch.cuda.synchronize()
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_family: dict[str, float] = {}
-    by_name: dict[str, tuple[float, int, float]] = {}
-    owns = own_time([(e.time_range.start, e.time_range.end) for e in kernels])
-    for e, own in zip(kernels, owns):
-        by_family[family_of(e.name)] = by_family.get(family_of(e.name), 0.0) + e.device_time
-        us, n, o = by_name.get(short_kernel_name(e.name), (0.0, 0, 0.0))
-        by_name[short_kernel_name(e.name)] = (us + e.device_time, n + 1, o + own)
-    busy, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted((e.time_range.start, e.time_range.end) for e in kernels):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        busy += cur_e - cur_s
-    return busy, by_family, len(kernels), by_name
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            kernels = kernel_records(json.load(f))
+    if not kernels:  # a trace without kernel events: the profiler's own event list
+        kernels = [(e.name, e.time_range.start, e.time_range.end, "") for e in prof.events()
+                   if e.device_type == torch.autograd.DeviceType.CUDA]
+    return summarize_kernels(kernels)
 
 
 def _profile(llm, prompts, steps: int, step_s: float,

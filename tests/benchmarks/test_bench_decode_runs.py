@@ -129,6 +129,34 @@ def test_own_time_gives_each_instant_to_the_earliest_running_kernel() -> None:
     assert bench_decode.own_time([]) == []
 
 
+def test_kernels_are_read_from_the_chrome_trace_with_their_grids() -> None:
+    """Kernel events of a torch-profiler Chrome trace (CPU ops and runtime calls are not
+    kernels); two launches of one GEMV on different shapes stay apart by their grids, and the
+    busy time is the union of the intervals."""
+    trace = {"traceEvents": [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 50},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 1, "dur": 3},
+        {"ph": "X", "cat": "kernel", "name": "void pq2_gemv_int8_kernel<8>(Params)", "ts": 10,
+         "dur": 8, "args": {"grid": [132, 1, 1], "block": [128, 1, 1]}},
+        {"ph": "X", "cat": "kernel", "name": "_act_kernel", "ts": 12, "dur": 10,
+         "args": {"grid": [1, 5, 1]}},
+        {"ph": "X", "cat": "kernel", "name": "void pq2_gemv_int8_kernel<8>(Params)", "ts": 30,
+         "dur": 90, "args": {"grid": [1056, 1, 1]}},
+        {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": 200, "dur": 2}]}
+    recs = bench_decode.kernel_records(trace)
+    assert [(r[0][:12], r[3]) for r in recs] == [("void pq2_gem", "132,1,1"),
+                                                 ("_act_kernel", "1,5,1"),
+                                                 ("void pq2_gem", "1056,1,1"),
+                                                 ("Memcpy DtoD", "")]
+    busy, fams, n, names = bench_decode.summarize_kernels(recs)
+    assert busy == 12 + 90 + 2 and n == 4  # 10-22, 30-120, 200-202
+    assert names["pq2_gemv_int8_kernel [132,1,1]"] == (8.0, 1, 8.0)
+    assert names["_act_kernel [1,5,1]"] == (10.0, 1, 4.0)  # its first 6 us are the GEMV's
+    assert names["pq2_gemv_int8_kernel [1056,1,1]"] == (90.0, 1, 90.0)
+    assert names["Memcpy DtoD"] == (2.0, 1, 2.0)
+    assert fams["pq2_linear"] == 108.0
+
+
 def test_kernel_names_lose_their_template_and_parameter_lists() -> None:
     name = ("void vllm_prism::(anonymous namespace)::pq2_gemv_int8_kernel<8, 5, 1, false, 1>"
             "(vllm_prism::Pq2LinearParams)")
