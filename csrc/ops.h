@@ -15,7 +15,9 @@ torch::Tensor pq2_mma_int8(const torch::Tensor& codes, const torch::Tensor& scal
 torch::Tensor pq2_gemv_int8(const torch::Tensor& codes, const torch::Tensor& scales,
                             const torch::Tensor& xq, const torch::Tensor& sx,
                             const std::optional<torch::Tensor>& bias, c10::ScalarType out_dtype,
-                            bool pdl);
+                            bool pdl, const std::optional<torch::Tensor>& prefetch_codes,
+                            const std::optional<torch::Tensor>& prefetch_scales,
+                            int64_t l2_prefetch);
 
 // y [1, N] = W_st @ producer(x): the activation producer (prologue, signs, block Hadamard,
 // int8) runs inside the GEMV launch (csrc/pq2/gemv_int8.cu); res_out gets x + residual.

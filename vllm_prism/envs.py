@@ -42,6 +42,12 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # w (warps), depth (tiles in flight, 1..3), scales (1: scales travel with their tile),
     # split (programs per row's K). Empty (default): the tuned defaults.
     "VLLM_PRISM_GEMV_TUNING": lambda: os.getenv("VLLM_PRISM_GEMV_TUNING", "").strip().lower(),
+    # L2 prefetch of the next linear's weights by the CUDA C++ GEMV (kernels/pq2/prefetch.py):
+    # "0" (default) off; "1" each GEMV asks L2 (sm_90 bulk prefetch) for the first
+    # PREFETCH_MAX_BYTES of the next PQ2 linear's planes, in the bandwidth it leaves unused;
+    # "2" the same with the L2 evict-last priority. Read per call; it changes no traced graph.
+    # Off until timed (benchmarks/kernels/bench_pq2_chain.py, bench_decode.py --l2-prefetch).
+    "VLLM_PRISM_L2_PREFETCH": lambda: int(os.getenv("VLLM_PRISM_L2_PREFETCH", "0") or 0),
     # The float projections Bonsai keeps (the Gated DeltaNet's in_proj_ba) on CUDA: "torch"
     # (default) F.linear, as vLLM runs them (cuBLAS: a split-K GEMM and a reduction at decode
     # sizes); "triton" the one-launch small-M GEMV of kernels/dense_gemv.py for M <= 16. Read

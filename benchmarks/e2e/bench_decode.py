@@ -4,7 +4,7 @@
         [--mode default|eager] [--batches 1 8 32 64] [--context 1024] [--long-context 32768]
         [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 0 [1]]
         [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
-        [--attn-kernel auto [triton]] [--dense-gemv torch [triton]]
+        [--attn-kernel auto [triton]] [--dense-gemv torch [triton]] [--l2-prefetch 0 [1 2]]
         [--profile-batches 1 [8]] [--side-by-side] [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
@@ -35,6 +35,8 @@ prefilled. Prompts are random token ids, distinct per request.
   value (records carry ``pq2_kernel``; a kernel that cannot run a call falls back to auto);
   ``--gemv-tuning 'depth=2,scales=1' split=4`` likewise with ``VLLM_PRISM_GEMV_TUNING`` (the
   int8 GEMV's tile overrides, shown in brackets after the kernel).
+* ``--l2-prefetch 0 1 2`` likewise with ``VLLM_PRISM_L2_PREFETCH`` (the GEMV asks L2 for the
+  next linear's weights; shown in the kernel label).
 * ``--dense-gemv torch triton`` likewise with ``VLLM_PRISM_DENSE_GEMV`` (the float projections,
   ``in_proj_ba``: ``F.linear`` or the small-M Triton GEMV; shown in the kernel label).
 * ``--attn-kernel auto triton`` likewise with ``VLLM_PRISM_ATTN_KERNEL`` (the CUDA C++ INT8
@@ -474,12 +476,14 @@ def _tiny_drafter(model: str) -> str:
 def _kernel_label() -> str:
     """The linear kernel choice of this engine: VLLM_PRISM_PQ2_KERNEL, with the GEMV tile
     overrides in brackets when VLLM_PRISM_GEMV_TUNING sets any, and the float projections'
-    GEMV when VLLM_PRISM_DENSE_GEMV is not the default."""
+    GEMV when VLLM_PRISM_DENSE_GEMV is not the default, and the L2 prefetch mode when on."""
     kern = os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto") or "auto"
     tune = os.environ.get("VLLM_PRISM_GEMV_TUNING", "").strip()
     dense = os.environ.get("VLLM_PRISM_DENSE_GEMV", "torch").strip() or "torch"
+    l2 = os.environ.get("VLLM_PRISM_L2_PREFETCH", "0").strip() or "0"
     label = f"{kern} [gemv {tune}]" if tune else kern
-    return label if dense == "torch" else f"{label} [dense {dense}]"
+    label = label if dense == "torch" else f"{label} [dense {dense}]"
+    return label if l2 == "0" else f"{label} [l2 prefetch {l2}]"
 
 
 def _variant(r: dict) -> tuple:
@@ -607,6 +611,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dense-gemv", nargs="+", default=["torch"], choices=["torch", "triton"],
                    help="VLLM_PRISM_DENSE_GEMV for the engines, each in turn (the float "
                    "projections: F.linear, or the small-M Triton GEMV)")
+    p.add_argument("--l2-prefetch", type=int, nargs="+", default=[0], choices=[0, 1, 2],
+                   help="VLLM_PRISM_L2_PREFETCH for the engines, each in turn (the GEMV asks "
+                   "L2 for the next linear's weights: 0 off, 1 on, 2 with evict-last)")
     p.add_argument("--side-by-side", action="store_true",
                    help="start every engine at once (--gpu-memory shared among them); they "
                    "measure one at a time")
@@ -626,20 +633,21 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
                 lock: str | None) -> list[tuple[list[str], dict[str, str], str]]:
     """(child command line, environment, label) of every engine of the run: one per KV dtype
     and TP size, one per --spec-k (batch 1, with ``drafter``), each with every --pdl,
-    --pq2-kernel, --gemv-tuning, --attn-kernel and --dense-gemv value. ``argv`` is this
-    process's arguments (the children get them all, then their own); ``lock`` is the
-    side-by-side turn lock, if any."""
+    --pq2-kernel, --gemv-tuning, --attn-kernel, --dense-gemv and --l2-prefetch value.
+    ``argv`` is this process's arguments (the children get them all, then their own);
+    ``lock`` is the side-by-side turn lock, if any."""
     # the plain engines: no drafter (an empty --spec-k overrides the one in argv)
     runs = [] if args.spec_k and args.spec_only else [
         (kv, ["--tp", str(tp), "--spec-k"]) for tp in args.tp for kv in args.kv]
     if args.spec_k:
         runs += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
                                str(drafter), "--batches", "1"]) for k in args.spec_k]
-    runs = [(kv, more, pdl, kern, tune, attn, dense) for dense in args.dense_gemv
-            for attn in args.attn_kernel for tune in args.gemv_tuning
-            for kern in args.pq2_kernel for pdl in args.pdl for kv, more in runs]
+    runs = [(kv, more, pdl, kern, tune, attn, dense, l2) for l2 in args.l2_prefetch
+            for dense in args.dense_gemv for attn in args.attn_kernel
+            for tune in args.gemv_tuning for kern in args.pq2_kernel for pdl in args.pdl
+            for kv, more in runs]
     out = []
-    for kv, more, pdl, kern, tune, attn, dense in runs:
+    for kv, more, pdl, kern, tune, attn, dense, l2 in runs:
         cmd = [sys.executable, __file__, "--child", *argv, "--kv", kv, *more]
         if lock:  # vLLM's free-memory profiling would count the other engines' growth
             cmd += ["--turn-lock", lock, "--engines", str(len(runs)),
@@ -647,9 +655,9 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
                     "--kv-cache-gib", str(args.kv_cache_gib)]
         env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern,
                "VLLM_PRISM_GEMV_TUNING": tune, "VLLM_PRISM_ATTN_KERNEL": attn,
-               "VLLM_PRISM_DENSE_GEMV": dense}
+               "VLLM_PRISM_DENSE_GEMV": dense, "VLLM_PRISM_L2_PREFETCH": str(l2)}
         label = (f"kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} gemv={tune or 'default'} "
-                 f"attn={attn} dense={dense}")
+                 f"attn={attn} dense={dense} l2={l2}")
         out.append((cmd, env, label))
     return out
 

@@ -32,6 +32,7 @@ from vllm_prism.kernels.pq2.hadamard import (NO_PROLOGUE, ActKind, PQ2Activation
                                              check_activation, transform_activation,
                                              transform_activation_torch)
 from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
+from vllm_prism.kernels.pq2.prefetch import l2_prefetch_mode, next_planes
 
 logger = logging.getLogger(__name__)
 
@@ -402,8 +403,15 @@ class GemvCudaA8Kernel(_CudaOpKernel):
 
     @classmethod
     def run(cls, act, w, bias, out_dtype):
+        mode = l2_prefetch_mode()
+        nxt = next_planes(w.codes) if mode else None
+        if nxt is None:
+            return torch.ops._C_prism.pq2_gemv_int8(w.codes, w.scales, act.data,
+                                                    act.group_scale, bias, out_dtype,
+                                                    use_pdl(w.device))
         return torch.ops._C_prism.pq2_gemv_int8(w.codes, w.scales, act.data, act.group_scale,
-                                                bias, out_dtype, use_pdl(w.device))
+                                                bias, out_dtype, use_pdl(w.device), nxt[0],
+                                                nxt[1], mode)
 
 
 class GemvFusedCudaKernel(_CudaOpKernel):

@@ -1,0 +1,139 @@
+"""A decode step's PQ2 linears in sequence, with and without the L2 prefetch of the next
+linear's weights (``VLLM_PRISM_L2_PREFETCH``, vllm_prism/kernels/pq2/prefetch.py).
+
+Each layer runs the four linears of a Bonsai 2 27B Gated DeltaNet layer at M = 1 (12288x5120,
+5120x6144, 34816x5120, 5120x17408: 96 MB of PQ2 weights), through the dispatcher's automatic
+choice (the activation producer + the CUDA C++ GEMV where ``vllm_prism._C`` is built), every
+layer with its own weights, registered in order as the model registers them. ``--gap-us``
+puts a spinning kernel after the input projection of each layer, standing in for the Gated
+DeltaNet's own kernels (about 15 us a layer at batch 1), during which a prefetch can land.
+
+Timing: a CUDA graph of all layers (weights past 3x the L2 in all), replayed; median
+microseconds a layer, for each prefetch mode in the same run; ``bw_frac`` = weight bytes of
+a layer / time / the read bandwidth measured in the same run (the gap counts in the time);
+``vs_off`` = mode 0's time / this mode's.
+
+    python benchmarks/kernels/bench_pq2_chain.py [--layers 12] [--gap-us 0 15] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import timing  # noqa: E402
+from vllm_prism.kernels.pq2 import prefetch  # noqa: E402
+from vllm_prism.kernels.pq2.dispatch import pq2_linear, select_kernel  # noqa: E402
+from vllm_prism.kernels.pq2.layout import PQ2Weight  # noqa: E402
+
+SHAPES = [(12288, 5120), (5120, 6144), (34816, 5120), (5120, 17408)]  # (N, K) in step order
+MODES = (0, 1, 2)
+
+
+def random_weight(n: int, k: int, g: torch.Generator) -> PQ2Weight:
+    codes = torch.randint(-2**31, 2**31 - 1, (n, k // 16), dtype=torch.int32, device="cuda",
+                          generator=g)
+    scales = (torch.rand(n, k // 128, device="cuda", generator=g) * 0.02).half()
+    return PQ2Weight(codes=codes, scales=scales, n=n, k=k)
+
+
+def spin_cycles(us: float) -> int:
+    """GPU clock cycles of ``us`` microseconds at the device's reported clock."""
+    rate_khz = torch.cuda.get_device_properties(0).clock_rate  # kHz
+    return int(us * rate_khz / 1e3)
+
+
+def time_chain(layers: list[list[PQ2Weight]], xs: dict[int, torch.Tensor], mode: int,
+               gap_cycles: int, replays: int = 10) -> float:
+    """Median microseconds a layer of a graph of every layer, prefetch ``mode``."""
+    os.environ["VLLM_PRISM_L2_PREFETCH"] = str(mode)
+
+    def step() -> None:
+        for ws in layers:
+            for i, w in enumerate(ws):
+                pq2_linear(xs[w.k], w)
+                if i == 0 and gap_cycles:
+                    torch.cuda._sleep(gap_cycles)
+
+    step()  # warm-up (compiles the producer)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(layers))
+    del graph
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--gap-us", type=float, nargs="+", default=[0.0, 15.0])
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = ap.parse_args()
+    read_gbps = timing.read_bandwidth_gbps("cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    prefetch.clear_chain()
+    layers = [[random_weight(n, k, g) for n, k in SHAPES] for _ in range(args.layers)]
+    for ws in layers:
+        for w in ws:
+            prefetch.register_planes(w.codes, w.scales)
+    xs = {k: torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for k in {k for _, k in SHAPES}}
+    layer_bytes = sum(w.codes.numel() * 4 + w.scales.numel() * 2 for w in layers[0])
+    kernels = sorted({select_kernel(1, w, torch.bfloat16).name for w in layers[0]})
+    res = {"gpu": torch.cuda.get_device_name(), "command": "python " + " ".join(sys.argv),
+           "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+           "read_gbps": read_gbps, "layers": args.layers, "layer_bytes": layer_bytes,
+           "kernels": kernels, "prefetch_max_bytes": prefetch.PREFETCH_MAX_BYTES,
+           "records": []}
+    for gap in args.gap_us:
+        off = None
+        for mode in MODES:
+            us = time_chain(layers, xs, mode, spin_cycles(gap))
+            off = us if mode == 0 else off
+            rec = {"gap_us": gap, "l2_prefetch": mode, "us_per_layer": round(us, 2),
+                   "vs_off": round(off / us, 3),
+                   "bw_frac": round(layer_bytes / (us * 1e-6) / (read_gbps * 1e9), 3)}
+            res["records"].append(rec)
+            print(json.dumps(rec), flush=True)
+    os.environ.pop("VLLM_PRISM_L2_PREFETCH", None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"pq2_chain_{timing.gpu_slug()}.json"
+    path.write_text(json.dumps(res, indent=1) + "\n")
+    lines = [f"# PQ2 linears of a decode step in sequence, L2 prefetch on and off "
+             f"({res['gpu']}, {res['date']})", "", f"Command: `{res['command']}`", "",
+             f"{args.layers} layers of {layer_bytes / 1e6:.1f} MB (the four Gated DeltaNet-layer "
+             f"linears of the 27B model at M = 1, kernels {', '.join(kernels)}); read bandwidth "
+             f"{read_gbps:.0f} GB/s in the same run; a prefetch covers at most "
+             f"{prefetch.PREFETCH_MAX_BYTES >> 20} MiB of the next linear's codes.", "",
+             "| gap after the input projection (us) | L2 prefetch | us a layer | vs off "
+             "| bw_frac |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['gap_us']:g} | {r['l2_prefetch']} | {r['us_per_layer']} | {r['vs_off']} | "
+              f"{r['bw_frac']} |" for r in res["records"]]
+    path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(path.with_suffix(".md").read_text())
+
+
+if __name__ == "__main__":
+    main()
