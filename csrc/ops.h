@@ -35,7 +35,10 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
                                  const torch::Tensor& xq, const torch::Tensor& sx,
                                  const torch::Tensor& qsum,
                                  const std::optional<torch::Tensor>& bias,
-                                 c10::ScalarType out_dtype, bool pdl, int64_t variant);
+                                 c10::ScalarType out_dtype, bool pdl, int64_t variant,
+                                 const std::optional<torch::Tensor>& prefetch_codes,
+                                 const std::optional<torch::Tensor>& prefetch_scales,
+                                 int64_t l2_prefetch);
 
 // Split-KV decode attention over vLLM's NHD int8_per_token_head cache
 // (csrc/attention/int8_decode.cu): one query token per selected request; with num_segs > 1

@@ -31,10 +31,11 @@ TORCH_LIBRARY(_C_prism, m) {
       "bool gate_sigmoid, ScalarType out_dtype, bool pdl) -> Tensor");
   m.impl("pq2_gemv_fused", c10::kCUDA, &pq2_gemv_fused);
   // y [M, N] = W_st @ x for 1..16 int8 activation rows, weights as the MMA's A operand
-  // (csrc/pq2/mma_small.cu).
+  // (csrc/pq2/mma_small.cu); l2_prefetch as for pq2_gemv_int8.
   m.def(
       "pq2_mma_small_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor qsum, "
-      "Tensor? bias, ScalarType out_dtype, bool pdl, int variant=0) -> Tensor");
+      "Tensor? bias, ScalarType out_dtype, bool pdl, int variant=0, "
+      "Tensor? prefetch_codes=None, Tensor? prefetch_scales=None, int l2_prefetch=0) -> Tensor");
   m.impl("pq2_mma_small_int8", c10::kCUDA, &pq2_mma_small_int8);
   // Split-KV decode attention over the INT8 paged cache (csrc/attention/int8_decode.cu):
   // writes out (one segment) or the segments' partials for the merge kernel.

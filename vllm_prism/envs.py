@@ -42,7 +42,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # w (warps), depth (tiles in flight, 1..3), scales (1: scales travel with their tile),
     # split (programs per row's K). Empty (default): the tuned defaults.
     "VLLM_PRISM_GEMV_TUNING": lambda: os.getenv("VLLM_PRISM_GEMV_TUNING", "").strip().lower(),
-    # L2 prefetch of the next linear's weights by the CUDA C++ GEMV (kernels/pq2/prefetch.py):
+    # L2 prefetch of the next linear's weights by the CUDA C++ GEMV and small-batch kernels
+    # (kernels/pq2/prefetch.py):
     # "0" (default) off; "1" each GEMV asks L2 (sm_90 bulk prefetch) for the first
     # PREFETCH_MAX_BYTES of the next PQ2 linear's planes, in the bandwidth it leaves unused;
     # "2" the same with the L2 evict-last priority. Read per call; it changes no traced graph.

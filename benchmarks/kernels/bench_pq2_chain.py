@@ -44,7 +44,7 @@ def random_weight(n: int, k: int, g: torch.Generator) -> PQ2Weight:
     codes = torch.randint(-2**31, 2**31 - 1, (n, k // 16), dtype=torch.int32, device="cuda",
                           generator=g)
     scales = (torch.rand(n, k // 128, device="cuda", generator=g) * 0.02).half()
-    return PQ2Weight(codes=codes, scales=scales, n=n, k=k)
+    return PQ2Weight.of_planes(codes, scales, None, None)
 
 
 def spin_cycles(us: float) -> int:

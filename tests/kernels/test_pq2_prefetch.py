@@ -57,7 +57,11 @@ def test_cpu_planes_are_not_linked_and_bad_modes_are_refused(monkeypatch) -> Non
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", [1, 2])
-def test_gemv_with_prefetch_equals_gemv_without(mode: int) -> None:
+@pytest.mark.parametrize("kernel", ["gemv", "mma_small:0", "mma_small:2"])
+def test_kernels_with_prefetch_equal_kernels_without(kernel: str, mode: int) -> None:
+    """The CUDA C++ GEMV (M = 1) and the small-batch kernel (M = 4; variant 0 stages the codes
+    in shared memory, 2 streams them into registers) give the same bits with the next
+    linear's planes asked into L2 as without."""
     if not torch.cuda.is_available():
         pytest.skip("no CUDA")
     from vllm_prism._custom_ops import has_compiled_op
@@ -65,15 +69,26 @@ def test_gemv_with_prefetch_equals_gemv_without(mode: int) -> None:
     if not has_compiled_op("pq2_gemv_int8"):
         pytest.skip("vllm_prism._C is not built")
     g = torch.Generator(device="cuda").manual_seed(mode)
-    n, k, m = 12288, 5120, 1
+    n, k = 12288, 5120
+    m = 1 if kernel == "gemv" else 4
     codes = torch.randint(-2**31, 2**31 - 1, (n, k // 16), dtype=torch.int32, device="cuda",
                           generator=g)
     scales = (torch.rand(n, k // 128, device="cuda", generator=g) * 0.01).half()
     nxt_codes, nxt_scales = codes[:4096].clone(), scales[:4096].clone()
     xq = torch.randint(-127, 128, (m, k), dtype=torch.int8, device="cuda", generator=g)
     sx = torch.rand(m, k // 128, device="cuda", generator=g)
-    op = torch.ops._C_prism.pq2_gemv_int8
-    plain = op(codes, scales, xq, sx, None, torch.bfloat16, False)
-    with_pf = op(codes, scales, xq, sx, None, torch.bfloat16, False, nxt_codes, nxt_scales, mode)
+    if kernel == "gemv":
+        def run(*pf):
+            return torch.ops._C_prism.pq2_gemv_int8(codes, scales, xq, sx, None, torch.bfloat16,
+                                                    False, *pf)
+    else:
+        qsum = xq.view(m, k // 128, 128).sum(-1, dtype=torch.int32)
+        variant = int(kernel.split(":")[1])
+
+        def run(*pf):
+            return torch.ops._C_prism.pq2_mma_small_int8(codes, scales, xq, sx, qsum, None,
+                                                         torch.bfloat16, False, variant, *pf)
+    plain = run()
+    with_pf = run(nxt_codes, nxt_scales, mode)
     torch.cuda.synchronize()
     assert torch.equal(plain, with_pf)

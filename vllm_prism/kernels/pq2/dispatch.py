@@ -537,9 +537,17 @@ class MmaSmallCudaA8Kernel(_CudaOpKernel):
 
     @classmethod
     def run(cls, act, w, bias, out_dtype):
+        mode = l2_prefetch_mode()
+        nxt = next_planes(w.codes) if mode else None
+        if nxt is None:
+            return torch.ops._C_prism.pq2_mma_small_int8(w.codes, w.scales, act.data,
+                                                         act.group_scale, act.group_sum, bias,
+                                                         out_dtype, use_pdl(w.device),
+                                                         cls.variant)
         return torch.ops._C_prism.pq2_mma_small_int8(w.codes, w.scales, act.data,
                                                      act.group_scale, act.group_sum, bias,
-                                                     out_dtype, use_pdl(w.device), cls.variant)
+                                                     out_dtype, use_pdl(w.device), cls.variant,
+                                                     nxt[0], nxt[1], mode)
 
 
 class MmaSmallPipeCudaA8Kernel(MmaSmallCudaA8Kernel):
