@@ -396,8 +396,7 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
     exact causal tail), or with ``causal=False`` every query token against all ``seq_len``
     positions, split like a decode (a DFlash drafter's non-causal block). ``req_ids`` (int32,
     on the device) selects requests of a mixed batch; the output rows of the other requests
-    are left untouched. Graph-safe: nothing here reads
-    device values on the host.
+    are left untouched. Graph-safe: nothing here reads device values on the host.
 
     ``kernel`` (default: the ``VLLM_PRISM_ATTN_KERNEL`` switch, ``auto``): ``auto`` runs INT8
     decode and INT8 verification on the CUDA C++ kernels (:mod:`.cuda_decode`) wherever they
