@@ -1,7 +1,8 @@
 """A decode step's PQ2 linears in sequence, with and without the L2 prefetch of the next
 linear's weights (``VLLM_PRISM_L2_PREFETCH``, vllm_prism/kernels/pq2/prefetch.py).
 
-Each layer runs the four linears of a Bonsai 2 27B Gated DeltaNet layer at M = 1 (12288x5120,
+Each layer runs the four linears of a Bonsai 2 27B Gated DeltaNet layer at M = 1 (``--m``
+for more rows: the small-batch kernels, which prefetch too) (12288x5120,
 5120x6144, 34816x5120, 5120x17408: 96 MB of PQ2 weights), through the dispatcher's automatic
 choice (the activation producer + the CUDA C++ GEMV where ``vllm_prism._C`` is built), every
 layer with its own weights, registered in order as the model registers them. ``--gap-us``
@@ -14,6 +15,7 @@ a layer / time / the read bandwidth measured in the same run (the gap counts in 
 ``vs_off`` = mode 0's time / this mode's.
 
     python benchmarks/kernels/bench_pq2_chain.py [--layers 12] [--gap-us 0 15] [--out DIR]
+    TRITON_INTERPRET=1 python benchmarks/kernels/bench_pq2_chain.py --cpu-smoke --out /tmp/x
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -40,10 +43,10 @@ SHAPES = [(12288, 5120), (5120, 6144), (34816, 5120), (5120, 17408)]  # (N, K) i
 MODES = (0, 1, 2)
 
 
-def random_weight(n: int, k: int, g: torch.Generator) -> PQ2Weight:
-    codes = torch.randint(-2**31, 2**31 - 1, (n, k // 16), dtype=torch.int32, device="cuda",
+def random_weight(n: int, k: int, g: torch.Generator, device: str) -> PQ2Weight:
+    codes = torch.randint(-2**31, 2**31 - 1, (n, k // 16), dtype=torch.int32, device=device,
                           generator=g)
-    scales = (torch.rand(n, k // 128, device="cuda", generator=g) * 0.02).half()
+    scales = (torch.rand(n, k // 128, device=device, generator=g) * 0.02).half()
     return PQ2Weight.of_planes(codes, scales, None, None)
 
 
@@ -55,7 +58,8 @@ def spin_cycles(us: float) -> int:
 
 def time_chain(layers: list[list[PQ2Weight]], xs: dict[int, torch.Tensor], mode: int,
                gap_cycles: int, replays: int = 10) -> float:
-    """Median microseconds a layer of a graph of every layer, prefetch ``mode``."""
+    """Median microseconds a layer of a graph of every layer, prefetch ``mode`` (on the CPU,
+    one eager pass)."""
     os.environ["VLLM_PRISM_L2_PREFETCH"] = str(mode)
 
     def step() -> None:
@@ -65,6 +69,10 @@ def time_chain(layers: list[list[PQ2Weight]], xs: dict[int, torch.Tensor], mode:
                 if i == 0 and gap_cycles:
                     torch.cuda._sleep(gap_cycles)
 
+    if not torch.cuda.is_available():  # --cpu-smoke: the script's path, no timing to keep
+        t0 = time.perf_counter()
+        step()
+        return (time.perf_counter() - t0) * 1e6 / len(layers)
     step()  # warm-up (compiles the producer)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -89,26 +97,36 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--gap-us", type=float, nargs="+", default=[0.0, 15.0])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--m", type=int, default=1,
+                    help="activation rows (1: decode; 6: a verification step of 5 drafts)")
+    ap.add_argument("--cpu-smoke", action="store_true",
+                    help="run the script on the CPU (TRITON_INTERPRET=1), two tiny layers")
     args = ap.parse_args()
-    read_gbps = timing.read_bandwidth_gbps("cuda")
-    g = torch.Generator(device="cuda").manual_seed(0)
+    shapes, device = SHAPES, "cuda"
+    if args.cpu_smoke:
+        shapes, device, args.layers, args.gap_us = [(64, 256), (32, 384)], "cpu", 2, [0.0]
+    read_gbps = 1.0 if args.cpu_smoke else timing.read_bandwidth_gbps("cuda")
+    g = torch.Generator(device=device).manual_seed(0)
     prefetch.clear_chain()
-    layers = [[random_weight(n, k, g) for n, k in SHAPES] for _ in range(args.layers)]
+    layers = [[random_weight(n, k, g, device) for n, k in shapes] for _ in range(args.layers)]
     for ws in layers:
         for w in ws:
             prefetch.register_planes(w.codes, w.scales)
-    xs = {k: torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for k in {k for _, k in SHAPES}}
+    xs = {k: torch.randn(args.m, k, device=device, dtype=torch.bfloat16)
+          for k in {k for _, k in shapes}}
     layer_bytes = sum(w.codes.numel() * 4 + w.scales.numel() * 2 for w in layers[0])
-    kernels = sorted({select_kernel(1, w, torch.bfloat16).name for w in layers[0]})
-    res = {"gpu": torch.cuda.get_device_name(), "command": "python " + " ".join(sys.argv),
+    kernels = sorted({select_kernel(args.m, w, torch.bfloat16).name for w in layers[0]})
+    res = {"gpu": "cpu" if args.cpu_smoke else torch.cuda.get_device_name(),
+           "command": "python " + " ".join(sys.argv),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-           "read_gbps": read_gbps, "layers": args.layers, "layer_bytes": layer_bytes,
+           "read_gbps": read_gbps, "layers": args.layers, "m": args.m,
+           "layer_bytes": layer_bytes,
            "kernels": kernels, "prefetch_max_bytes": prefetch.PREFETCH_MAX_BYTES,
            "records": []}
     for gap in args.gap_us:
         off = None
         for mode in MODES:
-            us = time_chain(layers, xs, mode, spin_cycles(gap))
+            us = time_chain(layers, xs, mode, spin_cycles(gap) if gap else 0)
             off = us if mode == 0 else off
             rec = {"gap_us": gap, "l2_prefetch": mode, "us_per_layer": round(us, 2),
                    "vs_off": round(off / us, 3),
@@ -118,12 +136,14 @@ def main() -> None:
     os.environ.pop("VLLM_PRISM_L2_PREFETCH", None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"pq2_chain_{timing.gpu_slug()}.json"
+    slug = "cpu-smoke" if args.cpu_smoke else timing.gpu_slug()
+    path = out / f"pq2_chain_{slug}{'' if args.m == 1 else f'_m{args.m}'}.json"
     path.write_text(json.dumps(res, indent=1) + "\n")
     lines = [f"# PQ2 linears of a decode step in sequence, L2 prefetch on and off "
              f"({res['gpu']}, {res['date']})", "", f"Command: `{res['command']}`", "",
              f"{args.layers} layers of {layer_bytes / 1e6:.1f} MB (the four Gated DeltaNet-layer "
-             f"linears of the 27B model at M = 1, kernels {', '.join(kernels)}); read bandwidth "
+             f"linears of the 27B model at M = {args.m}, kernels {', '.join(kernels)}); read "
+             "bandwidth "
              f"{read_gbps:.0f} GB/s in the same run; a prefetch covers at most "
              f"{prefetch.PREFETCH_MAX_BYTES >> 20} MiB of the next linear's codes.", "",
              "| gap after the input projection (us) | L2 prefetch | us a layer | vs off "
