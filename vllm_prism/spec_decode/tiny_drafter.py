@@ -40,22 +40,21 @@ def _primal_embedding_row(path: str, token: int) -> tuple[np.ndarray, int, int, 
     GGUF target."""
     from vllm_prism.gguf.codecs import dequantize
     from vllm_prism.gguf.hadamard import inverse_embedding_transform, parse_hadamard_contract
-    from vllm_prism.gguf.qwen35 import qwen35_dims, qwen35_text_config
+    from vllm_prism.gguf.qwen35 import qwen35_text_config
     from vllm_prism.gguf.reader import GGUFReader
 
     with GGUFReader(path) as r:
         info = r.tensors["token_embd.weight"]
         vocab, hidden = info.shape
-        dims = qwen35_dims(r.metadata, r.path, vocab_size=vocab)
-        context = int(qwen35_text_config(r.metadata, r.path,
-                                         vocab_size=vocab)["max_position_embeddings"])
+        config = qwen35_text_config(r.metadata, r.path, vocab_size=vocab)
         raw = np.asarray(r.raw("token_embd.weight")[token:token + 1])
         z = dequantize(raw, info.ggml_type).astype(np.float64)
         widths = {n: i.ne[0] for n, i in r.tensors.items()}
         contract = parse_hadamard_contract(r.metadata, widths, r.path)
     row = z[0] if contract is None else inverse_embedding_transform(
         z, contract.signs_for(hidden), contract.block_size)[0]
-    return row, vocab, hidden, dims.n_layers, context
+    return (row, vocab, hidden, int(config["num_hidden_layers"]),
+            int(config["max_position_embeddings"]))
 
 
 def make_tiny_drafter(out_dir: str | os.PathLike, target: str | os.PathLike, *,

@@ -32,6 +32,7 @@ from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend,
 
 from vllm_prism.attention.ops.metadata import AttentionMetadata as PrismMetadata
 from vllm_prism.attention.ops.mixed import StepPlan, mixed_attention
+from vllm_prism.attention.ops.triton_split_kv import MAX_VERIFY_TOKENS
 
 logger = init_logger(__name__)
 
@@ -64,12 +65,20 @@ class PrismAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
         md.prism_plan = plan = StepPlan.build(md.prism.query_lens(),
                                               md.query_start_loc.device,
                                               ids_buffer=self.prism_ids)
-        _log_route(plan)
+        _log_route(plan, causal=getattr(common_attn_metadata, "causal", True) is True)
         return md
 
 
-def _log_route(plan: StepPlan) -> None:
+def _log_route(plan: StepPlan, causal: bool = True) -> None:
     """Say once per kind of step which attention path serves it (host side, in the builder)."""
+    if not causal:
+        if plan.prefill:
+            logger.info_once("PRISM attention: non-causal chunks of more than %d tokens a "
+                             "request run vLLM's Triton attention", MAX_VERIFY_TOKENS)
+        else:
+            logger.info_once("PRISM attention: non-causal draft blocks run the split-KV path "
+                             "over the whole sequence")
+        return
     if plan.verify:
         logger.info_once("PRISM attention: verification steps (up to %d query tokens a "
                          "request) run the split verification path (prefix by split-KV, causal "
@@ -158,12 +167,9 @@ class PrismAttentionImpl(TritonAttentionImpl):
             # A non-causal chunk longer than the split path takes: vLLM's Triton kernel.
             return super().forward(layer, query, key, value, kv_cache, attn_metadata, output,
                                    output_scale, output_block_scale)
-        if not causal:
-            # A DFlash drafter's draft block against the whole context: the split path with
-            # no causal tail (vLLM's Triton kernel would walk a long context in one program
-            # per KV head: 2.1 ms at 32K on the H200).
-            logger.info_once("PRISM attention: non-causal draft blocks run the split-KV path "
-                             "over the whole sequence")
+        # A non-causal step (a DFlash drafter's draft blocks against the whole context) runs
+        # the split path with no causal tail: vLLM's Triton kernel would walk a long context
+        # in one program per KV head (2.1 ms at 32K on the H200).
         if self._is_per_token_head_quant:
             self._ensure_scale_caches(kv_cache)
         n = attn_metadata.num_actual_tokens

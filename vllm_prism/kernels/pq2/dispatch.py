@@ -371,6 +371,15 @@ class _CudaOpKernel(PQ2LinearKernel):
         return True, ""
 
 
+def _l2_prefetch_args(w: PQ2Weight) -> tuple:
+    """The trailing (next codes, next scales, mode) arguments of the CUDA ops that ask L2 for
+    the next linear's planes (kernels/pq2/prefetch.py); none when the prefetch is off or w has
+    no next linear."""
+    mode = l2_prefetch_mode()
+    nxt = next_planes(w.codes) if mode else None
+    return () if nxt is None else (*nxt, mode)
+
+
 class GemvCudaA8Kernel(_CudaOpKernel):
     """M = 1..4: int8 dp4a GEMV in CUDA C++ (csrc/pq2/gemv_int8.cu, op
     ``torch.ops._C_prism.pq2_gemv_int8``): the codes stream global -> registers, 16 bytes a
@@ -403,15 +412,9 @@ class GemvCudaA8Kernel(_CudaOpKernel):
 
     @classmethod
     def run(cls, act, w, bias, out_dtype):
-        mode = l2_prefetch_mode()
-        nxt = next_planes(w.codes) if mode else None
-        if nxt is None:
-            return torch.ops._C_prism.pq2_gemv_int8(w.codes, w.scales, act.data,
-                                                    act.group_scale, bias, out_dtype,
-                                                    use_pdl(w.device))
         return torch.ops._C_prism.pq2_gemv_int8(w.codes, w.scales, act.data, act.group_scale,
-                                                bias, out_dtype, use_pdl(w.device), nxt[0],
-                                                nxt[1], mode)
+                                                bias, out_dtype, use_pdl(w.device),
+                                                *_l2_prefetch_args(w))
 
 
 class GemvFusedCudaKernel(_CudaOpKernel):
@@ -537,17 +540,10 @@ class MmaSmallCudaA8Kernel(_CudaOpKernel):
 
     @classmethod
     def run(cls, act, w, bias, out_dtype):
-        mode = l2_prefetch_mode()
-        nxt = next_planes(w.codes) if mode else None
-        if nxt is None:
-            return torch.ops._C_prism.pq2_mma_small_int8(w.codes, w.scales, act.data,
-                                                         act.group_scale, act.group_sum, bias,
-                                                         out_dtype, use_pdl(w.device),
-                                                         cls.variant)
         return torch.ops._C_prism.pq2_mma_small_int8(w.codes, w.scales, act.data,
                                                      act.group_scale, act.group_sum, bias,
                                                      out_dtype, use_pdl(w.device), cls.variant,
-                                                     nxt[0], nxt[1], mode)
+                                                     *_l2_prefetch_args(w))
 
 
 class MmaSmallPipeCudaA8Kernel(MmaSmallCudaA8Kernel):
