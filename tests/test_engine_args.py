@@ -91,6 +91,42 @@ def test_cuda_selects_backends(tiny: Path, tmp_path: Path, monkeypatch,
     assert args.gdn_prefill_backend == (None if flashinfer else "triton")
 
 
+@pytest.mark.parametrize("kv,spec,expected", [
+    # vLLM would pick its own Triton attention for an INT8 draft: ours instead
+    ("int8_per_token_head", {"method": "dflash", "model": "d"}, "CUSTOM"),
+    # a 16-bit draft cache (the target's or the speculative config's own): vLLM's choice
+    ("auto", {"method": "dflash", "model": "d"}, None),
+    ("int8_per_token_head", {"method": "dflash", "model": "d", "kv_cache_dtype": "auto"},
+     None),
+    # a backend the user named for the draft stays
+    ("int8_per_token_head", {"method": "dflash", "model": "d",
+                             "attention_backend": "TRITON_ATTN"}, "TRITON_ATTN"),
+])
+def test_cuda_selects_the_drafter_backend(tiny: Path, tmp_path: Path, monkeypatch, kv: str,
+                                          spec: dict, expected: str | None) -> None:
+    """The drafter's attention backend (vLLM selects it apart from the target's)."""
+    monkeypatch.setenv("VLLM_PRISM_CACHE_DIR", str(tmp_path))
+    _on_cuda(monkeypatch, flashinfer=False)
+    given = dict(spec)
+    args = _args(str(tiny), additional_config={}, gdn_prefill_backend=None, kv_cache_dtype=kv,
+                 speculative_config=given)
+    prepare_gguf_engine_args(args)
+    assert args.speculative_config.get("attention_backend") == expected
+    assert given == spec  # the caller's dict is not changed
+    # vLLM parses the value into the enum member every process can unpickle
+    if expected == "CUSTOM":
+        from vllm.config import SpeculativeConfig
+        from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+        assert SpeculativeConfig._parse_attention_backend(expected) is \
+            AttentionBackendEnum.CUSTOM
+    # a target backend chosen by the user: the drafter is left to vLLM
+    args = _args(str(tiny), attention_backend="FLASH_ATTN", additional_config={},
+                 gdn_prefill_backend=None, kv_cache_dtype=kv, speculative_config=dict(spec))
+    prepare_gguf_engine_args(args)
+    assert args.speculative_config.get("attention_backend") == spec.get("attention_backend")
+
+
 def test_cuda_keeps_user_choices(tiny: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("VLLM_PRISM_CACHE_DIR", str(tmp_path))
     _on_cuda(monkeypatch, flashinfer=False)

@@ -16,7 +16,7 @@ the new residual) and ``pq2_gated_linear`` (the output gate, after an optional p
 RMSNorm: the attention's ``o_proj`` and the Gated DeltaNet's gated norm before
 ``out_proj``), so neither the activation, the gate nor the norm is a kernel of its own.
 ``dense_linear`` runs the float projections Bonsai keeps (``in_proj_ba``) on CUDA: ``F.linear``,
-or the small-M GEMV of vllm_prism.kernels.dense_gemv where ``VLLM_PRISM_DENSE_GEMV`` says so.
+or the small-M GEMV of vllm_prism.kernels.dense_gemv where ``VLLM_PRISM_DENSE_GEMV`` picks it.
 
 The compiled extension is optional: a CPU install, or a CUDA install built without a
 toolkit, has no ``vllm_prism._C``; callers get the exact torch reference there.
@@ -144,11 +144,15 @@ def _pq2_gated_linear_fake(x: torch.Tensor, gate: torch.Tensor, rms_weight: torc
 
 def dense_linear_impl(x: torch.Tensor, weight: torch.Tensor,
                       bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear`` of a float projection, or where ``VLLM_PRISM_DENSE_GEMV=triton`` and the
-    call fits (M <= 16 rows, a skinny weight, on CUDA), the one-launch small-M GEMV."""
+    """``F.linear`` of a float projection, or the one-launch small-M GEMV where
+    ``VLLM_PRISM_DENSE_GEMV`` picks it for this M (``auto``: M <= ``AUTO_M``; ``triton``:
+    M <= 16) and the call fits (a skinny weight, on CUDA)."""
     from vllm_prism import envs
+    from vllm_prism.kernels.dense_gemv import AUTO_M, MAX_M
 
-    if envs.VLLM_PRISM_DENSE_GEMV == "triton":
+    mode = envs.VLLM_PRISM_DENSE_GEMV
+    m = x.numel() // max(x.shape[-1], 1)
+    if m <= {"auto": AUTO_M, "triton": MAX_M}.get(mode, 0):
         from vllm_prism.kernels.dense_gemv import small_m_linear, small_m_problem
 
         x2 = x.reshape(-1, x.shape[-1])

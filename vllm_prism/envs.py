@@ -47,14 +47,16 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # "0" (default) off; "1" each GEMV asks L2 (sm_90 bulk prefetch) for the first
     # PREFETCH_MAX_BYTES of the next PQ2 linear's planes, in the bandwidth it leaves unused;
     # "2" the same with the L2 evict-last priority. Read per call; it changes no traced graph.
-    # Off until timed (benchmarks/kernels/bench_pq2_chain.py, bench_decode.py --l2-prefetch).
+    # Off: 0.91-0.95x on the H200 (benchmarks/results/pq2_chain_h200*.md, docs/pq2-kernels.md).
     "VLLM_PRISM_L2_PREFETCH": lambda: int(os.getenv("VLLM_PRISM_L2_PREFETCH", "0") or 0),
-    # The float projections Bonsai keeps (the Gated DeltaNet's in_proj_ba) on CUDA: "torch"
-    # (default) F.linear, as vLLM runs them (cuBLAS: a split-K GEMM and a reduction at decode
-    # sizes); "triton" the one-launch small-M GEMV of kernels/dense_gemv.py for M <= 16. Read
-    # per call inside the op vllm_prism::dense_linear; it changes no traced graph. Opt-in until
-    # timed through vLLM.
-    "VLLM_PRISM_DENSE_GEMV": lambda: os.getenv("VLLM_PRISM_DENSE_GEMV", "torch").strip().lower(),
+    # The float projections Bonsai keeps (the Gated DeltaNet's in_proj_ba) on CUDA: "auto"
+    # (default) the one-launch small-M GEMV of kernels/dense_gemv.py for M <= AUTO_M (2) rows,
+    # F.linear above (1.9-2.3x F.linear at M = 1..2 on the H200, slower from M = 4;
+    # 0.17 ms off a 32K batch-1 step through vLLM); "torch" F.linear always, as vLLM runs
+    # them (cuBLAS: a split-K GEMM and a reduction at decode sizes); "triton" the GEMV for
+    # every M <= 16. Read per call inside the op vllm_prism::dense_linear; it changes no
+    # traced graph.
+    "VLLM_PRISM_DENSE_GEMV": lambda: os.getenv("VLLM_PRISM_DENSE_GEMV", "auto").strip().lower(),
     # Patches to vLLM (vllm_prism/patches) not to apply, by name, comma-separated: to measure
     # what one changes, or to rule it out. Empty (default): every patch for this vLLM.
     "VLLM_PRISM_DISABLED_PATCHES": lambda: [x.strip() for x in os.getenv(

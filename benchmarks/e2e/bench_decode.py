@@ -37,8 +37,9 @@ prefilled. Prompts are random token ids, distinct per request.
   int8 GEMV's tile overrides, shown in brackets after the kernel).
 * ``--l2-prefetch 0 1 2`` likewise with ``VLLM_PRISM_L2_PREFETCH`` (the GEMV asks L2 for the
   next linear's weights; shown in the kernel label).
-* ``--dense-gemv torch triton`` likewise with ``VLLM_PRISM_DENSE_GEMV`` (the float projections,
-  ``in_proj_ba``: ``F.linear`` or the small-M Triton GEMV; shown in the kernel label).
+* ``--dense-gemv auto torch triton`` likewise with ``VLLM_PRISM_DENSE_GEMV`` (the float
+  projections, ``in_proj_ba``: the small-M Triton GEMV at M <= 2, ``F.linear``, or the GEMV
+  at every M <= 16; a value other than auto is shown in the kernel label).
 * ``--attn-kernel auto triton`` likewise with ``VLLM_PRISM_ATTN_KERNEL`` (the CUDA C++ INT8
   decode attention against the Triton split-KV kernel); records carry ``attn_kernel``.
 * ``--side-by-side`` starts every engine of the run at once, each with ``--gpu-memory`` over
@@ -608,9 +609,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gemv-tuning", nargs="+", default=[""],
                    help="VLLM_PRISM_GEMV_TUNING for the engines, each in turn (e.g. "
                    "'depth=2,scales=1' 'split=4'; '' for the defaults)")
-    p.add_argument("--dense-gemv", nargs="+", default=["torch"], choices=["torch", "triton"],
+    p.add_argument("--dense-gemv", nargs="+", default=["auto"],
+                   choices=["auto", "torch", "triton"],
                    help="VLLM_PRISM_DENSE_GEMV for the engines, each in turn (the float "
-                   "projections: F.linear, or the small-M Triton GEMV)")
+                   "projections: auto, the small-M Triton GEMV at M <= 2; torch, F.linear; "
+                   "triton, the GEMV at every M <= 16)")
     p.add_argument("--l2-prefetch", type=int, nargs="+", default=[0], choices=[0, 1, 2],
                    help="VLLM_PRISM_L2_PREFETCH for the engines, each in turn (the GEMV asks "
                    "L2 for the next linear's weights: 0 off, 1 on, 2 with evict-last)")

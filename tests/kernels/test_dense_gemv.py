@@ -1,7 +1,7 @@
 """The small-M dense GEMV for Bonsai's float projections (``in_proj_ba``) and the op that
 chooses it: exact to bf16 rounding against an fp64 product (Triton interpreter on CPU, the
-GPU where there is one); the op takes it only where ``VLLM_PRISM_DENSE_GEMV=triton`` and the
-call fits, ``F.linear`` otherwise."""
+GPU where there is one); the op takes it where ``VLLM_PRISM_DENSE_GEMV`` picks it for the
+call's M (``auto``: M <= AUTO_M) and the call fits, ``F.linear`` otherwise."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vllm_prism.kernels.dense_gemv import MAX_M, small_m_linear, small_m_problem
+from vllm_prism.kernels.dense_gemv import AUTO_M, MAX_M, small_m_linear, small_m_problem
 
 HERE = Path(__file__).resolve().parent
 # bf16 outputs (the interpreter truncates the final conversion): about 2^-8 relative
@@ -40,14 +40,14 @@ def test_refusals_name_the_problem() -> None:
 
 
 def test_the_op_uses_f_linear_unless_switched(monkeypatch) -> None:
-    """``vllm_prism::dense_linear`` on CPU, both switch values: the call the GEMV cannot take
+    """``vllm_prism::dense_linear`` on CPU, every switch value: the call the GEMV cannot take
     (no Triton here) falls back to ``F.linear``, bit for bit."""
     from vllm_prism import _custom_ops
 
-    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    x = torch.randn(AUTO_M, 64, dtype=torch.bfloat16)
     w = torch.randn(8, 64, dtype=torch.bfloat16)
     b = torch.randn(8, dtype=torch.bfloat16)
-    for value in ("torch", "triton"):
+    for value in ("torch", "triton", "auto"):
         monkeypatch.setenv("VLLM_PRISM_DENSE_GEMV", value)
         assert torch.equal(_custom_ops.dense_linear_impl(x, w, b),
                            torch.nn.functional.linear(x, w, b))
@@ -67,7 +67,10 @@ def test_float_projections_keep_vllms_gemm_off_cuda() -> None:
 
 
 @pytest.mark.gpu
-def test_float_projections_run_the_op_on_cuda() -> None:
+def test_float_projections_run_the_op_on_cuda(monkeypatch) -> None:
+    """On CUDA the float projections call ``vllm_prism::dense_linear``; it runs the small-M
+    GEMV at M <= AUTO_M under the default switch, at every M <= 16 under ``triton``, and
+    ``F.linear`` otherwise (bit for bit the one or the other)."""
     pytest.importorskip("vllm")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA")
@@ -75,10 +78,16 @@ def test_float_projections_run_the_op_on_cuda() -> None:
                                                                      _dense_linear_gemm)
 
     assert PrismFloatLinearMethod()._gemm_impl is _dense_linear_gemm
-    x = torch.randn(2, 5120, device="cuda").bfloat16()
     w = torch.randn(96, 5120, device="cuda").bfloat16()
-    assert torch.equal(torch.ops.vllm_prism.dense_linear(x, w, None),
-                       torch.nn.functional.linear(x, w))  # the default switch: F.linear
+    for mode, m, gemv in [(None, AUTO_M, True), (None, AUTO_M + 2, False),
+                          ("torch", 1, False), ("triton", MAX_M, True)]:
+        if mode is None:
+            monkeypatch.delenv("VLLM_PRISM_DENSE_GEMV", raising=False)
+        else:
+            monkeypatch.setenv("VLLM_PRISM_DENSE_GEMV", mode)
+        x = torch.randn(m, 5120, device="cuda").bfloat16()
+        want = small_m_linear(x, w) if gemv else torch.nn.functional.linear(x, w)
+        assert torch.equal(torch.ops.vllm_prism.dense_linear(x, w, None), want), (mode, m)
 
 
 @pytest.mark.gpu

@@ -119,6 +119,33 @@ def _select_attention_backend(args: Any) -> None:
     config_backend = getattr(getattr(args, "attention_config", None), "backend", None)
     if args.attention_backend is None and config_backend is None:
         args.attention_backend = PROCESS_SAFE_MEMBER
+    if args.attention_backend == PROCESS_SAFE_MEMBER:
+        _select_draft_attention_backend(args)
+
+
+def _select_draft_attention_backend(args: Any) -> None:
+    """With an INT8 KV cache, a drafter's attention (DFlash, EAGLE) runs on the PRISM
+    backend too, unless the speculative config names a backend.
+
+    vLLM 0.32 selects a draft's attention backend on its own, never inheriting the target's;
+    for a DFlash draft (non-causal) with ``int8_per_token_head`` it lands on vLLM's Triton
+    attention, whose launcher walks the whole context in one program per KV head for any
+    request of more than one query token: 2.1 ms of a 10.5 ms verification step at a 32K
+    context on the H200 (benchmarks/results/e2e_h200_notes.md, twelfth run). PRISM is that
+    backend's subclass: the draft blocks run its split-KV path, and the layers it does not
+    take (sliding windows) still run vLLM's Triton kernel. With a 16-bit cache vLLM's
+    choice (FlashAttention) stands."""
+    spec = getattr(args, "speculative_config", None)
+    if not isinstance(spec, dict) or spec.get("attention_backend") is not None:
+        return
+    kv = spec.get("kv_cache_dtype") or getattr(args, "kv_cache_dtype", None)
+    if kv != "int8_per_token_head":
+        return
+    from vllm_prism.attention.backends.prism_attn import PROCESS_SAFE_MEMBER
+
+    args.speculative_config = {**spec, "attention_backend": PROCESS_SAFE_MEMBER}
+    logger.info("vllm-prism: the drafter's attention runs on the PRISM backend (INT8 KV "
+                "cache); name another with speculative_config's attention_backend")
 
 
 def _select_gdn_prefill_backend(args: Any) -> None:

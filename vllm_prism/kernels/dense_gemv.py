@@ -11,9 +11,12 @@ loaded before the current one is reduced (fp32 accumulation, products summed per
 registers). With programmatic dependent launch the first weight chunk is requested before the
 grid-dependency wait: the weights do not depend on the kernel before.
 
-The op choosing it (``vllm_prism::dense_linear``, :mod:`vllm_prism._custom_ops`) runs it only
-where ``VLLM_PRISM_DENSE_GEMV=triton`` and :func:`small_m_problem` finds nothing against it;
-``F.linear`` otherwise.
+The op choosing it (``vllm_prism::dense_linear``, :mod:`vllm_prism._custom_ops`) runs it
+where ``VLLM_PRISM_DENSE_GEMV`` picks it for the call's M (``auto``, the default: M <=
+``AUTO_M``) and :func:`small_m_problem` finds nothing against it; ``F.linear`` otherwise.
+On the H200 (benchmarks/results/dense_gemv_h200.md) it takes 3.2 / 2.7 us at M = 1 / 2
+against cuBLAS's 6.3, and loses from M = 4 (7.2 against 6.4 us with PDL: one program per
+output row re-reads the activation rows).
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-__all__ = ["MAX_M", "MAX_N", "small_m_linear", "small_m_problem"]
+__all__ = ["AUTO_M", "MAX_M", "MAX_N", "small_m_linear", "small_m_problem"]
 
 MAX_M = 16  # rows of x a call takes (decode, small batches, speculative verification)
+AUTO_M = 2  # rows up to which the default (VLLM_PRISM_DENSE_GEMV=auto) takes it
 MAX_N = 1024  # output rows: the skinny projections this is for
 BLOCK_K = 2048
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
