@@ -104,9 +104,15 @@ def test_cuda_selects_backends(tiny: Path, tmp_path: Path, monkeypatch,
 ])
 def test_cuda_selects_the_drafter_backend(tiny: Path, tmp_path: Path, monkeypatch, kv: str,
                                           spec: dict, expected: str | None) -> None:
-    """The drafter's attention backend (vLLM selects it apart from the target's)."""
+    """The drafter's attention backend (vLLM selects it apart from the target's) under
+    ``VLLM_PRISM_DRAFT_ATTENTION=prism``; by default vLLM's choice stands."""
     monkeypatch.setenv("VLLM_PRISM_CACHE_DIR", str(tmp_path))
     _on_cuda(monkeypatch, flashinfer=False)
+    args = _args(str(tiny), additional_config={}, gdn_prefill_backend=None, kv_cache_dtype=kv,
+                 speculative_config=dict(spec))
+    prepare_gguf_engine_args(args)
+    assert args.speculative_config == spec  # the default: vLLM selects
+    monkeypatch.setenv("VLLM_PRISM_DRAFT_ATTENTION", "prism")
     given = dict(spec)
     args = _args(str(tiny), additional_config={}, gdn_prefill_backend=None, kv_cache_dtype=kv,
                  speculative_config=given)
@@ -125,6 +131,14 @@ def test_cuda_selects_the_drafter_backend(tiny: Path, tmp_path: Path, monkeypatc
                  gdn_prefill_backend=None, kv_cache_dtype=kv, speculative_config=dict(spec))
     prepare_gguf_engine_args(args)
     assert args.speculative_config.get("attention_backend") == spec.get("attention_backend")
+
+
+def test_bad_switch_values_are_refused(tiny: Path, monkeypatch) -> None:
+    for name in ("VLLM_PRISM_DENSE_GEMV", "VLLM_PRISM_DRAFT_ATTENTION"):
+        monkeypatch.setenv(name, "fast")
+        with pytest.raises(ValueError, match=f"{name}='fast': use one of"):
+            prepare_gguf_engine_args(_args(str(tiny)))
+        monkeypatch.delenv(name)
 
 
 def test_cuda_keeps_user_choices(tiny: Path, tmp_path: Path, monkeypatch) -> None:

@@ -4,7 +4,8 @@
         [--mode default|eager] [--batches 1 8 32 64] [--context 1024] [--long-context 32768]
         [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 0 [1]]
         [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
-        [--attn-kernel auto [triton]] [--dense-gemv torch [triton]] [--l2-prefetch 0 [1 2]]
+        [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]] [--l2-prefetch 0 [1 2]]
+        [--draft-attention vllm [prism]]
         [--profile-batches 1 [8]] [--side-by-side] [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
@@ -40,6 +41,8 @@ prefilled. Prompts are random token ids, distinct per request.
 * ``--dense-gemv auto torch triton`` likewise with ``VLLM_PRISM_DENSE_GEMV`` (the float
   projections, ``in_proj_ba``: the small-M Triton GEMV at M <= 2, ``F.linear``, or the GEMV
   at every M <= 16; a value other than auto is shown in the kernel label).
+* ``--draft-attention vllm prism`` likewise with ``VLLM_PRISM_DRAFT_ATTENTION`` (a DFlash
+  drafter's attention with an INT8 KV cache: vLLM's own choice, or the PRISM backend).
 * ``--attn-kernel auto triton`` likewise with ``VLLM_PRISM_ATTN_KERNEL`` (the CUDA C++ INT8
   decode attention against the Triton split-KV kernel); records carry ``attn_kernel``.
 * ``--side-by-side`` starts every engine of the run at once, each with ``--gpu-memory`` over
@@ -477,13 +480,16 @@ def _tiny_drafter(model: str) -> str:
 def _kernel_label() -> str:
     """The linear kernel choice of this engine: VLLM_PRISM_PQ2_KERNEL, with the GEMV tile
     overrides in brackets when VLLM_PRISM_GEMV_TUNING sets any, and the float projections'
-    GEMV when VLLM_PRISM_DENSE_GEMV is not the default, and the L2 prefetch mode when on."""
+    GEMV when VLLM_PRISM_DENSE_GEMV is not the default, the L2 prefetch mode when on, and the
+    drafter's attention when VLLM_PRISM_DRAFT_ATTENTION is not the default."""
     kern = os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto") or "auto"
     tune = os.environ.get("VLLM_PRISM_GEMV_TUNING", "").strip()
-    dense = os.environ.get("VLLM_PRISM_DENSE_GEMV", "torch").strip() or "torch"
+    dense = os.environ.get("VLLM_PRISM_DENSE_GEMV", "auto").strip() or "auto"
     l2 = os.environ.get("VLLM_PRISM_L2_PREFETCH", "0").strip() or "0"
+    draft = os.environ.get("VLLM_PRISM_DRAFT_ATTENTION", "vllm").strip() or "vllm"
     label = f"{kern} [gemv {tune}]" if tune else kern
-    label = label if dense == "torch" else f"{label} [dense {dense}]"
+    label = label if dense == "auto" else f"{label} [dense {dense}]"
+    label = label if draft == "vllm" else f"{label} [draft attention {draft}]"
     return label if l2 == "0" else f"{label} [l2 prefetch {l2}]"
 
 
@@ -614,6 +620,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VLLM_PRISM_DENSE_GEMV for the engines, each in turn (the float "
                    "projections: auto, the small-M Triton GEMV at M <= 2; torch, F.linear; "
                    "triton, the GEMV at every M <= 16)")
+    p.add_argument("--draft-attention", nargs="+", default=["vllm"], choices=["vllm", "prism"],
+                   help="VLLM_PRISM_DRAFT_ATTENTION for the engines, each in turn (a drafter's "
+                   "attention with an INT8 KV cache: vLLM's choice, or the PRISM backend)")
     p.add_argument("--l2-prefetch", type=int, nargs="+", default=[0], choices=[0, 1, 2],
                    help="VLLM_PRISM_L2_PREFETCH for the engines, each in turn (the GEMV asks "
                    "L2 for the next linear's weights: 0 off, 1 on, 2 with evict-last)")
@@ -636,7 +645,8 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
                 lock: str | None) -> list[tuple[list[str], dict[str, str], str]]:
     """(child command line, environment, label) of every engine of the run: one per KV dtype
     and TP size, one per --spec-k (batch 1, with ``drafter``), each with every --pdl,
-    --pq2-kernel, --gemv-tuning, --attn-kernel, --dense-gemv and --l2-prefetch value.
+    --pq2-kernel, --gemv-tuning, --attn-kernel, --dense-gemv, --l2-prefetch and
+    --draft-attention value.
     ``argv`` is this process's arguments (the children get them all, then their own);
     ``lock`` is the side-by-side turn lock, if any."""
     # the plain engines: no drafter (an empty --spec-k overrides the one in argv)
@@ -645,12 +655,12 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
     if args.spec_k:
         runs += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
                                str(drafter), "--batches", "1"]) for k in args.spec_k]
-    runs = [(kv, more, pdl, kern, tune, attn, dense, l2) for l2 in args.l2_prefetch
-            for dense in args.dense_gemv for attn in args.attn_kernel
+    runs = [(kv, more, pdl, kern, tune, attn, dense, l2, draft) for draft in args.draft_attention
+            for l2 in args.l2_prefetch for dense in args.dense_gemv for attn in args.attn_kernel
             for tune in args.gemv_tuning for kern in args.pq2_kernel for pdl in args.pdl
             for kv, more in runs]
     out = []
-    for kv, more, pdl, kern, tune, attn, dense, l2 in runs:
+    for kv, more, pdl, kern, tune, attn, dense, l2, draft in runs:
         cmd = [sys.executable, __file__, "--child", *argv, "--kv", kv, *more]
         if lock:  # vLLM's free-memory profiling would count the other engines' growth
             cmd += ["--turn-lock", lock, "--engines", str(len(runs)),
@@ -658,9 +668,10 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
                     "--kv-cache-gib", str(args.kv_cache_gib)]
         env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern,
                "VLLM_PRISM_GEMV_TUNING": tune, "VLLM_PRISM_ATTN_KERNEL": attn,
-               "VLLM_PRISM_DENSE_GEMV": dense, "VLLM_PRISM_L2_PREFETCH": str(l2)}
+               "VLLM_PRISM_DENSE_GEMV": dense, "VLLM_PRISM_L2_PREFETCH": str(l2),
+               "VLLM_PRISM_DRAFT_ATTENTION": draft}
         label = (f"kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} gemv={tune or 'default'} "
-                 f"attn={attn} dense={dense} l2={l2}")
+                 f"attn={attn} dense={dense} l2={l2} draft={draft}")
         out.append((cmd, env, label))
     return out
 

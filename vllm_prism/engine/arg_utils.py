@@ -124,8 +124,8 @@ def _select_attention_backend(args: Any) -> None:
 
 
 def _select_draft_attention_backend(args: Any) -> None:
-    """With an INT8 KV cache, a drafter's attention (DFlash, EAGLE) runs on the PRISM
-    backend too, unless the speculative config names a backend.
+    """With ``VLLM_PRISM_DRAFT_ATTENTION=prism`` and an INT8 KV cache, a drafter's attention
+    (DFlash, EAGLE) runs on the PRISM backend too, unless the speculative config names one.
 
     vLLM 0.32 selects a draft's attention backend on its own, never inheriting the target's;
     for a DFlash draft (non-causal) with ``int8_per_token_head`` it lands on vLLM's Triton
@@ -135,8 +135,11 @@ def _select_draft_attention_backend(args: Any) -> None:
     backend's subclass: the draft blocks run its split-KV path, and the layers it does not
     take (sliding windows) still run vLLM's Triton kernel. With a 16-bit cache vLLM's
     choice (FlashAttention) stands."""
+    from vllm_prism import envs
+
     spec = getattr(args, "speculative_config", None)
-    if not isinstance(spec, dict) or spec.get("attention_backend") is not None:
+    if (envs.VLLM_PRISM_DRAFT_ATTENTION != "prism" or not isinstance(spec, dict)
+            or spec.get("attention_backend") is not None):
         return
     kv = spec.get("kv_cache_dtype") or getattr(args, "kv_cache_dtype", None)
     if kv != "int8_per_token_head":
@@ -144,8 +147,8 @@ def _select_draft_attention_backend(args: Any) -> None:
     from vllm_prism.attention.backends.prism_attn import PROCESS_SAFE_MEMBER
 
     args.speculative_config = {**spec, "attention_backend": PROCESS_SAFE_MEMBER}
-    logger.info("vllm-prism: the drafter's attention runs on the PRISM backend (INT8 KV "
-                "cache); name another with speculative_config's attention_backend")
+    logger.info("vllm-prism: the drafter's attention runs on the PRISM backend "
+                "(VLLM_PRISM_DRAFT_ATTENTION=prism, INT8 KV cache)")
 
 
 def _select_gdn_prefill_backend(args: Any) -> None:
@@ -209,6 +212,11 @@ def _check_switches() -> None:
     from vllm_prism.kernels.pq2.triton_gemv import parse_gemv_tuning
 
     parse_gemv_tuning(envs.VLLM_PRISM_GEMV_TUNING)
+    for name, allowed in (("VLLM_PRISM_DENSE_GEMV", ("auto", "torch", "triton")),
+                          ("VLLM_PRISM_DRAFT_ATTENTION", ("vllm", "prism"))):
+        value = getattr(envs, name)
+        if value not in allowed:
+            raise ValueError(f"{name}={value!r}: use one of {', '.join(allowed)}")
 
 
 def prepare_gguf_engine_args(args: Any) -> None:

@@ -80,9 +80,10 @@ def _log_route(plan: StepPlan, causal: bool = True) -> None:
                              "over the whole sequence")
         return
     if plan.verify:
-        logger.info_once("PRISM attention: verification steps (up to %d query tokens a "
+        # once, not once per width: vLLM's capture and warm-up run every width up to k + 1
+        logger.info_once("PRISM attention: verification steps (2 to %d query tokens a "
                          "request) run the split verification path (prefix by split-KV, causal "
-                         "tail, merged by log-sum-exp)", plan.verify_len)
+                         "tail, merged by log-sum-exp)", MAX_VERIFY_TOKENS)
     if plan.decode:
         logger.info_once("PRISM attention: decode steps run the split-KV decode kernel")
     if plan.prefill:
