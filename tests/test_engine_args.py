@@ -139,6 +139,9 @@ def test_bad_switch_values_are_refused(tiny: Path, monkeypatch) -> None:
         with pytest.raises(ValueError, match=f"{name}='fast': use one of"):
             prepare_gguf_engine_args(_args(str(tiny)))
         monkeypatch.delenv(name)
+    monkeypatch.setenv("VLLM_PRISM_L2_PREFETCH", "3")
+    with pytest.raises(ValueError, match="VLLM_PRISM_L2_PREFETCH=3 must be 0, 1 or 2"):
+        prepare_gguf_engine_args(_args(str(tiny)))
 
 
 def test_cuda_keeps_user_choices(tiny: Path, tmp_path: Path, monkeypatch) -> None:

@@ -72,6 +72,7 @@ import argparse
 import contextlib
 import datetime
 import fcntl
+import itertools
 import json
 import os
 import statistics
@@ -641,37 +642,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# The switches each engine of a run can take, in label order: (option dest, environment
+# variable, label key). Every value of every option gets its own engine.
+ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
+                   ("pq2_kernel", "VLLM_PRISM_PQ2_KERNEL", "kernel"),
+                   ("gemv_tuning", "VLLM_PRISM_GEMV_TUNING", "gemv"),
+                   ("attn_kernel", "VLLM_PRISM_ATTN_KERNEL", "attn"),
+                   ("dense_gemv", "VLLM_PRISM_DENSE_GEMV", "dense"),
+                   ("l2_prefetch", "VLLM_PRISM_L2_PREFETCH", "l2"),
+                   ("draft_attention", "VLLM_PRISM_DRAFT_ATTENTION", "draft"))
+
+
 def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
                 lock: str | None) -> list[tuple[list[str], dict[str, str], str]]:
     """(child command line, environment, label) of every engine of the run: one per KV dtype
-    and TP size, one per --spec-k (batch 1, with ``drafter``), each with every --pdl,
-    --pq2-kernel, --gemv-tuning, --attn-kernel, --dense-gemv, --l2-prefetch and
-    --draft-attention value.
+    and TP size, one per --spec-k (batch 1, with ``drafter``), each with every value of every
+    option of ENGINE_SWITCHES.
     ``argv`` is this process's arguments (the children get them all, then their own);
     ``lock`` is the side-by-side turn lock, if any."""
     # the plain engines: no drafter (an empty --spec-k overrides the one in argv)
-    runs = [] if args.spec_k and args.spec_only else [
+    bases = [] if args.spec_k and args.spec_only else [
         (kv, ["--tp", str(tp), "--spec-k"]) for tp in args.tp for kv in args.kv]
     if args.spec_k:
-        runs += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
-                               str(drafter), "--batches", "1"]) for k in args.spec_k]
-    runs = [(kv, more, pdl, kern, tune, attn, dense, l2, draft) for draft in args.draft_attention
-            for l2 in args.l2_prefetch for dense in args.dense_gemv for attn in args.attn_kernel
-            for tune in args.gemv_tuning for kern in args.pq2_kernel for pdl in args.pdl
-            for kv, more in runs]
+        bases += [(args.kv[0], ["--tp", str(args.tp[0]), "--spec-k", str(k), "--drafter",
+                                str(drafter), "--batches", "1"]) for k in args.spec_k]
+    # the last switch outermost, the engine base innermost
+    combos = [(*reversed(values), base) for *values, base in itertools.product(
+        *(getattr(args, dest) for dest, _, _ in reversed(ENGINE_SWITCHES)), bases)]
     out = []
-    for kv, more, pdl, kern, tune, attn, dense, l2, draft in runs:
+    for *values, (kv, more) in combos:
         cmd = [sys.executable, __file__, "--child", *argv, "--kv", kv, *more]
         if lock:  # vLLM's free-memory profiling would count the other engines' growth
-            cmd += ["--turn-lock", lock, "--engines", str(len(runs)),
-                    "--gpu-memory", f"{args.gpu_memory / len(runs):.3f}",
+            cmd += ["--turn-lock", lock, "--engines", str(len(combos)),
+                    "--gpu-memory", f"{args.gpu_memory / len(combos):.3f}",
                     "--kv-cache-gib", str(args.kv_cache_gib)]
-        env = {**os.environ, "VLLM_PRISM_PDL": str(pdl), "VLLM_PRISM_PQ2_KERNEL": kern,
-               "VLLM_PRISM_GEMV_TUNING": tune, "VLLM_PRISM_ATTN_KERNEL": attn,
-               "VLLM_PRISM_DENSE_GEMV": dense, "VLLM_PRISM_L2_PREFETCH": str(l2),
-               "VLLM_PRISM_DRAFT_ATTENTION": draft}
-        label = (f"kv={kv} {' '.join(more)} pdl={pdl} kernel={kern} gemv={tune or 'default'} "
-                 f"attn={attn} dense={dense} l2={l2} draft={draft}")
+        env = {**os.environ, **{name: str(v) for (_, name, _), v in zip(ENGINE_SWITCHES, values)}}
+        label = " ".join([f"kv={kv} {' '.join(more)}"] + [
+            f"{key}={v if v != '' else 'default'}"
+            for (_, _, key), v in zip(ENGINE_SWITCHES, values)])
         out.append((cmd, env, label))
     return out
 
