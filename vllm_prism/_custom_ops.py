@@ -17,6 +17,9 @@ RMSNorm: the attention's ``o_proj`` and the Gated DeltaNet's gated norm before
 ``out_proj``), so neither the activation, the gate nor the norm is a kernel of its own.
 ``dense_linear`` runs the float projections Bonsai keeps (``in_proj_ba``) on CUDA: ``F.linear``,
 or the small-M GEMV of vllm_prism.kernels.dense_gemv where ``VLLM_PRISM_DENSE_GEMV`` picks it.
+For the Gated DeltaNet, ``pq2_add_rmsnorm_linear_input`` also returns the normalized input
+(``in_proj_qkvz``'s producer stores it) and ``dense_linear_halves`` runs ``in_proj_ba`` on it,
+writing ``b`` and ``a`` contiguous and zeroing the core's output buffer in the same launch.
 
 The compiled extension is optional: a CPU install, or a CUDA install built without a
 toolkit, has no ``vllm_prism._C``; callers get the exact torch reference there.
@@ -111,7 +114,40 @@ def _pq2_add_rmsnorm_linear_impl(x: torch.Tensor, residual: torch.Tensor,
 
     w = _weight(codes, scales, signs, hadamard_block)
     pro = Prologue(residual=residual, rms_weight=rms_weight, rms_offset=rms_offset, eps=eps)
+    return pq2_linear_fused(x, w, bias, pro)[:2]
+
+
+def _pq2_add_rmsnorm_linear_input_impl(x: torch.Tensor, residual: torch.Tensor,
+                                       rms_weight: torch.Tensor, rms_offset: float, eps: float,
+                                       codes: torch.Tensor, scales: torch.Tensor,
+                                       signs: torch.Tensor | None, bias: torch.Tensor | None,
+                                       hadamard_block: int
+                                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``pq2_add_rmsnorm_linear`` that also returns the normalized input (x's dtype), for a
+    float projection that reads it: the producer stores it, no launch of its own."""
+    from vllm_prism.kernels.pq2.dispatch import pq2_linear_fused
+    from vllm_prism.kernels.pq2.hadamard import Prologue
+
+    w = _weight(codes, scales, signs, hadamard_block)
+    pro = Prologue(residual=residual, rms_weight=rms_weight, rms_offset=rms_offset, eps=eps,
+                   return_input=True)
+    if not _input_norm_logged:
+        _input_norm_logged.append(True)
+        logger.info("PQ2 linear: the input norm runs in the producer of the %dx%d linear, "
+                    "which returns it for the float projection beside it", w.n, w.k)
     return pq2_linear_fused(x, w, bias, pro)
+
+
+_input_norm_logged: list[bool] = []
+
+
+def _pq2_add_rmsnorm_linear_input_fake(x: torch.Tensor, residual: torch.Tensor,
+                                       rms_weight: torch.Tensor, rms_offset: float, eps: float,
+                                       codes: torch.Tensor, scales: torch.Tensor,
+                                       signs: torch.Tensor | None, bias: torch.Tensor | None,
+                                       hadamard_block: int
+                                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _linear_out(x, codes), torch.empty_like(residual), torch.empty_like(x)
 
 
 def _pq2_add_rmsnorm_linear_fake(x: torch.Tensor, residual: torch.Tensor,
@@ -142,28 +178,56 @@ def _pq2_gated_linear_fake(x: torch.Tensor, gate: torch.Tensor, rms_weight: torc
     return _linear_out(x, codes)
 
 
+def _small_m_gemv_takes(x2: torch.Tensor, weight: torch.Tensor,
+                        bias: torch.Tensor | None) -> bool:
+    """Whether ``VLLM_PRISM_DENSE_GEMV`` picks the small-M GEMV for x2 [M, K] (``auto``:
+    M <= ``AUTO_M``; ``triton``: M <= 16) and the call fits (a skinny weight, on CUDA)."""
+    from vllm_prism import envs
+    from vllm_prism.kernels.dense_gemv import AUTO_M, MAX_M, small_m_problem
+
+    limit = {"auto": AUTO_M, "triton": MAX_M}.get(envs.VLLM_PRISM_DENSE_GEMV, 0)
+    return x2.shape[0] <= limit and small_m_problem(x2, weight, bias) is None
+
+
 def dense_linear_impl(x: torch.Tensor, weight: torch.Tensor,
                       bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear`` of a float projection, or the one-launch small-M GEMV where
-    ``VLLM_PRISM_DENSE_GEMV`` picks it for this M (``auto``: M <= ``AUTO_M``; ``triton``:
-    M <= 16) and the call fits (a skinny weight, on CUDA)."""
-    from vllm_prism import envs
-    from vllm_prism.kernels.dense_gemv import AUTO_M, MAX_M
+    ``VLLM_PRISM_DENSE_GEMV`` picks it for this M."""
+    x2 = x.reshape(-1, x.shape[-1])
+    if _small_m_gemv_takes(x2, weight, bias):
+        from vllm_prism.kernels.dense_gemv import small_m_linear
 
-    mode = envs.VLLM_PRISM_DENSE_GEMV
-    m = x.numel() // max(x.shape[-1], 1)
-    if m <= {"auto": AUTO_M, "triton": MAX_M}.get(mode, 0):
-        from vllm_prism.kernels.dense_gemv import small_m_linear, small_m_problem
-
-        x2 = x.reshape(-1, x.shape[-1])
-        if small_m_problem(x2, weight, bias) is None:
-            return small_m_linear(x2, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
+        return small_m_linear(x2, weight, bias).reshape(*x.shape[:-1], weight.shape[0])
     return torch.nn.functional.linear(x, weight, bias)
 
 
 def _dense_linear_fake(x: torch.Tensor, weight: torch.Tensor,
                        bias: torch.Tensor | None) -> torch.Tensor:
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+def dense_linear_halves_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                             clear_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For x [M, K] and an even N: ``(y [2, M, N/2], zeros [M, clear_width])`` where
+    ``y[p] = (x @ weight.T + bias)[:, p * N/2:(p + 1) * N/2]``, each half contiguous: what
+    vLLM's Gated DeltaNet core takes (``b``, ``a`` and its zeroed output buffer), in the
+    small-M GEMV's one launch where it runs, else ``F.linear``, a copy and a fill."""
+    m, n = x.shape[0], weight.shape[0]
+    if _small_m_gemv_takes(x, weight, bias) and n % 2 == 0:
+        from vllm_prism.kernels.dense_gemv import small_m_linear
+
+        zeros = torch.empty(m, clear_width, dtype=x.dtype, device=x.device)
+        return small_m_linear(x, weight, bias, halves=True, clear=zeros), zeros
+    y = torch.nn.functional.linear(x, weight, bias)
+    halves = y.view(m, 2, n // 2).transpose(0, 1).contiguous()
+    return halves, torch.zeros(m, clear_width, dtype=x.dtype, device=x.device)
+
+
+def _dense_linear_halves_fake(x: torch.Tensor, weight: torch.Tensor,
+                              bias: torch.Tensor | None,
+                              clear_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    m = x.shape[0]
+    return (x.new_empty((2, m, weight.shape[0] // 2)), x.new_empty((m, clear_width)))
 
 
 @functools.cache
@@ -185,8 +249,11 @@ def register_ops() -> None:
            "pq2_glu_linear": (_pq2_glu_linear_impl, _pq2_linear_fake),
            "pq2_add_rmsnorm_linear": (_pq2_add_rmsnorm_linear_impl,
                                       _pq2_add_rmsnorm_linear_fake),
+           "pq2_add_rmsnorm_linear_input": (_pq2_add_rmsnorm_linear_input_impl,
+                                            _pq2_add_rmsnorm_linear_input_fake),
            "pq2_gated_linear": (_pq2_gated_linear_impl, _pq2_gated_linear_fake),
-           "dense_linear": (dense_linear_impl, _dense_linear_fake)}
+           "dense_linear": (dense_linear_impl, _dense_linear_fake),
+           "dense_linear_halves": (dense_linear_halves_impl, _dense_linear_halves_fake)}
     for name, (impl, fake) in ops.items():
         direct_register_custom_op(name, impl, mutates_args=[], fake_impl=fake, target_lib=lib)
         if current_platform.dispatch_key != "CPU":  # CPU tensors on a GPU host: torch path

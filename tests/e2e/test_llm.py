@@ -148,3 +148,11 @@ def test_logprobs_match_transformers(fmt: str, reference: dict, vllm_results: di
 
 def test_ptq1_gives_exactly_pq2_outputs(vllm_results: dict) -> None:
     assert vllm_results["ptq1_0"] == vllm_results["pq2_0"]
+
+
+def test_gdn_input_norm_runs_in_the_producer(vllm_results: dict) -> None:
+    """The outputs above came through the fused Gated DeltaNet input path (the residual add and
+    norm in in_proj_qkvz's producer, in_proj_ba on the input it returns): the op logs it."""
+    for fmt in ("pq2_0", "q2_0"):
+        assert any("the input norm runs in the producer" in x
+                   for x in vllm_results[fmt]["prism_log"]), vllm_results[fmt]["prism_log"]

@@ -34,6 +34,18 @@ def run() -> dict[str, float]:
         assert y.shape == (m, n) and y.dtype == dtype
         err = ((y.double() - ref).norm() / ref.norm()).item()
         out[f"m{m}_n{n}_k{k}_{str(dtype).split('.')[-1]}{'_bias' if has_bias else ''}"] = err
+    # halves (in_proj_ba's b and a, each contiguous) and a buffer cleared in the same launch
+    # (the Gated DeltaNet core's output): a NaN-filled buffer must come back all zeros
+    for m, n, k, numel in ((1, 96, 5120, 6144), (2, 10, 300, 7)):
+        x = torch.randn(m, k, generator=g).to(torch.bfloat16)
+        w = (torch.randn(n, k, generator=g) / k ** 0.5).to(torch.bfloat16)
+        clear = torch.full((numel,), float("nan"), dtype=torch.bfloat16)
+        y = small_m_linear(x, w, halves=True, clear=clear)
+        ref = (x.double() @ w.double().T).view(m, 2, n // 2).transpose(0, 1)
+        assert y.shape == (2, m, n // 2) and y.is_contiguous()
+        assert torch.equal(clear, torch.zeros_like(clear)), "clear"
+        err = ((y.double() - ref).norm() / ref.norm()).item()
+        out[f"m{m}_n{n}_k{k}_bfloat16_halves"] = err
     return out
 
 

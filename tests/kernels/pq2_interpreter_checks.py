@@ -299,5 +299,36 @@ def _prologue():
     expect((act.data.int() - ref.data.int()).abs().max() <= 1, "sigmoid gate Q8 codes")
 
 
+@check("prologue-return-input")
+def _return_input():
+    """The normalized input returned beside the Q8 activation (the Gated DeltaNet's in_proj_ba
+    reads it): a row of 1,536 values, whose norm sums two chunks, the second one masked."""
+    k = 1536
+    gen = torch.Generator().manual_seed(5)
+    s = random_signs(k, gen)
+    x, r = torch.randn(2, k, generator=gen), torch.randn(2, k, generator=gen)
+    g = torch.rand(k, generator=gen) - 0.5
+    pro = Prologue(residual=r, rms_weight=g, rms_offset=1.0, eps=1e-6, return_input=True)
+    xs = x.double() + r.double()
+    xn = xs * torch.rsqrt(xs.pow(2).mean(dim=1, keepdim=True) + 1e-6) * (1.0 + g.double())
+    act = transform_activation(x, s, 128, ActKind.Q8, prologue=pro)
+    ref = transform_activation_torch(x, s, 128, ActKind.Q8, prologue=pro)
+    expect(act.linear_input is not None and act.linear_input.dtype == torch.float32,
+           "linear_input returned in x's dtype")
+    err = rel_err(act.linear_input, xn)
+    expect(err < 1e-6, f"linear_input {err:.1e}")
+    expect(rel_err(ref.linear_input, xn) < 1e-6, "linear_input (torch)")
+    expect((act.data.int() - ref.data.int()).abs().max() <= 1, "Q8 codes beside it")
+    plain = transform_activation(x, s, 128, ActKind.Q8, prologue=Prologue(
+        residual=r, rms_weight=g, rms_offset=1.0, eps=1e-6))
+    expect(plain.linear_input is None and torch.equal(plain.data, act.data),
+           "same codes without return_input")
+    xb = transform_activation(x.bfloat16(), s, 128, ActKind.Q8, prologue=Prologue(
+        residual=r.bfloat16(), rms_weight=g, rms_offset=1.0, return_input=True)).linear_input
+    xbn = x.bfloat16().double() + r.bfloat16().double()
+    xbn = xbn * torch.rsqrt(xbn.pow(2).mean(dim=1, keepdim=True) + 1e-6) * (1.0 + g.double())
+    expect(xb.dtype == torch.bfloat16 and rel_err(xb, xbn) < 2 ** -7, "bf16 linear_input")
+
+
 if __name__ == "__main__":
     json.dump(RESULTS, sys.stdout)

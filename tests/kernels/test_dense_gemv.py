@@ -24,7 +24,7 @@ def interpreter_errors(triton_interpreter) -> dict[str, float]:
 
 
 def test_interpreter_matches_fp64(interpreter_errors: dict[str, float]) -> None:
-    assert len(interpreter_errors) == 5, interpreter_errors
+    assert len(interpreter_errors) == 7, interpreter_errors
     for case, err in interpreter_errors.items():
         assert err < TOL[case.split("_")[3]], (case, err)
 
@@ -51,6 +51,24 @@ def test_the_op_uses_f_linear_unless_switched(monkeypatch) -> None:
         monkeypatch.setenv("VLLM_PRISM_DENSE_GEMV", value)
         assert torch.equal(_custom_ops.dense_linear_impl(x, w, b),
                            torch.nn.functional.linear(x, w, b))
+
+
+def test_halves_op_off_the_gemv(monkeypatch) -> None:
+    """``vllm_prism::dense_linear_halves`` where the GEMV cannot run (CPU): the two halves of
+    ``F.linear``'s rows, each contiguous, and a zeroed buffer; its fake gives the same
+    shapes."""
+    from vllm_prism import _custom_ops
+
+    monkeypatch.setenv("VLLM_PRISM_DENSE_GEMV", "auto")
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    w = torch.randn(8, 64, dtype=torch.bfloat16)
+    y, zeros = _custom_ops.dense_linear_halves_impl(x, w, None, 20)
+    full = torch.nn.functional.linear(x, w)
+    assert y.shape == (2, 3, 4) and y[0].is_contiguous() and y[1].is_contiguous()
+    assert torch.equal(y[0], full[:, :4]) and torch.equal(y[1], full[:, 4:])
+    assert zeros.shape == (3, 20) and not zeros.any()
+    fy, fz = _custom_ops._dense_linear_halves_fake(x, w, None, 20)
+    assert fy.shape == y.shape and fz.shape == zeros.shape
 
 
 def test_float_projections_keep_vllms_gemm_off_cuda() -> None:
@@ -101,3 +119,28 @@ def test_gpu_matches_fp64(m: int) -> None:
     y = small_m_linear(x, w)
     ref = x.double() @ w.double().T
     assert ((y.double() - ref).norm() / ref.norm()).item() < 4e-3
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("m", [1, AUTO_M, 6])
+def test_gpu_halves_and_cleared_buffer(m: int) -> None:
+    """``vllm_prism::dense_linear_halves`` on CUDA (the GEMV's launch at M <= AUTO_M,
+    ``F.linear`` + copy + fill above): b and a are F.linear's two halves to bf16 rounding,
+    and the core's buffer comes back zeroed although the allocator hands it memory that held
+    NaNs."""
+    pytest.importorskip("vllm")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA")
+    from vllm_prism._custom_ops import register_ops
+
+    register_ops()
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn(m, 5120, device="cuda", generator=g).bfloat16()
+    w = (torch.randn(96, 5120, device="cuda", generator=g) / 72).bfloat16()
+    nans = torch.full((m, 6144), float("nan"), device="cuda", dtype=torch.bfloat16)
+    del nans  # its block goes back to the allocator's cache, for the buffer below
+    y, zeros = torch.ops.vllm_prism.dense_linear_halves(x, w, None, 6144)
+    ref = (x.double() @ w.double().T).view(m, 2, 48).transpose(0, 1)
+    assert y.shape == (2, m, 48) and y.is_contiguous()
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 4e-3
+    assert zeros.shape == (m, 6144) and not zeros.isnan().any() and not zeros.any()

@@ -176,12 +176,12 @@ def test_graph_replay_when_named(monkeypatch) -> None:
     dispatch.pq2_linear_fused(x, w, None, pro)  # warm up outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        y, res = dispatch.pq2_linear_fused(x, w, None, pro)
+        y, res, _ = dispatch.pq2_linear_fused(x, w, None, pro)
     for seed in range(3):
         x.copy_(_row(gen, 2048, torch.bfloat16))
         r.copy_(_row(gen, 2048, torch.bfloat16))
         graph.replay()
-        want, want_res = dispatch.pq2_linear_fused(x, w, None, pro)
+        want, want_res, _ = dispatch.pq2_linear_fused(x, w, None, pro)
         torch.cuda.synchronize()
         assert torch.equal(y, want) and torch.equal(res, want_res), seed
     dispatch._select.cache_clear()

@@ -204,6 +204,8 @@ def test_fused_gemv_passes_a_prologue_it_cannot_run_to_the_next_kernel(monkeypat
     assert not ok and "rms_group 16" in why
     ok, why = fused.can_implement(config(Prologue(residual=torch.zeros(1, w.k))))
     assert not ok and "residual is torch.float32" in why
+    ok, why = fused.can_implement(config(Prologue(return_input=True)))
+    assert not ok and "return_input" in why
     # pretend the fused kernel can run here (it needs vllm_prism._C on a GPU): named first,
     # it is chosen for a prologue it runs and passed over, to the torch reference named
     # next (which runs on the CPU), for one it cannot
@@ -215,7 +217,7 @@ def test_fused_gemv_passes_a_prologue_it_cannot_run_to_the_next_kernel(monkeypat
         assert dispatch.select_kernel(1, w, x.dtype, ok32) is fused
         pro = Prologue(rms_weight=torch.rand(16) + 0.5, rms_group=16)
         assert dispatch.select_kernel(1, w, x.dtype, pro) is dispatch.TorchKernel
-        y, _ = dispatch.pq2_linear_fused(x, w, None, pro)
+        y = dispatch.pq2_linear_fused(x, w, None, pro)[0]
     finally:
         dispatch._select.cache_clear()
     ref = dispatch.TorchKernel.run(dispatch.TorchKernel.make_activation(x, w, pro), w, None,

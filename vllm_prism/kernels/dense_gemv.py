@@ -17,6 +17,11 @@ where ``VLLM_PRISM_DENSE_GEMV`` picks it for the call's M (``auto``, the default
 On the H200 (benchmarks/results/dense_gemv_h200.md) it takes 3.2 / 2.7 us at M = 1 / 2
 against cuBLAS's 6.3, and loses from M = 4 (7.2 against 6.4 us with PDL: one program per
 output row re-reads the activation rows).
+
+Two options serve vLLM's Gated DeltaNet, which splits ``in_proj_ba``'s output into ``b`` and
+``a``, copies each to a contiguous tensor and zero-fills its core's output buffer, three
+launches of their own: ``halves`` writes the output as ``[2, M, N/2]`` (the two halves, each
+contiguous), and ``clear`` zero-fills a tensor in the same launch.
 """
 
 from __future__ import annotations
@@ -41,10 +46,11 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 if HAS_TRITON:
 
     @triton.jit
-    def _small_m_gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn,
-                             stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _small_m_gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, z_ptr, M, N, K, N_PART, Z_NUMEL,
+                             stride_xm, stride_wn, stride_ym, stride_yp,
+                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                              BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr,
-                             PDL: tl.constexpr):
+                             CLEAR_BLOCK: tl.constexpr, PDL: tl.constexpr):
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -69,8 +75,16 @@ if HAS_TRITON:
             w = w_next
         if HAS_BIAS:
             acc += tl.load(b_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)[None, :]
-        y = y_ptr + ms.to(tl.int64)[:, None] * stride_ym + rows[None, :]
+        part = rows // N_PART  # output row r goes to part r // N_PART, column r % N_PART
+        y_cols = part.to(tl.int64) * stride_yp + (rows - part * N_PART)
+        y = y_ptr + ms.to(tl.int64)[:, None] * stride_ym + y_cols[None, :]
         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & row_ok[None, :])
+        if CLEAR_BLOCK > 0:  # past the wait: the buffer may be memory the kernel before freed
+            zs = tl.arange(0, CLEAR_BLOCK)
+            step = tl.num_programs(0) * CLEAR_BLOCK
+            for z0 in range(tl.program_id(0) * CLEAR_BLOCK, Z_NUMEL, step):
+                tl.store(z_ptr + z0 + zs, tl.zeros([CLEAR_BLOCK], z_ptr.dtype.element_ty),
+                         mask=z0 + zs < Z_NUMEL)
 
 
 def small_m_problem(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> str | None:
@@ -92,23 +106,34 @@ def small_m_problem(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None)
     return None
 
 
-def small_m_linear(x: torch.Tensor, w: torch.Tensor,
-                   bias: torch.Tensor | None = None) -> torch.Tensor:
+def small_m_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+                   halves: bool = False, clear: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ w.T + bias`` for x ``[M <= MAX_M, K]`` and w ``[N <= MAX_N, K]`` of one dtype, in
-    one Triton launch; the output has x's dtype. ValueError where :func:`small_m_problem`
-    says it cannot."""
+    one Triton launch; the output has x's dtype, shape ``[M, N]``, or ``[2, M, N/2]`` (the
+    two halves of every row) with ``halves``. ``clear``, a contiguous tensor, is zero-filled
+    by the same launch. ValueError where :func:`small_m_problem` says it cannot."""
     why = small_m_problem(x, w, bias)
+    if why is None and halves and w.shape[0] % 2:
+        why = f"halves of an odd N = {w.shape[0]}"
+    if why is None and clear is not None and (not clear.is_contiguous()
+                                              or clear.device != x.device):
+        why = "the tensor to clear must be contiguous, on x's device"
     if why is not None:
         raise ValueError(f"small_m_linear: {why}")
     m, k = x.shape
     n = w.shape[0]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    n_part = n // 2 if halves else n
+    y = torch.empty((2, m, n_part) if halves else (m, n), dtype=x.dtype, device=x.device)
     block_m = max(1, next_power_of_2(m))
     block_n = 1  # one program per output row: 96 programs for the 27B model's in_proj_ba
+    grid = cdiv(n, block_n)
+    z_numel = clear.numel() if clear is not None else 0
+    clear_block = min(1024, next_power_of_2(cdiv(z_numel, grid))) if z_numel else 0
     pdl = use_pdl(x.device)
-    _small_m_gemv_kernel[(cdiv(n, block_n),)](
-        x, w, bias if bias is not None else w, y, m, n, k, x.stride(0), w.stride(0), y.stride(0),
+    _small_m_gemv_kernel[(grid,)](
+        x, w, bias if bias is not None else w, y, clear if clear is not None else y, m, n, k,
+        n_part, z_numel, x.stride(0), w.stride(0), y.stride(-2), m * n_part if halves else 0,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=min(BLOCK_K, next_power_of_2(k)),
-        HAS_BIAS=bias is not None, PDL=pdl, num_warps=8 if block_m > 4 else 4,
-        **pdl_launch(pdl))
+        HAS_BIAS=bias is not None, CLEAR_BLOCK=clear_block, PDL=pdl,
+        num_warps=8 if block_m > 4 else 4, **pdl_launch(pdl))
     return y

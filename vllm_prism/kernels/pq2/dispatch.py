@@ -82,10 +82,12 @@ GEMV_FUSED_MIN_RMS_GROUP = 32
 class PrologueFeatures:
     """What of a call's :class:`Prologue` a kernel whose own launch runs it must support:
     ``mixed_dtype`` names the first residual / gate tensor whose dtype is not x's ("" when
-    none), ``rms_group`` the per-group RMSNorm width (0: the whole row or no norm)."""
+    none), ``rms_group`` the per-group RMSNorm width (0: the whole row or no norm),
+    ``return_input`` whether the prologue's result is returned too."""
 
     mixed_dtype: str = ""
     rms_group: int = 0
+    return_input: bool = False
 
     @classmethod
     def of(cls, prologue: Prologue, dtype: torch.dtype) -> PrologueFeatures:
@@ -94,7 +96,8 @@ class PrologueFeatures:
             t = getattr(prologue, name)
             if t is not None and t.dtype != dtype and not mixed:
                 mixed = f"{name} is {t.dtype}, x is {dtype}"
-        return cls(mixed_dtype=mixed, rms_group=prologue.rms_group)
+        return cls(mixed_dtype=mixed, rms_group=prologue.rms_group,
+                   return_input=prologue.return_input)
 
 
 NO_PROLOGUE_FEATURES = PrologueFeatures()
@@ -450,6 +453,8 @@ class GemvFusedCudaKernel(_CudaOpKernel):
         # the producer runs in this kernel's launch: the prologue's features are its own
         if c.prologue.mixed_dtype:
             return False, c.prologue.mixed_dtype
+        if c.prologue.return_input:
+            return False, "the prologue's result is returned (return_input)"
         if 0 < c.prologue.rms_group < GEMV_FUSED_MIN_RMS_GROUP:
             return False, (f"rms_group {c.prologue.rms_group} < {GEMV_FUSED_MIN_RMS_GROUP} "
                            "values")
@@ -744,10 +749,11 @@ def pq2_linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None) -> 
 
 def pq2_linear_fused(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = None,
                      prologue: Prologue = NO_PROLOGUE
-                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``W_st @ Hblk(s * prologue(x)) + bias`` and, when the prologue adds a residual, the
-    sum ``x' + residual`` (the next residual). x is [..., K], or [..., 2K] for a glu prologue;
-    the prologue runs in the producer launch of the chosen kernel."""
+                     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """``W_st @ Hblk(s * prologue(x)) + bias``; when the prologue adds a residual, the sum
+    ``x' + residual`` (the next residual); with ``prologue.return_input``, ``prologue(x)`` in
+    x's dtype (else None). x is [..., K], or [..., 2K] for a glu prologue; the prologue runs
+    in the producer launch of the chosen kernel."""
     width = 2 * w.k if prologue.glu else w.k
     if x.shape[-1] != width:
         raise ValueError(f"x has K = {x.shape[-1]}, the {w.fmt} weight [{w.n}, {w.k}] needs "
@@ -762,7 +768,8 @@ def pq2_linear_fused(x: torch.Tensor, w: Weight, bias: torch.Tensor | None = Non
     act = kernel.make_activation(x2, w, prologue)
     y = kernel.run(act, w, bias, x.dtype).reshape(*lead, w.n)
     res = None if act.residual is None else act.residual.reshape(*lead, w.k)
-    return y, res
+    inp = None if act.linear_input is None else act.linear_input.reshape(*lead, w.k)
+    return y, res, inp
 
 
 def pq2_linear_from_activation(act: PQ2Activation, w: Weight,

@@ -9,9 +9,11 @@ add-norm does), an RMSNorm (``rms_weight``, with ``rms_offset`` 1.0 for the zero
 norm of Qwen3.5; ``rms_group`` normalizes every group of that many elements on its own, the
 per-head norm of the Gated DeltaNet output) and an output gate (``gate``: times ``silu(gate)``,
 or ``sigmoid(gate)`` with ``gate_sigmoid``; the attention output gate and the gated norm's
-gate), all in fp32. Then it multiplies by the sign vector, runs the normalized
-Walsh-Hadamard butterfly on each ``block``-chunk in fp32 (same operation order as
-:func:`vllm_prism.gguf.hadamard.forward_transform`) and stores one of
+gate), all in fp32. With ``return_input`` it also stores the prologue's result in x's dtype
+(the normalized input that a float projection beside the linear reads: the Gated DeltaNet's
+``in_proj_ba``), so the norm needs no launch of its own. Then it multiplies by the sign
+vector, runs the normalized Walsh-Hadamard butterfly on each ``block``-chunk in fp32 (same
+operation order as :func:`vllm_prism.gguf.hadamard.forward_transform`) and stores one of
 
 * ``FLOAT``: ``[M, K]`` in the requested dtype (the standalone transform, the bf16/fp16
   tensor-core kernels, the PTQ1 GEMV with fp32);
@@ -68,7 +70,9 @@ class Prologue:
     ``silu(x[:, :K]) * x[:, K:]``), then ``+ residual`` (the sum is returned), then the
     RMSNorm ``x * rsqrt(mean(x^2) + eps) * (rms_offset + rms_weight)`` over the row, or over
     each ``rms_group`` elements (``rms_weight`` then has ``rms_group`` values), then
-    ``* act(gate)`` (``gate`` [M, K]; act: silu, or sigmoid with ``gate_sigmoid``)."""
+    ``* act(gate)`` (``gate`` [M, K]; act: silu, or sigmoid with ``gate_sigmoid``).
+    ``return_input`` also returns that result (the linear's input before the signs) in x's
+    dtype."""
 
     glu: bool = False
     residual: torch.Tensor | None = None
@@ -78,6 +82,7 @@ class Prologue:
     rms_group: int = 0
     gate: torch.Tensor | None = None
     gate_sigmoid: bool = False
+    return_input: bool = False  # also return the result above in x's dtype (``linear_input``)
 
 
 NO_PROLOGUE = Prologue()
@@ -100,6 +105,7 @@ class PQ2Activation:
     group_sum: torch.Tensor | None = None
     residual: torch.Tensor | None = None  # x + residual, when the prologue adds one
     prologue: Prologue | None = None  # RAW: what the kernel computes before the signs
+    linear_input: torch.Tensor | None = None  # the prologue's result, for ``return_input``
 
 
 # ------------------------------------------------------------------------------ Triton
@@ -134,11 +140,12 @@ if HAS_TRITON:
         return v
 
     @triton.jit
-    def _act_kernel(x_ptr, res_ptr, resout_ptr, signs_ptr, rmsw_ptr, gate_ptr, out_ptr,
-                    gscale_ptr, gsum_ptr, K, stride_xm, stride_rm, stride_zm, stride_om,
-                    stride_gm, eps, rms_offset,
+    def _act_kernel(x_ptr, res_ptr, resout_ptr, signs_ptr, rmsw_ptr, gate_ptr, xout_ptr,
+                    out_ptr, gscale_ptr, gsum_ptr, K, stride_xm, stride_rm, stride_zm,
+                    stride_om, stride_gm, eps, rms_offset,
                     SEG: tl.constexpr, LOG_B: tl.constexpr, INV_SQRT_B: tl.constexpr,
                     HAS_SIGNS: tl.constexpr, HAS_RMS: tl.constexpr, RMS_BLOCK: tl.constexpr,
+                    RMS_STEPS: tl.constexpr, HAS_XOUT: tl.constexpr,
                     RMS_GROUP: tl.constexpr, GLU: tl.constexpr, HAS_RES: tl.constexpr,
                     HAS_GATE: tl.constexpr, GATE_SIGMOID: tl.constexpr, MODE: tl.constexpr,
                     PDL: tl.constexpr = False):
@@ -159,9 +166,11 @@ if HAS_TRITON:
                 x = tl.reshape(xg * rg[:, None], (SEG,))
                 x = x * (tl.load(rmsw_ptr + offs % RMS_GROUP).to(tl.float32) + rms_offset)
             else:
+                # unrolled: every chunk's loads are issued before the first is summed (a
+                # runtime loop waits for each chunk's L2 round trip in turn)
                 sq = tl.zeros([RMS_BLOCK], dtype=tl.float32)
-                for k0 in range(0, K, RMS_BLOCK):
-                    o = k0 + tl.arange(0, RMS_BLOCK)
+                for i in tl.static_range(RMS_STEPS):
+                    o = i * RMS_BLOCK + tl.arange(0, RMS_BLOCK)
                     v = _prologue_load(x_row, r_row, o, o < K, K, GLU, HAS_RES)
                     sq += v * v
                 rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
@@ -170,6 +179,8 @@ if HAS_TRITON:
             z = tl.load(gate_ptr + m * stride_zm + offs).to(tl.float32)
             sig = 1.0 / (1.0 + tl.exp(-z))
             x = x * (sig if GATE_SIGMOID else z * sig)
+        if HAS_XOUT:
+            tl.store(xout_ptr + m * K + offs, x.to(xout_ptr.dtype.element_ty))
         if HAS_SIGNS:
             x = x * tl.load(signs_ptr + offs)
         if LOG_B > 0:
@@ -281,6 +292,8 @@ def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int
         act.residual = torch.empty(m, k, dtype=res.dtype, device=x.device)
         if res.stride(1) != 1:
             res = res.contiguous()
+    if prologue.return_input:
+        act.linear_input = torch.empty(m, k, dtype=x.dtype, device=x.device)
     if m == 0:
         return act
     if x.stride(1) != 1:
@@ -290,17 +303,20 @@ def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int
     dummy = act.data
     gsum = act.group_sum if act.group_sum is not None else dummy
     gscale = act.group_scale if act.group_scale is not None else dummy
-    rmsw, gate = prologue.rms_weight, prologue.gate
+    rmsw, gate, xout = prologue.rms_weight, prologue.gate, act.linear_input
+    rms_block = min(1024, triton.next_power_of_2(k))
     pdl = use_pdl(x.device)
     _act_kernel[(m, k // seg)](
         x, res if res is not None else x, act.residual if res is not None else x,
         signs if signs is not None else x, rmsw if rmsw is not None else x,
-        gate if gate is not None else x, act.data, gscale, gsum, k, x.stride(0),
+        gate if gate is not None else x, xout if xout is not None else x, act.data, gscale,
+        gsum, k, x.stride(0),
         res.stride(0) if res is not None else 0, gate.stride(0) if gate is not None else 0,
         act.data.numel() // m, k // GROUP, float(prologue.eps), float(prologue.rms_offset),
         SEG=seg, LOG_B=log_b, INV_SQRT_B=1.0 / math.sqrt(b),
         HAS_SIGNS=signs is not None, HAS_RMS=rmsw is not None,
-        RMS_BLOCK=min(1024, triton.next_power_of_2(k)), RMS_GROUP=prologue.rms_group,
+        RMS_BLOCK=rms_block, RMS_STEPS=-(-k // rms_block), HAS_XOUT=xout is not None,
+        RMS_GROUP=prologue.rms_group,
         GLU=prologue.glu, HAS_RES=res is not None, HAS_GATE=gate is not None,
         GATE_SIGMOID=prologue.gate_sigmoid, MODE=int(kind), PDL=pdl,
         num_warps=4 if seg >= 512 else 2, **pdl_launch(pdl))
@@ -378,6 +394,7 @@ def transform_activation_torch(x: torch.Tensor, signs: torch.Tensor | None, bloc
     """Same result and layouts as :func:`transform_activation`, in plain torch."""
     b = check_activation(x, signs, block, prologue)
     xf, res_out = apply_prologue_torch(x, prologue)
+    linear_input = xf.to(x.dtype) if prologue.return_input else None
     m, k = xf.shape
     g = k // GROUP
     dtype = out_dtype or x.dtype
@@ -387,19 +404,22 @@ def transform_activation_torch(x: torch.Tensor, signs: torch.Tensor | None, bloc
         xf = block_hadamard_torch(xf, b)
     kind = ActKind(kind)
     if kind == ActKind.FLOAT:
-        return PQ2Activation(kind, xf.to(dtype), m, k, dtype, residual=res_out)
-    if kind == ActKind.F32_PERM:  # [M, w, q, b] -> [M, b, q, w], scaled by 4**-(4(b%2)+q)
+        act = PQ2Activation(kind, xf.to(dtype), m, k, dtype, residual=res_out)
+    elif kind == ActKind.F32_PERM:  # [M, w, q, b] -> [M, b, q, w], scaled by 4**-(4(b%2)+q)
         xw = xf.reshape(m, k // 16, 4, 4).permute(0, 3, 2, 1)
         q = torch.arange(4, device=x.device).view(1, 4, 1)
         b = torch.arange(4, device=x.device).view(4, 1, 1)
         perm = (xw * torch.exp2(-2.0 * (4 * (b % 2) + q))).reshape(m, 16, k // 16)
         gsum = xf.reshape(m, g, GROUP).sum(dim=2)
-        return PQ2Activation(kind, perm.contiguous(), m, k, dtype, None, gsum, res_out)
-    xg = xf.reshape(m, g, GROUP)
-    amax = xg.abs().amax(dim=2)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    v = xg * inv.unsqueeze(-1)
-    q = (torch.floor(v.abs() + 0.5).clamp(max=127) * torch.sign(v)).to(torch.int32)
-    qsum = q.sum(dim=2, dtype=torch.int32)
-    return PQ2Activation(kind, q.reshape(m, k).to(torch.int8), m, k, dtype, amax / 127.0, qsum,
-                         res_out)
+        act = PQ2Activation(kind, perm.contiguous(), m, k, dtype, None, gsum, res_out)
+    else:
+        xg = xf.reshape(m, g, GROUP)
+        amax = xg.abs().amax(dim=2)
+        inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+        v = xg * inv.unsqueeze(-1)
+        q = (torch.floor(v.abs() + 0.5).clamp(max=127) * torch.sign(v)).to(torch.int32)
+        qsum = q.sum(dim=2, dtype=torch.int32)
+        act = PQ2Activation(kind, q.reshape(m, k).to(torch.int8), m, k, dtype, amax / 127.0,
+                            qsum, res_out)
+    act.linear_input = linear_input
+    return act

@@ -43,6 +43,9 @@ from vllm.model_executor.models.utils import (AutoWeightsLoader, PPMissingLayer,
                                               make_empty_intermediate_tensors_factory,
                                               make_layers, maybe_prefix)
 from vllm.sequence import IntermediateTensors
+from vllm.utils.torch_utils import _encode_layer_name
+
+from vllm_prism.model_executor.layers.quantization.prism import PrismFloatLinearMethod
 
 logger = init_logger(__name__)
 
@@ -94,7 +97,63 @@ class BonsaiAttention(Qwen3NextAttention):
 
 
 class BonsaiGatedDeltaNet(QwenGatedDeltaNetAttention):
-    """Gated DeltaNet; the gated per-head RMSNorm of its output runs in out_proj's producer."""
+    """Gated DeltaNet; the gated per-head RMSNorm of its output runs in out_proj's producer,
+    and :meth:`forward_add_norm` also runs the input residual add + RMSNorm in
+    in_proj_qkvz's, whose launch returns the normalized input for the float ``in_proj_ba``."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        # the platform forward vLLM picked, whose core op forward_add_norm calls (or None)
+        self.prism_core = ("cuda" if self._forward_method == self.forward_cuda else
+                           "cpu" if self._forward_method == self.forward_cpu else None)
+
+    def fuses_input_norm(self) -> bool:
+        """Whether :meth:`forward_add_norm` can take the input norm: in_proj_qkvz runs the prism
+        op, in_proj_ba the float method without bias or replication, the Qwen3.5 layout, no
+        LoRA, and vLLM's CUDA or CPU forward (whose core ops it calls)."""
+        ba = self.in_proj_ba
+        return (self.prism_core is not None and _fuses(self.in_proj_qkvz)
+                and isinstance(ba.quant_method, PrismFloatLinearMethod)
+                and getattr(ba, "bias", None) is None and not self.gqa_interleaved_layout
+                and not self.disable_tp_for_ba_proj and not hasattr(self, "in_proj_qkv"))
+
+    def forward_add_norm(self, x: torch.Tensor, residual: torch.Tensor, norm: GemmaRMSNorm
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(gdn(norm(x + residual)), x + residual)``: vLLM's forward_cuda / forward_cpu with
+        the add and the norm in in_proj_qkvz's producer (which also stores the normalized
+        input for in_proj_ba) and, on CUDA, ``b``, ``a`` and the zeroed core output from
+        in_proj_ba's launch (:meth:`PrismFloatLinearMethod.apply_halves`), instead of a norm,
+        a copy and a fill kernel of their own."""
+        method = self.in_proj_qkvz.quant_method
+        mixed_qkvz, residual, normed = method.apply_add_rmsnorm(
+            self.in_proj_qkvz, x, residual, norm.weight, 1.0, norm.variance_epsilon,
+            return_input=True)
+        n = x.size(0)
+        heads = self.num_v_heads // self.tp_size
+        layer_name = _encode_layer_name(self.prefix)
+        on_cuda = self.prism_core == "cuda"
+        if on_cuda and (self.enable_fused_gdn_spec_decode and x.dtype == torch.bfloat16
+                        and self.norm.weight.dtype in (torch.bfloat16, torch.float32)):
+            ba, _ = self.in_proj_ba(normed)
+            core_attn_out = torch.zeros((n, heads, self.head_v_dim), dtype=x.dtype,
+                                        device=x.device)
+            torch.ops.vllm.qwen_gdn_attention_core_fused_norm_packed(
+                mixed_qkvz, ba, core_attn_out, layer_name=layer_name)
+            output, _ = self.out_proj(core_attn_out.flatten(-2))
+            return output, residual
+        ba, core_attn_out = self.in_proj_ba.quant_method.apply_halves(
+            self.in_proj_ba, normed, heads * self.head_v_dim)
+        core_attn_out = core_attn_out.view(n, heads, self.head_v_dim)
+        qkv_size = (self.key_dim * 2 + self.value_dim) // self.tp_size
+        mixed_qkv, z = mixed_qkvz.split([qkv_size, self.value_dim // self.tp_size], dim=-1)
+        z = z.reshape(z.size(0), -1, self.head_v_dim)
+        if on_cuda:
+            torch.ops.vllm.qwen_gdn_attention_core(mixed_qkv, ba[0], ba[1], core_attn_out,
+                                                   layer_name=layer_name)
+        else:
+            torch.ops.vllm.cpu_gdn_attention_core(mixed_qkv, ba[0], ba[1], core_attn_out,
+                                                  layer_name)
+        return self._output_projection(core_attn_out, z), residual
 
     def _output_projection(self, core_attn_out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         norm = self.norm
@@ -168,6 +227,10 @@ class BonsaiDecoderLayer(Qwen3NextDecoderLayer):
                 and self.self_attn.fuses_input_norm()):
             hidden_states, residual = self.self_attn.forward_add_norm(
                 positions, hidden_states, residual, self.input_layernorm)
+        elif (residual is not None and self.layer_type == "linear_attention"
+              and self.linear_attn.fuses_input_norm()):
+            hidden_states, residual = self.linear_attn.forward_add_norm(
+                hidden_states, residual, self.input_layernorm)
         else:
             if residual is None:
                 residual = hidden_states

@@ -139,6 +139,21 @@ class PrismFloatLinearMethod(UnquantizedLinearMethod):
             register_ops()
             self._gemm_impl = _dense_linear_gemm
 
+    def apply_halves(self, layer: torch.nn.Module, x: torch.Tensor,
+                     clear_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(y [2, M, N/2], zeros [M, clear_width])`` for x [M, K]: the two halves of the
+        projection's output rows, each contiguous, and a zeroed buffer (the Gated DeltaNet
+        core's ``b``, ``a`` and output). On CUDA one op (``vllm_prism::dense_linear_halves``:
+        the small-M GEMV writes both and clears the buffer in one launch where it runs);
+        elsewhere vLLM's GEMM, then the copy and the fill vLLM's layer does."""
+        if self._gemm_impl is _dense_linear_gemm:
+            return torch.ops.vllm_prism.dense_linear_halves(x, layer.weight, layer.bias,
+                                                            clear_width)
+        y = self.apply(layer, x, layer.bias)
+        m = x.shape[0]
+        halves = y.view(m, 2, y.shape[-1] // 2).transpose(0, 1).contiguous()
+        return halves, torch.zeros(m, clear_width, dtype=x.dtype, device=x.device)
+
 
 def _partition_signs(config: PrismConfig, layer: torch.nn.Module, input_size: int,
                      input_size_per_partition: int) -> torch.Tensor | None:
@@ -217,13 +232,16 @@ class PrismLinearMethod(LinearMethodBase):
 
     def apply_add_rmsnorm(self, layer: torch.nn.Module, x: torch.Tensor,
                           residual: torch.Tensor, rms_weight: torch.Tensor, rms_offset: float,
-                          eps: float, bias: torch.Tensor | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+                          eps: float, bias: torch.Tensor | None = None,
+                          return_input: bool = False) -> tuple[torch.Tensor, ...]:
         """``(apply(layer, RMSNorm(x + residual)), x + residual)``, the norm and the residual
-        add in the producer launch (``rms_offset`` 1.0: the zero-centred ``(1 + w)`` norm)."""
-        return torch.ops.vllm_prism.pq2_add_rmsnorm_linear(
-            x, residual, rms_weight, rms_offset, eps, layer.prism_codes, layer.prism_scales,
-            layer.prism_signs, bias, self.config.hadamard_block or 0)
+        add in the producer launch (``rms_offset`` 1.0: the zero-centred ``(1 + w)`` norm);
+        ``return_input`` appends ``RMSNorm(x + residual)`` in x's dtype, stored by the same
+        launch."""
+        op = (torch.ops.vllm_prism.pq2_add_rmsnorm_linear_input if return_input
+              else torch.ops.vllm_prism.pq2_add_rmsnorm_linear)
+        return op(x, residual, rms_weight, rms_offset, eps, layer.prism_codes,
+                  layer.prism_scales, layer.prism_signs, bias, self.config.hadamard_block or 0)
 
     def apply_gated(self, layer: torch.nn.Module, x: torch.Tensor, gate: torch.Tensor,
                     gate_sigmoid: bool, rms_weight: torch.Tensor | None = None,
