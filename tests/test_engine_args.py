@@ -104,15 +104,17 @@ def test_cuda_selects_backends(tiny: Path, tmp_path: Path, monkeypatch,
 ])
 def test_cuda_selects_the_drafter_backend(tiny: Path, tmp_path: Path, monkeypatch, kv: str,
                                           spec: dict, expected: str | None) -> None:
-    """The drafter's attention backend (vLLM selects it apart from the target's) under
-    ``VLLM_PRISM_DRAFT_ATTENTION=prism``; by default vLLM's choice stands."""
+    """The drafter's attention backend (vLLM selects it apart from the target's): by default
+    (``VLLM_PRISM_DRAFT_ATTENTION=prism``) ours for an INT8 draft cache; with ``vllm``
+    vLLM's choice stands."""
     monkeypatch.setenv("VLLM_PRISM_CACHE_DIR", str(tmp_path))
     _on_cuda(monkeypatch, flashinfer=False)
     args = _args(str(tiny), additional_config={}, gdn_prefill_backend=None, kv_cache_dtype=kv,
                  speculative_config=dict(spec))
+    monkeypatch.setenv("VLLM_PRISM_DRAFT_ATTENTION", "vllm")
     prepare_gguf_engine_args(args)
-    assert args.speculative_config == spec  # the default: vLLM selects
-    monkeypatch.setenv("VLLM_PRISM_DRAFT_ATTENTION", "prism")
+    assert args.speculative_config == spec  # vllm: vLLM selects
+    monkeypatch.delenv("VLLM_PRISM_DRAFT_ATTENTION")  # the default: prism
     given = dict(spec)
     args = _args(str(tiny), additional_config={}, gdn_prefill_backend=None, kv_cache_dtype=kv,
                  speculative_config=given)

@@ -41,8 +41,9 @@ prefilled. Prompts are random token ids, distinct per request.
 * ``--dense-gemv auto torch triton`` likewise with ``VLLM_PRISM_DENSE_GEMV`` (the float
   projections, ``in_proj_ba``: the small-M Triton GEMV at M <= 2, ``F.linear``, or the GEMV
   at every M <= 16; a value other than auto is shown in the kernel label).
-* ``--draft-attention vllm prism`` likewise with ``VLLM_PRISM_DRAFT_ATTENTION`` (a DFlash
-  drafter's attention with an INT8 KV cache: vLLM's own choice, or the PRISM backend).
+* ``--draft-attention prism vllm`` likewise with ``VLLM_PRISM_DRAFT_ATTENTION`` (a DFlash
+  drafter's attention with an INT8 KV cache: the PRISM backend, or vLLM's own choice), for
+  the engines with a drafter only: a plain engine has no drafter, so it runs once.
 * ``--attn-kernel auto triton`` likewise with ``VLLM_PRISM_ATTN_KERNEL`` (the CUDA C++ INT8
   decode attention against the Triton split-KV kernel); records carry ``attn_kernel``.
 * ``--side-by-side`` starts every engine of the run at once, each with ``--gpu-memory`` over
@@ -75,6 +76,7 @@ import fcntl
 import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -430,7 +432,7 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
 
     base = {"kv": kv, "mode": args.mode, "tp": args.tp[0],
             "pdl": int(use_pdl(torch.device("cuda"))),
-            "pq2_kernel": _kernel_label(),
+            "pq2_kernel": _kernel_label(bool(args.spec_k)),
             "attn_kernel": os.environ.get("VLLM_PRISM_ATTN_KERNEL", "auto") or "auto"}
     if args.spec_k:
         _progress("verify", 1, args.context)
@@ -478,19 +480,20 @@ def _tiny_drafter(model: str) -> str:
     return make_tiny_drafter(Path(tempfile.mkdtemp(prefix="drafter-")), model)["path"]
 
 
-def _kernel_label() -> str:
+def _kernel_label(drafter: bool) -> str:
     """The linear kernel choice of this engine: VLLM_PRISM_PQ2_KERNEL, with the GEMV tile
     overrides in brackets when VLLM_PRISM_GEMV_TUNING sets any, and the float projections'
     GEMV when VLLM_PRISM_DENSE_GEMV is not the default, the L2 prefetch mode when on, and the
-    drafter's attention when VLLM_PRISM_DRAFT_ATTENTION is not the default."""
+    drafter's attention (an engine with a drafter) when VLLM_PRISM_DRAFT_ATTENTION is not the
+    default."""
     kern = os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto") or "auto"
     tune = os.environ.get("VLLM_PRISM_GEMV_TUNING", "").strip()
     dense = os.environ.get("VLLM_PRISM_DENSE_GEMV", "auto").strip() or "auto"
     l2 = os.environ.get("VLLM_PRISM_L2_PREFETCH", "0").strip() or "0"
-    draft = os.environ.get("VLLM_PRISM_DRAFT_ATTENTION", "vllm").strip() or "vllm"
+    draft = os.environ.get("VLLM_PRISM_DRAFT_ATTENTION", "prism").strip() or "prism"
     label = f"{kern} [gemv {tune}]" if tune else kern
     label = label if dense == "auto" else f"{label} [dense {dense}]"
-    label = label if draft == "vllm" else f"{label} [draft attention {draft}]"
+    label = label if draft == "prism" or not drafter else f"{label} [draft attention {draft}]"
     return label if l2 == "0" else f"{label} [l2 prefetch {l2}]"
 
 
@@ -501,13 +504,19 @@ def _variant(r: dict) -> tuple:
             r.get("attn_kernel", "auto"))
 
 
+def _plain_variant(r: dict) -> tuple:
+    """_variant without the drafter's attention label (a plain engine has no drafter)."""
+    kern = re.sub(r" \[draft attention \w+\]", "", r.get("pq2_kernel", "auto"))
+    return _variant({**r, "pq2_kernel": kern})
+
+
 def _add_verify_ratios(records: list[dict]) -> None:
     """``ratio_to_plain`` of each verify record: over the plain batch-1 decode step of the same
-    run, KV dtype, mode, tp and context."""
-    plain = {_variant(r) + (r["context"],): r["ms_per_step"]
+    run, KV dtype, mode, tp and context (and the same switches, the drafter's aside)."""
+    plain = {_plain_variant(r) + (r["context"],): r["ms_per_step"]
              for r in records if r["kind"] == "decode" and r["batch"] == 1}
     for r in records:
-        base = plain.get(_variant(r) + (r["context"],))
+        base = plain.get(_plain_variant(r) + (r["context"],))
         if r["kind"] == "verify" and base:
             r["ratio_to_plain"] = r["ms_per_step"] / base
 
@@ -621,9 +630,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VLLM_PRISM_DENSE_GEMV for the engines, each in turn (the float "
                    "projections: auto, the small-M Triton GEMV at M <= 2; torch, F.linear; "
                    "triton, the GEMV at every M <= 16)")
-    p.add_argument("--draft-attention", nargs="+", default=["vllm"], choices=["vllm", "prism"],
-                   help="VLLM_PRISM_DRAFT_ATTENTION for the engines, each in turn (a drafter's "
-                   "attention with an INT8 KV cache: vLLM's choice, or the PRISM backend)")
+    p.add_argument("--draft-attention", nargs="+", default=["prism"], choices=["vllm", "prism"],
+                   help="VLLM_PRISM_DRAFT_ATTENTION for the engines with a drafter, each in "
+                   "turn (a drafter's attention with an INT8 KV cache: the PRISM backend, or "
+                   "vLLM's choice)")
     p.add_argument("--l2-prefetch", type=int, nargs="+", default=[0], choices=[0, 1, 2],
                    help="VLLM_PRISM_L2_PREFETCH for the engines, each in turn (the GEMV asks "
                    "L2 for the next linear's weights: 0 off, 1 on, 2 with evict-last)")
@@ -643,7 +653,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # The switches each engine of a run can take, in label order: (option dest, environment
-# variable, label key). Every value of every option gets its own engine.
+# variable, label key). Every value of every option gets its own engine, except that a
+# switch of SPEC_ONLY_SWITCHES takes its first value alone on the plain engines.
 ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("pq2_kernel", "VLLM_PRISM_PQ2_KERNEL", "kernel"),
                    ("gemv_tuning", "VLLM_PRISM_GEMV_TUNING", "gemv"),
@@ -651,6 +662,7 @@ ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("dense_gemv", "VLLM_PRISM_DENSE_GEMV", "dense"),
                    ("l2_prefetch", "VLLM_PRISM_L2_PREFETCH", "l2"),
                    ("draft_attention", "VLLM_PRISM_DRAFT_ATTENTION", "draft"))
+SPEC_ONLY_SWITCHES = {"draft_attention"}  # what only an engine with a drafter reads
 
 
 def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
@@ -669,6 +681,10 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
     # the last switch outermost, the engine base innermost
     combos = [(*reversed(values), base) for *values, base in itertools.product(
         *(getattr(args, dest) for dest, _, _ in reversed(ENGINE_SWITCHES)), bases)]
+    combos = [(*values, (kv, more)) for *values, (kv, more) in combos
+              if "--drafter" in more or all(
+                  v == getattr(args, dest)[0] for (dest, _, _), v in zip(ENGINE_SWITCHES, values)
+                  if dest in SPEC_ONLY_SWITCHES)]
     out = []
     for *values, (kv, more) in combos:
         cmd = [sys.executable, __file__, "--child", *argv, "--kv", kv, *more]

@@ -65,12 +65,27 @@ def test_side_by_side_engines_share_the_memory_and_take_turns() -> None:
     ("--pq2-kernel", "VLLM_PRISM_PQ2_KERNEL", ["auto", "gemm_dq"]),
     ("--dense-gemv", "VLLM_PRISM_DENSE_GEMV", ["torch", "triton"]),
     ("--l2-prefetch", "VLLM_PRISM_L2_PREFETCH", ["0", "2"]),
-    ("--draft-attention", "VLLM_PRISM_DRAFT_ATTENTION", ["vllm", "prism"]),
 ])
 def test_each_switch_value_gets_its_own_engine(flag: str, env_name: str,
                                                values: list[str]) -> None:
     kids = _children(["m.gguf", "--kv", "auto", flag, *values])
     assert [env[env_name] for _, env in kids] == values
+
+
+def test_the_drafter_switch_varies_only_the_engines_with_a_drafter() -> None:
+    """``--draft-attention`` gives every DFlash engine each value, the plain engine (which has
+    no drafter to switch) one run; a verify record's step ratio is over that plain step."""
+    kids = _children(["m.gguf", "--kv", "int8_per_token_head", "--spec-k", "5",
+                      "--draft-attention", "vllm", "prism"])
+    assert [(a.spec_k, env["VLLM_PRISM_DRAFT_ATTENTION"]) for a, env in kids] == [
+        ([], "vllm"), ([5], "vllm"), ([5], "prism")]
+    base = {"kind": "decode", "batch": 1, "context": 4, "ms_per_step": 2.0, "kv": "k",
+            "mode": "default", "pq2_kernel": "auto"}
+    spec = [{**base, "kind": "verify", "ms_per_step": 3.0},
+            {**base, "kind": "verify", "ms_per_step": 5.0,
+             "pq2_kernel": "auto [draft attention vllm]"}]
+    bench_decode._add_verify_ratios([base, *spec])
+    assert [r["ratio_to_plain"] for r in spec] == [1.5, 2.5]
 
 
 def test_barrier_waits_for_every_engine_then_lets_go(tmp_path) -> None:

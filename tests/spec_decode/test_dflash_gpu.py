@@ -7,8 +7,8 @@ config says 16 positions, fewer than the requests reach: patch dflash_draft_posi
 vLLM's counters show the tiny drafter accepted (first position far above chance); and the
 verify steps (k + 1 tokens for every request) ran as full CUDA graphs: vLLM's CUDA-graph
 dispatcher, recorded in the engine, chose FULL for uniform batches of k + 1 tokens a request;
-with the INT8 cache and ``VLLM_PRISM_DRAFT_ATTENTION=prism`` the drafter's non-causal blocks
-ran the PRISM backend's split-KV path.
+with the INT8 cache the drafter's non-causal blocks ran the PRISM backend's split-KV path
+(``VLLM_PRISM_DRAFT_ATTENTION=prism``, the default).
 Which kernels a verify step runs is logged by the engine (PQ2 linear kernel by M, and the
 PRISM attention route) and printed here.
 """
@@ -62,8 +62,8 @@ def runs(tiny_gguf, tmp_path_factory):
     reqs = [dflash_requests(drafter, request, llm=_llm(kv), ks=(k,) if k else (),
                             plain=not k, drafter_quantization=quant,
                             record_cudagraphs=True)[k] for kv, k, quant in RUNS]
-    with pytest.MonkeyPatch.context() as mp:  # the engines' environment
-        mp.setenv("VLLM_PRISM_DRAFT_ATTENTION", "prism")
+    with pytest.MonkeyPatch.context() as mp:  # the engines' environment: the default
+        mp.delenv("VLLM_PRISM_DRAFT_ATTENTION", raising=False)
         done = dict(zip(RUNS, run_vllm_all(target, reqs, tmp)))
 
     def result(kv: str, k: int, quant: str | None = None) -> dict:

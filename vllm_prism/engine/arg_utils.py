@@ -124,17 +124,17 @@ def _select_attention_backend(args: Any) -> None:
 
 
 def _select_draft_attention_backend(args: Any) -> None:
-    """With ``VLLM_PRISM_DRAFT_ATTENTION=prism`` and an INT8 KV cache, a drafter's attention
-    (DFlash, EAGLE) runs on the PRISM backend too, unless the speculative config names one.
+    """With an INT8 KV cache a drafter's attention (DFlash, EAGLE) runs on the PRISM backend
+    too, unless the speculative config names one or ``VLLM_PRISM_DRAFT_ATTENTION=vllm``.
 
     vLLM 0.32 selects a draft's attention backend on its own, never inheriting the target's;
     for a DFlash draft (non-causal) with ``int8_per_token_head`` it lands on vLLM's Triton
     attention, whose launcher walks the whole context in one program per KV head for any
     request of more than one query token: 2.1 ms of a 10.5 ms verification step at a 32K
     context on the H200 (benchmarks/results/e2e_h200_notes.md, twelfth run). PRISM is that
-    backend's subclass: the draft blocks run its split-KV path, and the layers it does not
-    take (sliding windows) still run vLLM's Triton kernel. With a 16-bit cache vLLM's
-    choice (FlashAttention) stands."""
+    backend's subclass: the draft blocks run its split-KV path (the step took 8.40 against
+    11.24 ms, thirteenth run), and the layers it does not take (sliding windows) still run
+    vLLM's Triton kernel. With a 16-bit cache vLLM's choice (FlashAttention) stands."""
     from vllm_prism import envs
 
     spec = getattr(args, "speculative_config", None)
@@ -147,8 +147,8 @@ def _select_draft_attention_backend(args: Any) -> None:
     from vllm_prism.attention.backends.prism_attn import PROCESS_SAFE_MEMBER
 
     args.speculative_config = {**spec, "attention_backend": PROCESS_SAFE_MEMBER}
-    logger.info("vllm-prism: the drafter's attention runs on the PRISM backend "
-                "(VLLM_PRISM_DRAFT_ATTENTION=prism, INT8 KV cache)")
+    logger.info("vllm-prism: the drafter's attention runs on the PRISM backend (INT8 KV "
+                "cache; VLLM_PRISM_DRAFT_ATTENTION=vllm leaves it to vLLM)")
 
 
 def _select_gdn_prefill_backend(args: Any) -> None:
