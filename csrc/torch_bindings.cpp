@@ -15,12 +15,10 @@ TORCH_LIBRARY(_C_prism, m) {
       "pq2_mma_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor qsum, "
       "Tensor? bias, ScalarType out_dtype, int split_k, bool pdl) -> Tensor");
   m.impl("pq2_mma_int8", c10::kCUDA, &pq2_mma_int8);
-  // y [M, N] = W_st @ x for M = 1..4 int8 activation rows (csrc/pq2/gemv_int8.cu); with
-  // l2_prefetch > 0 it also asks L2 for the next linear's planes (prefetch_codes / _scales).
+  // y [M, N] = W_st @ x for M = 1..4 int8 activation rows (csrc/pq2/gemv_int8.cu).
   m.def(
       "pq2_gemv_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor? bias, "
-      "ScalarType out_dtype, bool pdl, Tensor? prefetch_codes=None, "
-      "Tensor? prefetch_scales=None, int l2_prefetch=0) -> Tensor");
+      "ScalarType out_dtype, bool pdl) -> Tensor");
   m.impl("pq2_gemv_int8", c10::kCUDA, &pq2_gemv_int8);
   // y [1, N] = W_st @ producer(x) with the activation producer in the same launch
   // (csrc/pq2/gemv_int8.cu); res_out (with residual) receives x + residual.
@@ -31,11 +29,10 @@ TORCH_LIBRARY(_C_prism, m) {
       "bool gate_sigmoid, ScalarType out_dtype, bool pdl) -> Tensor");
   m.impl("pq2_gemv_fused", c10::kCUDA, &pq2_gemv_fused);
   // y [M, N] = W_st @ x for 1..16 int8 activation rows, weights as the MMA's A operand
-  // (csrc/pq2/mma_small.cu); l2_prefetch as for pq2_gemv_int8.
+  // (csrc/pq2/mma_small.cu).
   m.def(
       "pq2_mma_small_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor qsum, "
-      "Tensor? bias, ScalarType out_dtype, bool pdl, int variant=0, "
-      "Tensor? prefetch_codes=None, Tensor? prefetch_scales=None, int l2_prefetch=0) -> Tensor");
+      "Tensor? bias, ScalarType out_dtype, bool pdl, int variant=0) -> Tensor");
   m.impl("pq2_mma_small_int8", c10::kCUDA, &pq2_mma_small_int8);
   // Split-KV decode attention over the INT8 paged cache (csrc/attention/int8_decode.cu):
   // writes out (one segment) or the segments' partials for the merge kernel.

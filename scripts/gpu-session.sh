@@ -5,7 +5,6 @@
 #   bash scripts/gpu-session.sh tests ARGS   GPU tests (pytest ARGS; log: $OUT/${TESTLOG:-tests}.log)
 #   bash scripts/gpu-session.sh bench KV     e2e benchmark of the 27B-shaped file, one KV dtype
 #   bash scripts/gpu-session.sh kbench ARGS  PQ2 kernel benchmark (bench_pq2_linear.py ARGS)
-#   bash scripts/gpu-session.sh chain ARGS   a step's PQ2 linears in sequence, L2 prefetch on/off
 #   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
 #   bash scripts/gpu-session.sh gemv-sweep [SHAPES [MS]]  configurations of the CUDA C++ GEMV against a
 #        same-size streaming-read probe (benchmarks/kernels/pq2_gemv_sweep.cu, no torch)
@@ -114,11 +113,6 @@ case $stage in
     timeout $(limit 560) python3 benchmarks/e2e/bench_decode.py $B27 --kv "$kv" "$@" 2>&1 \
       | tee "$OUT/bench-$kv.log" | grep -v "^INFO\|^DEBUG\|^WARNING"
     cp benchmarks/results/e2e_*.json benchmarks/results/e2e_*.md "$OUT"/ 2>/dev/null
-    ;;
-  chain)  # the PQ2 linears of a step in sequence, L2 prefetch modes (bench_pq2_chain.py ARGS)
-    shift
-    timeout $(limit 560) python3 benchmarks/kernels/bench_pq2_chain.py "$@" 2>&1 | tee "$OUT/chain.log"
-    cp benchmarks/results/pq2_chain_*.json benchmarks/results/pq2_chain_*.md "$OUT"/ 2>/dev/null
     ;;
   kbench)
     shift

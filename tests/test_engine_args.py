@@ -135,15 +135,23 @@ def test_cuda_selects_the_drafter_backend(tiny: Path, tmp_path: Path, monkeypatc
     assert args.speculative_config.get("attention_backend") == spec.get("attention_backend")
 
 
+def test_switch_choices_start_with_the_default(monkeypatch) -> None:
+    from vllm_prism import envs
+
+    for name, allowed in envs.CHOICES.items():
+        monkeypatch.delenv(name, raising=False)
+        assert getattr(envs, name) == allowed[0], name
+
+
 def test_bad_switch_values_are_refused(tiny: Path, monkeypatch) -> None:
-    for name in ("VLLM_PRISM_DENSE_GEMV", "VLLM_PRISM_DRAFT_ATTENTION"):
+    from vllm_prism import envs
+
+    assert set(envs.CHOICES) == {"VLLM_PRISM_DENSE_GEMV", "VLLM_PRISM_DRAFT_ATTENTION"}
+    for name in envs.CHOICES:
         monkeypatch.setenv(name, "fast")
         with pytest.raises(ValueError, match=f"{name}='fast': use one of"):
             prepare_gguf_engine_args(_args(str(tiny)))
         monkeypatch.delenv(name)
-    monkeypatch.setenv("VLLM_PRISM_L2_PREFETCH", "3")
-    with pytest.raises(ValueError, match="VLLM_PRISM_L2_PREFETCH=3 must be 0, 1 or 2"):
-        prepare_gguf_engine_args(_args(str(tiny)))
 
 
 def test_cuda_keeps_user_choices(tiny: Path, tmp_path: Path, monkeypatch) -> None:

@@ -42,13 +42,6 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # w (warps), depth (tiles in flight, 1..3), scales (1: scales travel with their tile),
     # split (programs per row's K). Empty (default): the tuned defaults.
     "VLLM_PRISM_GEMV_TUNING": lambda: os.getenv("VLLM_PRISM_GEMV_TUNING", "").strip().lower(),
-    # L2 prefetch of the next linear's weights by the CUDA C++ GEMV and small-batch kernels
-    # (kernels/pq2/prefetch.py):
-    # "0" (default) off; "1" each GEMV asks L2 (sm_90 bulk prefetch) for the first
-    # PREFETCH_MAX_BYTES of the next PQ2 linear's planes, in the bandwidth it leaves unused;
-    # "2" the same with the L2 evict-last priority. Read per call; it changes no traced graph.
-    # Off: 0.91-0.95x on the H200 (benchmarks/results/pq2_chain_h200*.md, docs/pq2-kernels.md).
-    "VLLM_PRISM_L2_PREFETCH": lambda: int(os.getenv("VLLM_PRISM_L2_PREFETCH", "0") or 0),
     # The float projections Bonsai keeps (the Gated DeltaNet's in_proj_ba) on CUDA: "auto"
     # (default) the one-launch small-M GEMV of kernels/dense_gemv.py for M <= AUTO_M (2) rows,
     # F.linear above (1.9-2.3x F.linear at M = 1..2 on the H200, slower from M = 4;
@@ -69,6 +62,14 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # what one changes, or to rule it out. Empty (default): every patch for this vLLM.
     "VLLM_PRISM_DISABLED_PATCHES": lambda: [x.strip() for x in os.getenv(
         "VLLM_PRISM_DISABLED_PATCHES", "").split(",") if x.strip()],
+}
+
+
+# The values a switch with a fixed set takes (checked before the engine starts:
+# vllm_prism/engine/arg_utils.py); the first is the default.
+CHOICES: dict[str, tuple[str, ...]] = {
+    "VLLM_PRISM_DENSE_GEMV": ("auto", "torch", "triton"),
+    "VLLM_PRISM_DRAFT_ATTENTION": ("prism", "vllm"),
 }
 
 

@@ -4,8 +4,8 @@
         [--mode default|eager] [--batches 1 8 32 64] [--context 1024] [--long-context 32768]
         [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 0 [1]]
         [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
-        [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]] [--l2-prefetch 0 [1 2]]
-        [--draft-attention vllm [prism]]
+        [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]]
+        [--draft-attention prism [vllm]]
         [--profile-batches 1 [8]] [--side-by-side] [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
@@ -36,8 +36,6 @@ prefilled. Prompts are random token ids, distinct per request.
   value (records carry ``pq2_kernel``; a kernel that cannot run a call falls back to auto);
   ``--gemv-tuning 'depth=2,scales=1' split=4`` likewise with ``VLLM_PRISM_GEMV_TUNING`` (the
   int8 GEMV's tile overrides, shown in brackets after the kernel).
-* ``--l2-prefetch 0 1 2`` likewise with ``VLLM_PRISM_L2_PREFETCH`` (the GEMV asks L2 for the
-  next linear's weights; shown in the kernel label).
 * ``--dense-gemv auto torch triton`` likewise with ``VLLM_PRISM_DENSE_GEMV`` (the float
   projections, ``in_proj_ba``: the small-M Triton GEMV at M <= 2, ``F.linear``, or the GEMV
   at every M <= 16; a value other than auto is shown in the kernel label).
@@ -483,18 +481,15 @@ def _tiny_drafter(model: str) -> str:
 def _kernel_label(drafter: bool) -> str:
     """The linear kernel choice of this engine: VLLM_PRISM_PQ2_KERNEL, with the GEMV tile
     overrides in brackets when VLLM_PRISM_GEMV_TUNING sets any, and the float projections'
-    GEMV when VLLM_PRISM_DENSE_GEMV is not the default, the L2 prefetch mode when on, and the
-    drafter's attention (an engine with a drafter) when VLLM_PRISM_DRAFT_ATTENTION is not the
-    default."""
+    GEMV when VLLM_PRISM_DENSE_GEMV is not the default, and the drafter's attention (an
+    engine with a drafter) when VLLM_PRISM_DRAFT_ATTENTION is not the default."""
     kern = os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto") or "auto"
     tune = os.environ.get("VLLM_PRISM_GEMV_TUNING", "").strip()
     dense = os.environ.get("VLLM_PRISM_DENSE_GEMV", "auto").strip() or "auto"
-    l2 = os.environ.get("VLLM_PRISM_L2_PREFETCH", "0").strip() or "0"
     draft = os.environ.get("VLLM_PRISM_DRAFT_ATTENTION", "prism").strip() or "prism"
     label = f"{kern} [gemv {tune}]" if tune else kern
     label = label if dense == "auto" else f"{label} [dense {dense}]"
-    label = label if draft == "prism" or not drafter else f"{label} [draft attention {draft}]"
-    return label if l2 == "0" else f"{label} [l2 prefetch {l2}]"
+    return label if draft == "prism" or not drafter else f"{label} [draft attention {draft}]"
 
 
 def _variant(r: dict) -> tuple:
@@ -634,9 +629,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VLLM_PRISM_DRAFT_ATTENTION for the engines with a drafter, each in "
                    "turn (a drafter's attention with an INT8 KV cache: the PRISM backend, or "
                    "vLLM's choice)")
-    p.add_argument("--l2-prefetch", type=int, nargs="+", default=[0], choices=[0, 1, 2],
-                   help="VLLM_PRISM_L2_PREFETCH for the engines, each in turn (the GEMV asks "
-                   "L2 for the next linear's weights: 0 off, 1 on, 2 with evict-last)")
     p.add_argument("--side-by-side", action="store_true",
                    help="start every engine at once (--gpu-memory shared among them); they "
                    "measure one at a time")
@@ -660,7 +652,6 @@ ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("gemv_tuning", "VLLM_PRISM_GEMV_TUNING", "gemv"),
                    ("attn_kernel", "VLLM_PRISM_ATTN_KERNEL", "attn"),
                    ("dense_gemv", "VLLM_PRISM_DENSE_GEMV", "dense"),
-                   ("l2_prefetch", "VLLM_PRISM_L2_PREFETCH", "l2"),
                    ("draft_attention", "VLLM_PRISM_DRAFT_ATTENTION", "draft"))
 SPEC_ONLY_SWITCHES = {"draft_attention"}  # what only an engine with a drafter reads
 

@@ -1,18 +1,18 @@
-"""A decode step's PQ2 linears in sequence, with and without the L2 prefetch of the next
-linear's weights (``VLLM_PRISM_L2_PREFETCH``, vllm_prism/kernels/pq2/prefetch.py).
+"""A decode step's PQ2 linears in sequence: what the linears of a layer cost back to back,
+against the read bandwidth measured in the same run.
 
 Each layer runs the four linears of a Bonsai 2 27B Gated DeltaNet layer at M = 1 (``--m``
-for more rows: the small-batch kernels, which prefetch too) (12288x5120,
-5120x6144, 34816x5120, 5120x17408: 96 MB of PQ2 weights), through the dispatcher's automatic
-choice (the activation producer + the CUDA C++ GEMV where ``vllm_prism._C`` is built), every
-layer with its own weights, registered in order as the model registers them. ``--gap-us``
-puts a spinning kernel after the input projection of each layer, standing in for the Gated
-DeltaNet's own kernels (about 15 us a layer at batch 1), during which a prefetch can land.
+for more rows: the small-batch kernels) (12288x5120, 5120x6144, 34816x5120, 5120x17408: 96 MB
+of PQ2 weights), through the dispatcher's automatic choice (the activation producer + the
+CUDA C++ GEMV where ``vllm_prism._C`` is built), every layer with its own weights.
+``--gap-us`` puts a spinning kernel after the input projection of each layer, standing in for
+the Gated DeltaNet's own kernels (about 15 us a layer at batch 1).
 
 Timing: a CUDA graph of all layers (weights past 3x the L2 in all), replayed; median
-microseconds a layer, for each prefetch mode in the same run; ``bw_frac`` = weight bytes of
-a layer / time / the read bandwidth measured in the same run (the gap counts in the time);
-``vs_off`` = mode 0's time / this mode's.
+microseconds a layer; ``bw_frac`` = weight bytes of a layer / time / the read bandwidth
+measured in the same run (the gap counts in the time). (Until 2026-12-02 it also timed an L2
+prefetch of the next linear's weights, slower in every case and since removed:
+benchmarks/results/pq2_chain_h200*.md, pq2_linear_h200_notes.md.)
 
     python benchmarks/kernels/bench_pq2_chain.py [--layers 12] [--gap-us 0 15] [--out DIR]
     TRITON_INTERPRET=1 python benchmarks/kernels/bench_pq2_chain.py --cpu-smoke --out /tmp/x
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import sys
 import time
@@ -35,12 +34,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import timing  # noqa: E402
-from vllm_prism.kernels.pq2 import prefetch  # noqa: E402
 from vllm_prism.kernels.pq2.dispatch import pq2_linear, select_kernel  # noqa: E402
 from vllm_prism.kernels.pq2.layout import PQ2Weight  # noqa: E402
 
 SHAPES = [(12288, 5120), (5120, 6144), (34816, 5120), (5120, 17408)]  # (N, K) in step order
-MODES = (0, 1, 2)
 
 
 def random_weight(n: int, k: int, g: torch.Generator, device: str) -> PQ2Weight:
@@ -56,11 +53,9 @@ def spin_cycles(us: float) -> int:
     return int(us * rate_khz / 1e3)
 
 
-def time_chain(layers: list[list[PQ2Weight]], xs: dict[int, torch.Tensor], mode: int,
-               gap_cycles: int, replays: int = 10) -> float:
-    """Median microseconds a layer of a graph of every layer, prefetch ``mode`` (on the CPU,
-    one eager pass)."""
-    os.environ["VLLM_PRISM_L2_PREFETCH"] = str(mode)
+def time_chain(layers: list[list[PQ2Weight]], xs: dict[int, torch.Tensor], gap_cycles: int,
+               replays: int = 10) -> float:
+    """Median microseconds a layer of a graph of every layer (on the CPU, one eager pass)."""
 
     def step() -> None:
         for ws in layers:
@@ -107,11 +102,7 @@ def main() -> None:
         shapes, device, args.layers, args.gap_us = [(64, 256), (32, 384)], "cpu", 2, [0.0]
     read_gbps = 1.0 if args.cpu_smoke else timing.read_bandwidth_gbps("cuda")
     g = torch.Generator(device=device).manual_seed(0)
-    prefetch.clear_chain()
     layers = [[random_weight(n, k, g, device) for n, k in shapes] for _ in range(args.layers)]
-    for ws in layers:
-        for w in ws:
-            prefetch.register_planes(w.codes, w.scales)
     xs = {k: torch.randn(args.m, k, device=device, dtype=torch.bfloat16)
           for k in {k for _, k in shapes}}
     layer_bytes = sum(w.codes.numel() * 4 + w.scales.numel() * 2 for w in layers[0])
@@ -121,36 +112,27 @@ def main() -> None:
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "read_gbps": read_gbps, "layers": args.layers, "m": args.m,
            "layer_bytes": layer_bytes,
-           "kernels": kernels, "prefetch_max_bytes": prefetch.PREFETCH_MAX_BYTES,
-           "records": []}
+           "kernels": kernels, "records": []}
     for gap in args.gap_us:
-        off = None
-        for mode in MODES:
-            us = time_chain(layers, xs, mode, spin_cycles(gap) if gap else 0)
-            off = us if mode == 0 else off
-            rec = {"gap_us": gap, "l2_prefetch": mode, "us_per_layer": round(us, 2),
-                   "vs_off": round(off / us, 3),
-                   "bw_frac": round(layer_bytes / (us * 1e-6) / (read_gbps * 1e9), 3)}
-            res["records"].append(rec)
-            print(json.dumps(rec), flush=True)
-    os.environ.pop("VLLM_PRISM_L2_PREFETCH", None)
+        us = time_chain(layers, xs, spin_cycles(gap) if gap else 0)
+        rec = {"gap_us": gap, "us_per_layer": round(us, 2),
+               "bw_frac": round(layer_bytes / (us * 1e-6) / (read_gbps * 1e9), 3)}
+        res["records"].append(rec)
+        print(json.dumps(rec), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     slug = "cpu-smoke" if args.cpu_smoke else timing.gpu_slug()
     path = out / f"pq2_chain_{slug}{'' if args.m == 1 else f'_m{args.m}'}.json"
     path.write_text(json.dumps(res, indent=1) + "\n")
-    lines = [f"# PQ2 linears of a decode step in sequence, L2 prefetch on and off "
-             f"({res['gpu']}, {res['date']})", "", f"Command: `{res['command']}`", "",
+    lines = [f"# PQ2 linears of a decode step in sequence ({res['gpu']}, {res['date']})", "",
+             f"Command: `{res['command']}`", "",
              f"{args.layers} layers of {layer_bytes / 1e6:.1f} MB (the four Gated DeltaNet-layer "
              f"linears of the 27B model at M = {args.m}, kernels {', '.join(kernels)}); read "
-             "bandwidth "
-             f"{read_gbps:.0f} GB/s in the same run; a prefetch covers at most "
-             f"{prefetch.PREFETCH_MAX_BYTES >> 20} MiB of the next linear's codes.", "",
-             "| gap after the input projection (us) | L2 prefetch | us a layer | vs off "
-             "| bw_frac |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {r['gap_us']:g} | {r['l2_prefetch']} | {r['us_per_layer']} | {r['vs_off']} | "
-              f"{r['bw_frac']} |" for r in res["records"]]
+             f"bandwidth {read_gbps:.0f} GB/s in the same run.", "",
+             "| gap after the input projection (us) | us a layer | bw_frac |",
+             "|---|---|---|"]
+    lines += [f"| {r['gap_us']:g} | {r['us_per_layer']} | {r['bw_frac']} |"
+              for r in res["records"]]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(path.with_suffix(".md").read_text())
 

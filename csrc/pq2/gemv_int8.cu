@@ -173,7 +173,6 @@ __global__ void __launch_bounds__(kThreads, PQ2_GEMV_MIN_BLOCKS)
     pq2_gemv_int8_kernel(const __grid_constant__ Pq2LinearParams p) {
   extern __shared__ __align__(16) char smem[];
   if (p.pdl) pdl_launch_dependents();
-  l2_prefetch_next(p);
   constexpr int kRowsPerWarp = 32 / LANES;
   const GemvSmem L(p.k, M);
   const int tid = threadIdx.x, lane = tid & 31;

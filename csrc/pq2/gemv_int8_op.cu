@@ -13,9 +13,7 @@
 torch::Tensor pq2_gemv_int8(const torch::Tensor& codes, const torch::Tensor& scales,
                             const torch::Tensor& xq, const torch::Tensor& sx,
                             const std::optional<torch::Tensor>& bias, c10::ScalarType out_dtype,
-                            bool pdl, const std::optional<torch::Tensor>& prefetch_codes,
-                            const std::optional<torch::Tensor>& prefetch_scales,
-                            int64_t l2_prefetch) {
+                            bool pdl) {
   vllm_prism::check_weight_planes("pq2_gemv_int8", codes, scales);
   vllm_prism::check_int8_rows("pq2_gemv_int8", codes, xq);
   const int64_t m = xq.size(0), n = codes.size(0), k = codes.size(1) * 16;
@@ -35,8 +33,6 @@ torch::Tensor pq2_gemv_int8(const torch::Tensor& codes, const torch::Tensor& sca
   vllm_prism::fill_common(p, codes, scales, xq, sx, bias, out);
   p.split = 1;
   p.pdl = pdl;
-  vllm_prism::fill_l2_prefetch(p, "pq2_gemv_int8", codes, prefetch_codes, prefetch_scales,
-                               l2_prefetch);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const cudaError_t err =
       vllm_prism::pq2_gemv_int8_launch(p, sms, at::cuda::getCurrentCUDAStream().stream());

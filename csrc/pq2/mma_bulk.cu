@@ -246,7 +246,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ __align__(16) char smem[];
   __shared__ int flag;
   if (p.pdl) pdl_launch_dependents();
-  l2_prefetch_next(p);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t4 = lane & 3;
   const Plan P(blockIdx.x, p.n, p.k);

@@ -81,7 +81,6 @@ __global__ void __launch_bounds__(kThreads)
     pq2_mma_small_kernel(const __grid_constant__ Pq2LinearParams p) {
   extern __shared__ __align__(16) char smem[];
   if (p.pdl) pdl_launch_dependents();
-  l2_prefetch_next(p);
   constexpr int kRows = 16 * TILES;
   const SmallSmem L(p.k, kRows, NT);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -320,7 +319,6 @@ __global__ void __launch_bounds__(512)
     pq2_mma_stream_kernel(const __grid_constant__ Pq2LinearParams p, int ks_count) {
   extern __shared__ __align__(16) char smem[];
   if (p.pdl) pdl_launch_dependents();
-  l2_prefetch_next(p);
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
   const int g = lane >> 2, t = lane & 3;
   const int ks = warp % ks_count, rt = warp / ks_count;

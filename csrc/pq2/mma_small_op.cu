@@ -11,10 +11,7 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
                                  const torch::Tensor& xq, const torch::Tensor& sx,
                                  const torch::Tensor& qsum,
                                  const std::optional<torch::Tensor>& bias,
-                                 c10::ScalarType out_dtype, bool pdl, int64_t variant,
-                                 const std::optional<torch::Tensor>& prefetch_codes,
-                                 const std::optional<torch::Tensor>& prefetch_scales,
-                                 int64_t l2_prefetch) {
+                                 c10::ScalarType out_dtype, bool pdl, int64_t variant) {
   vllm_prism::check_weight_planes("pq2_mma_small_int8", codes, scales);
   vllm_prism::check_int8_activation("pq2_mma_small_int8", codes, xq, sx, qsum);
   const int64_t m = xq.size(0), n = codes.size(0), k = codes.size(1) * 16;
@@ -40,8 +37,6 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
   p.qsum = qsum.data_ptr<int32_t>();
   p.split = 1;
   p.pdl = pdl;
-  vllm_prism::fill_l2_prefetch(p, "pq2_mma_small_int8", codes, prefetch_codes, prefetch_scales,
-                               l2_prefetch);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   torch::Tensor workspace;
   if (variant == 4) {  // the partial sums of the 16-row tiles that CTAs share

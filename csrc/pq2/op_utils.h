@@ -52,27 +52,6 @@ inline void check_int8_activation(const char* op, const torch::Tensor& codes,
 }
 
 // Pointers, sizes, strides and dtypes every kernel reads (not split, pdl or qsum).
-// The next linear's planes a kernel asks L2 for (Pq2LinearParams::prefetch_ptr): contiguous
-// tensors on this kernel's device, mode 0 (off), 1 or 2 (evict-last).
-inline void fill_l2_prefetch(Pq2LinearParams& p, const char* op, const torch::Tensor& codes,
-                             const std::optional<torch::Tensor>& next_codes,
-                             const std::optional<torch::Tensor>& next_scales,
-                             int64_t mode) {
-  TORCH_CHECK(mode >= 0 && mode <= 2, op, ": l2_prefetch = ", mode, " must be 0, 1 or 2");
-  p.l2_prefetch = static_cast<int>(mode);
-  const std::optional<torch::Tensor>* planes[2] = {&next_codes, &next_scales};
-  for (int i = 0; i < 2; ++i) {
-    const std::optional<torch::Tensor>& t = *planes[i];
-    p.prefetch_ptr[i] = nullptr;
-    p.prefetch_bytes[i] = 0;
-    if (mode == 0 || !t.has_value()) continue;
-    TORCH_CHECK(t->device() == codes.device() && t->is_contiguous(), op,
-                ": prefetch planes must be contiguous on the weight's device");
-    p.prefetch_ptr[i] = t->data_ptr();
-    p.prefetch_bytes[i] = t->numel() * t->element_size();
-  }
-}
-
 inline void fill_common(Pq2LinearParams& p, const torch::Tensor& codes,
                         const torch::Tensor& scales, const torch::Tensor& xq,
                         const torch::Tensor& sx, const std::optional<torch::Tensor>& bias,

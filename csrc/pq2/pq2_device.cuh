@@ -22,42 +22,6 @@ __device__ __forceinline__ void pdl_wait() {
 #endif
 }
 
-// Asks L2 for the byte ranges prefetch_ptr[i] (prefetch_bytes[i]) of `p` in 64 KiB pieces
-// shared by the grid's CTAs, one thread each (sm_90 cp.async.bulk.prefetch.L2; mode 2 with
-// the evict-last priority): the next linear's weights arrive while this kernel streams its
-// own, in the bandwidth a latency-bound GEMV leaves unused. A hint: no register or barrier
-// waits on it. Ranges start 16-byte aligned or are skipped; sizes are cut to 16 bytes.
-__device__ __forceinline__ void l2_prefetch_next(const Pq2LinearParams& p) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (p.l2_prefetch == 0 || threadIdx.x != 0) return;
-  constexpr int64_t kPiece = 64 * 1024;
-  uint64_t policy = 0;
-  if (p.l2_prefetch == 2) {
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-  }
-  int64_t piece = blockIdx.x;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const char* base = static_cast<const char*>(p.prefetch_ptr[r]);
-    const int64_t bytes = p.prefetch_bytes[r] & ~int64_t{15};
-    if (base == nullptr || bytes <= 0 || reinterpret_cast<uintptr_t>(base) % 16) continue;
-    const int64_t pieces = (bytes + kPiece - 1) / kPiece;
-    for (; piece < pieces; piece += gridDim.x) {
-      const char* src = base + piece * kPiece;
-      const uint32_t size = static_cast<uint32_t>(min(kPiece, bytes - piece * kPiece));
-      if (p.l2_prefetch == 2) {
-        asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;\n"
-                     ::"l"(src), "r"(size), "l"(policy) : "memory");
-      } else {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(size)
-                     : "memory");
-      }
-    }
-    piece -= pieces;  // the next range continues the grid's stride
-  }
-#endif
-}
-
 // cp.async (sm_80+): global -> shared copies that bypass the registers, waited on by commit
 // group.
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {

@@ -28,12 +28,6 @@ struct Pq2LinearParams {
   int* counters;           // split > 1: one per tile, zero before the launch and after it
   int out_dtype, bias_dtype;
   bool pdl;                // programmatic dependent launch (sm_90+)
-  // The next linear's weight planes (codes, then scales), asked into L2 by this kernel while
-  // it streams its own (sm_90+ bulk prefetch; a hint: nothing waits on it). l2_prefetch: 0
-  // off, 1 plain prefetch, 2 with the L2 evict-last priority.
-  const void* prefetch_ptr[2];
-  int64_t prefetch_bytes[2];
-  int l2_prefetch;
 };
 
 // `v` rounded up to a multiple of 16 (shared-memory offsets of 16-byte copies).

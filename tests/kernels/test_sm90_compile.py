@@ -1,7 +1,8 @@
 """The activation producer compiles for Hopper (sm_90) without a GPU: Triton's NVIDIA backend
 and ptxas run on the CPU, so a prologue variant that only the GPU compiler rejects (a reshape,
 a reduction over a per-head group) fails here in CI, not on the device. Every prologue the
-model uses (glu, residual add + norm, per-head gated norm, sigmoid gate) x every layout, each
+model uses (glu, residual add + norm, the same returning the normalized input, per-head gated
+norm, sigmoid gate) x every layout, each
 with programmatic dependent launch (how Hopper runs them), and the weight kernels with it: the
 grid-dependency instructions must be in the PTX, with the GEMV's first weight load issued
 before its wait."""
@@ -20,6 +21,8 @@ from vllm_prism.kernels.pq2 import (hadamard, triton_dequant, triton_gemv,  # no
 PROLOGUES = {
     "glu": dict(GLU=1, HAS_RES=0, HAS_RMS=0, RMS_GROUP=0, HAS_GATE=0, GATE_SIGMOID=0),
     "add_rmsnorm": dict(GLU=0, HAS_RES=1, HAS_RMS=1, RMS_GROUP=0, HAS_GATE=0, GATE_SIGMOID=0),
+    "add_rmsnorm_input": dict(GLU=0, HAS_RES=1, HAS_RMS=1, RMS_GROUP=0, HAS_GATE=0,
+                              GATE_SIGMOID=0, HAS_XOUT=1),
     "gated_head_norm": dict(GLU=0, HAS_RES=0, HAS_RMS=1, RMS_GROUP=128, HAS_GATE=1,
                             GATE_SIGMOID=0),
     "sigmoid_gate": dict(GLU=0, HAS_RES=0, HAS_RMS=0, RMS_GROUP=0, HAS_GATE=1, GATE_SIGMOID=1),
@@ -43,10 +46,12 @@ def _target():
 def test_producer_compiles_for_sm90(prologue: str, mode: int) -> None:
     ast_source, target = _target()
     consts = dict(SEG=1024, LOG_B=7, INV_SQRT_B=1 / math.sqrt(128), HAS_SIGNS=1,
-                  RMS_BLOCK=1024, MODE=mode, PDL=1, **PROLOGUES[prologue])
+                  RMS_BLOCK=1024, RMS_STEPS=5, HAS_XOUT=0, MODE=mode, PDL=1)
+    consts.update(PROLOGUES[prologue])
     out, gsum = OUT[mode]
     sig = {"x_ptr": "*bf16", "res_ptr": "*bf16", "resout_ptr": "*bf16", "signs_ptr": "*fp32",
-           "rmsw_ptr": "*bf16", "gate_ptr": "*bf16", "out_ptr": out, "gscale_ptr": "*fp32",
+           "rmsw_ptr": "*bf16", "gate_ptr": "*bf16", "xout_ptr": "*bf16", "out_ptr": out,
+           "gscale_ptr": "*fp32",
            "gsum_ptr": gsum,
            **{k: "i32" for k in ("K", "stride_xm", "stride_rm", "stride_zm", "stride_om",
                                  "stride_gm")},

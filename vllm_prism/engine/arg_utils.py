@@ -209,13 +209,10 @@ def _check_switches() -> None:
     """VLLM_PRISM_* switches the kernels parse, checked before the engine starts (a bad value
     raises a ValueError naming the variable)."""
     from vllm_prism import envs
-    from vllm_prism.kernels.pq2.prefetch import l2_prefetch_mode
     from vllm_prism.kernels.pq2.triton_gemv import parse_gemv_tuning
 
     parse_gemv_tuning(envs.VLLM_PRISM_GEMV_TUNING)
-    l2_prefetch_mode()
-    for name, allowed in (("VLLM_PRISM_DENSE_GEMV", ("auto", "torch", "triton")),
-                          ("VLLM_PRISM_DRAFT_ATTENTION", ("vllm", "prism"))):
+    for name, allowed in envs.CHOICES.items():
         value = getattr(envs, name)
         if value not in allowed:
             raise ValueError(f"{name}={value!r}: use one of {', '.join(allowed)}")

@@ -32,7 +32,6 @@ from vllm_prism.kernels.pq2.hadamard import (NO_PROLOGUE, ActKind, PQ2Activation
                                              check_activation, transform_activation,
                                              transform_activation_torch)
 from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
-from vllm_prism.kernels.pq2.prefetch import l2_prefetch_mode, next_planes
 
 logger = logging.getLogger(__name__)
 
@@ -374,15 +373,6 @@ class _CudaOpKernel(PQ2LinearKernel):
         return True, ""
 
 
-def _l2_prefetch_args(w: PQ2Weight) -> tuple:
-    """The trailing (next codes, next scales, mode) arguments of the CUDA ops that ask L2 for
-    the next linear's planes (kernels/pq2/prefetch.py); none when the prefetch is off or w has
-    no next linear."""
-    mode = l2_prefetch_mode()
-    nxt = next_planes(w.codes) if mode else None
-    return () if nxt is None else (*nxt, mode)
-
-
 class GemvCudaA8Kernel(_CudaOpKernel):
     """M = 1..4: int8 dp4a GEMV in CUDA C++ (csrc/pq2/gemv_int8.cu, op
     ``torch.ops._C_prism.pq2_gemv_int8``): the codes stream global -> registers, 16 bytes a
@@ -416,8 +406,7 @@ class GemvCudaA8Kernel(_CudaOpKernel):
     @classmethod
     def run(cls, act, w, bias, out_dtype):
         return torch.ops._C_prism.pq2_gemv_int8(w.codes, w.scales, act.data, act.group_scale,
-                                                bias, out_dtype, use_pdl(w.device),
-                                                *_l2_prefetch_args(w))
+                                                bias, out_dtype, use_pdl(w.device))
 
 
 class GemvFusedCudaKernel(_CudaOpKernel):
@@ -547,8 +536,7 @@ class MmaSmallCudaA8Kernel(_CudaOpKernel):
     def run(cls, act, w, bias, out_dtype):
         return torch.ops._C_prism.pq2_mma_small_int8(w.codes, w.scales, act.data,
                                                      act.group_scale, act.group_sum, bias,
-                                                     out_dtype, use_pdl(w.device), cls.variant,
-                                                     *_l2_prefetch_args(w))
+                                                     out_dtype, use_pdl(w.device), cls.variant)
 
 
 class MmaSmallPipeCudaA8Kernel(MmaSmallCudaA8Kernel):

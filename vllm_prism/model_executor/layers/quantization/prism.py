@@ -199,10 +199,6 @@ class PrismLinearMethod(LinearMethodBase):
             layer.prism_signs = layer.prism_signs.to(layer.weight.device)
         layer.prism_uses_op = self._uses_linear_kernels(layer) and _prepare_planes(
             layer, self.config)
-        if layer.prism_uses_op:
-            from vllm_prism.kernels.pq2.prefetch import register_planes
-
-            register_planes(layer.prism_codes, layer.prism_scales)
 
     def _uses_linear_kernels(self, layer: torch.nn.Module) -> bool:
         return True
