@@ -8,6 +8,7 @@
 #pragma once
 
 #include "pq2_params.cuh"
+#include "producer.cuh"
 
 namespace vllm_prism {
 
@@ -40,25 +41,6 @@ cudaError_t pq2_gemv_int8_launch(const Pq2LinearParams& p, int sm_count, cudaStr
 // The same with an explicit configuration (cudaErrorInvalidValue where it is not compiled).
 cudaError_t pq2_gemv_int8_launch_config(const Pq2LinearParams& p, const GemvConfig& cfg,
                                         int sm_count, cudaStream_t stream);
-
-// The activation producer a fused launch runs in each of its CTAs before the GEMV (M = 1):
-// prologue -> signs -> block Hadamard -> int8 per 128-group, the operations and their order
-// of the Triton producer (kernels/pq2/hadamard.py), into the GEMV's shared-memory layout.
-struct Pq2PrologueParams {
-  const void* x;           // [K], or [2K] with glu (silu(x[:K]) * x[K:])
-  const void* res;         // [K] added, or nullptr; CTA 0 writes the sum to res_out
-  void* res_out;
-  const void* rms_w;       // RMSNorm weight ([K], or [rms_group]), or nullptr: no norm
-  const void* gate;        // [K]: times silu(gate) (sigmoid with gate_sigmoid), or nullptr
-  const float* signs;      // [K], 16-byte aligned, or nullptr: no sign flip or Hadamard
-  float rms_offset, eps, inv_sqrt_b;
-  int x_dtype;             // 1 fp16, 2 bf16: x, res, res_out and gate
-  int rms_dtype;           // 0 fp32, 1 fp16, 2 bf16
-  int rms_group;           // 0: the norm over the whole row; else over each rms_group values
-  int log_b;               // the Hadamard block is 2^log_b values (0: none)
-  bool glu, gate_sigmoid;
-  bool x_vec, res_vec, gate_vec;  // 16-byte aligned rows: 16-byte loads and stores
-};
 
 // The widest K a fused launch takes: one 32-value unit per thread of a 1024-thread CTA.
 constexpr int kPq2GemvFusedMaxK = 32768;

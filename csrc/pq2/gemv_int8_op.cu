@@ -91,7 +91,6 @@ torch::Tensor pq2_gemv_fused(const torch::Tensor& codes, const torch::Tensor& sc
                 " values");
   }
   if (gate.has_value()) check_half_row("gate", *gate, x.scalar_type(), k);
-  int log_b = 0;
   if (signs.has_value()) {
     TORCH_CHECK(signs->is_cuda() && signs->scalar_type() == torch::kFloat32 &&
                     signs->is_contiguous() && signs->numel() == k && aligned16(*signs),
@@ -101,7 +100,6 @@ torch::Tensor pq2_gemv_fused(const torch::Tensor& codes, const torch::Tensor& sc
                     (hadamard_block & (hadamard_block - 1)) == 0 && k % hadamard_block == 0,
                 op, ": hadamard_block = ", hadamard_block,
                 " must be a power of two <= 1024 dividing K = ", k);
-    while ((int64_t{1} << log_b) < hadamard_block) ++log_b;
   }
   const c10::cuda::CUDAGuard guard(codes.device());
   torch::Tensor out = torch::empty({1, n}, codes.options().dtype(out_dtype));
@@ -125,33 +123,9 @@ torch::Tensor pq2_gemv_fused(const torch::Tensor& codes, const torch::Tensor& sc
   p.stride_o = out.stride(0);
   p.split = 1;
   p.pdl = pdl;
-  vllm_prism::Pq2PrologueParams q{};
-  q.x = x.data_ptr();
-  q.x_dtype = vllm_prism::dtype_code(x.scalar_type(), "x");
-  q.x_vec = aligned16(x);
-  if (residual.has_value()) {
-    q.res = residual->data_ptr();
-    q.res_out = res_out->data_ptr();
-    q.res_vec = aligned16(*residual) && aligned16(*res_out);
-  }
-  if (rms_weight.has_value()) {
-    q.rms_w = rms_weight->data_ptr();
-    q.rms_dtype = vllm_prism::dtype_code(rms_weight->scalar_type(), "rms_weight");
-  }
-  q.rms_offset = static_cast<float>(rms_offset);
-  q.eps = static_cast<float>(eps);
-  q.rms_group = static_cast<int>(rms_group);
-  if (gate.has_value()) {
-    q.gate = gate->data_ptr();
-    q.gate_vec = aligned16(*gate);
-  }
-  q.gate_sigmoid = gate_sigmoid;
-  q.glu = glu;
-  if (signs.has_value()) {
-    q.signs = signs->data_ptr<float>();
-    q.log_b = log_b;
-    q.inv_sqrt_b = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hadamard_block)));
-  }
+  const vllm_prism::Pq2PrologueParams q = vllm_prism::prologue_params(
+      x, residual, res_out, rms_weight, gate, signs, std::nullopt, hadamard_block, glu,
+      rms_offset, eps, rms_group, gate_sigmoid);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const cudaError_t err =
       vllm_prism::pq2_gemv_fused_launch(p, q, sms, at::cuda::getCurrentCUDAStream().stream());

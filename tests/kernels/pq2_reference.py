@@ -79,3 +79,28 @@ def integer_reference(xq: torch.Tensor, scale: torch.Tensor, q: torch.Tensor, d:
 def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     ref = ref.double()
     return ((y.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def prologue_reference(x: torch.Tensor, pro, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp64 (prologue(x), x + residual) of x [M, K] ([M, 2K] with glu), as
+    ``vllm_prism.kernels.pq2.hadamard.Prologue`` defines them (the second is x' itself
+    without a residual)."""
+    v = x.double()
+    if pro.glu:
+        g, u = v[:, :k], v[:, k:]
+        v = g * torch.sigmoid(g) * u
+    if pro.residual is not None:
+        v = v + pro.residual.double()
+    res = v
+    if pro.rms_weight is not None:
+        w = pro.rms_weight.double() + pro.rms_offset
+        if pro.rms_group:
+            vg = v.reshape(v.shape[0], -1, pro.rms_group)
+            vg = vg * torch.rsqrt(vg.pow(2).mean(-1, keepdim=True) + pro.eps)
+            v = (vg * w).reshape(v.shape)
+        else:
+            v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + pro.eps) * w
+    if pro.gate is not None:
+        z = pro.gate.double()
+        v = v * (torch.sigmoid(z) if pro.gate_sigmoid else z * torch.sigmoid(z))
+    return v, res

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pq2_reference import dense, random_signs, random_ternary, reference_linear, rel_err
+from pq2_reference import (dense, prologue_reference, random_signs, random_ternary,
+                           reference_linear, rel_err)
 
 from vllm_prism.kernels.pq2 import dispatch
 from vllm_prism.kernels.pq2.hadamard import Prologue
@@ -34,28 +35,6 @@ def _need_fused() -> None:
     ok, why = FUSED.is_supported(torch.cuda.get_device_capability())
     if not ok:
         pytest.skip(f"gemv_fused_cuda: {why}")
-
-
-def prologue_ref(x: torch.Tensor, pro: Prologue, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp64 (prologue(x), x + residual) of one row, as hadamard.Prologue defines them."""
-    v = x.double()
-    if pro.glu:
-        g, u = v[:, :k], v[:, k:]
-        v = g * torch.sigmoid(g) * u
-    if pro.residual is not None:
-        v = v + pro.residual.double()
-    res = v
-    if pro.rms_weight is not None:
-        w = pro.rms_weight.double() + pro.rms_offset
-        if pro.rms_group:
-            vg = v.reshape(1, -1, pro.rms_group)
-            v = (vg * torch.rsqrt(vg.pow(2).mean(-1, keepdim=True) + pro.eps) * w).reshape(1, -1)
-        else:
-            v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + pro.eps) * w
-    if pro.gate is not None:
-        z = pro.gate.double()
-        v = v * (torch.sigmoid(z) if pro.gate_sigmoid else z * torch.sigmoid(z))
-    return v, res
 
 
 def _case(n: int, k: int, block: int | None, seed: int):
@@ -85,7 +64,7 @@ def check(n: int, k: int, block: int | None, make_pro, dtype=torch.bfloat16, bia
     act = FUSED.make_activation(x, w, pro)
     y = FUSED.run(act, w, b, dtype)
     assert y.shape == (1, n) and y.dtype == dtype and torch.isfinite(y).all()
-    xp, res = prologue_ref(x, pro, k)
+    xp, res = prologue_reference(x, pro, k)
     ref = reference_linear(xp, raw, "PQ2_0", signs, block, b, w_dense=dense(raw, "PQ2_0"))
     err = rel_err(y, ref)
     assert err < 3e-2, f"against the fp64 reference: {err:.2e}"
