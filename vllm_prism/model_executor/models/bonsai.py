@@ -9,8 +9,10 @@ and inverse-folded in Bonsai files), and where the projections run the prism lin
 feeds them runs inside their activation producers, not as kernels of its own: the
 post-attention residual add + RMSNorm and the SiLU-and-multiply (``gate_up_proj``,
 ``down_proj``: :class:`BonsaiMLP`), the input residual add + RMSNorm and the output gate of
-the full-attention layers (``qkv_proj``, ``o_proj``: :class:`BonsaiAttention`) and the Gated
-DeltaNet's gated per-head RMSNorm (``out_proj``: :class:`BonsaiGatedDeltaNet`). Tensor and
+the full-attention layers (``qkv_proj``, ``o_proj``: :class:`BonsaiAttention`), and the Gated
+DeltaNet's input residual add + RMSNorm (``in_proj_qkvz``, whose producer also returns the
+normalized input for the float ``in_proj_ba``) and gated per-head RMSNorm (``out_proj``:
+:class:`BonsaiGatedDeltaNet`). Tensor and
 pipeline parallelism work where vLLM's layers support them.
 """
 
