@@ -104,17 +104,35 @@ def _pq2_glu_linear_impl(x: torch.Tensor, codes: torch.Tensor, scales: torch.Ten
     return pq2_linear_fused(x, w, bias, Prologue(glu=True))[0]
 
 
+def _add_rmsnorm_linear(x: torch.Tensor, residual: torch.Tensor, rms_weight: torch.Tensor,
+                        rms_offset: float, eps: float, codes: torch.Tensor,
+                        scales: torch.Tensor, signs: torch.Tensor | None,
+                        bias: torch.Tensor | None, hadamard_block: int, return_input: bool
+                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(linear(RMSNorm(x + residual)), x + residual, the normalized input or None): the two
+    add-RMSNorm ops' body."""
+    from vllm_prism.kernels.pq2.dispatch import pq2_linear_fused
+    from vllm_prism.kernels.pq2.hadamard import Prologue
+
+    w = _weight(codes, scales, signs, hadamard_block)
+    pro = Prologue(residual=residual, rms_weight=rms_weight, rms_offset=rms_offset, eps=eps,
+                   return_input=return_input)
+    return pq2_linear_fused(x, w, bias, pro)
+
+
 def _pq2_add_rmsnorm_linear_impl(x: torch.Tensor, residual: torch.Tensor,
                                  rms_weight: torch.Tensor, rms_offset: float, eps: float,
                                  codes: torch.Tensor, scales: torch.Tensor,
                                  signs: torch.Tensor | None, bias: torch.Tensor | None,
                                  hadamard_block: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from vllm_prism.kernels.pq2.dispatch import pq2_linear_fused
-    from vllm_prism.kernels.pq2.hadamard import Prologue
+    return _add_rmsnorm_linear(x, residual, rms_weight, rms_offset, eps, codes, scales, signs,
+                               bias, hadamard_block, False)[:2]
 
-    w = _weight(codes, scales, signs, hadamard_block)
-    pro = Prologue(residual=residual, rms_weight=rms_weight, rms_offset=rms_offset, eps=eps)
-    return pq2_linear_fused(x, w, bias, pro)[:2]
+
+@functools.cache
+def _log_input_norm(n: int, k: int) -> None:
+    logger.info("PQ2 linear: the input norm runs in the producer of the %dx%d linear, which "
+                "returns it for the float projection beside it", n, k)
 
 
 def _pq2_add_rmsnorm_linear_input_impl(x: torch.Tensor, residual: torch.Tensor,
@@ -125,20 +143,9 @@ def _pq2_add_rmsnorm_linear_input_impl(x: torch.Tensor, residual: torch.Tensor,
                                        ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``pq2_add_rmsnorm_linear`` that also returns the normalized input (x's dtype), for a
     float projection that reads it: the producer stores it, no launch of its own."""
-    from vllm_prism.kernels.pq2.dispatch import pq2_linear_fused
-    from vllm_prism.kernels.pq2.hadamard import Prologue
-
-    w = _weight(codes, scales, signs, hadamard_block)
-    pro = Prologue(residual=residual, rms_weight=rms_weight, rms_offset=rms_offset, eps=eps,
-                   return_input=True)
-    if not _input_norm_logged:
-        _input_norm_logged.append(True)
-        logger.info("PQ2 linear: the input norm runs in the producer of the %dx%d linear, "
-                    "which returns it for the float projection beside it", w.n, w.k)
-    return pq2_linear_fused(x, w, bias, pro)
-
-
-_input_norm_logged: list[bool] = []
+    _log_input_norm(codes.shape[0], codes.shape[1] * 16)
+    return _add_rmsnorm_linear(x, residual, rms_weight, rms_offset, eps, codes, scales, signs,
+                               bias, hadamard_block, True)
 
 
 def _pq2_add_rmsnorm_linear_input_fake(x: torch.Tensor, residual: torch.Tensor,
@@ -212,15 +219,20 @@ def dense_linear_halves_impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.
     ``y[p] = (x @ weight.T + bias)[:, p * N/2:(p + 1) * N/2]``, each half contiguous: what
     vLLM's Gated DeltaNet core takes (``b``, ``a`` and its zeroed output buffer), in the
     small-M GEMV's one launch where it runs, else ``F.linear``, a copy and a fill."""
-    m, n = x.shape[0], weight.shape[0]
-    if _small_m_gemv_takes(x, weight, bias) and n % 2 == 0:
+    if _small_m_gemv_takes(x, weight, bias) and weight.shape[0] % 2 == 0:
         from vllm_prism.kernels.dense_gemv import small_m_linear
 
-        zeros = torch.empty(m, clear_width, dtype=x.dtype, device=x.device)
+        zeros = torch.empty(x.shape[0], clear_width, dtype=x.dtype, device=x.device)
         return small_m_linear(x, weight, bias, halves=True, clear=zeros), zeros
-    y = torch.nn.functional.linear(x, weight, bias)
-    halves = y.view(m, 2, n // 2).transpose(0, 1).contiguous()
-    return halves, torch.zeros(m, clear_width, dtype=x.dtype, device=x.device)
+    return halves_and_zeros(torch.nn.functional.linear(x, weight, bias), clear_width)
+
+
+def halves_and_zeros(y: torch.Tensor, clear_width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(y's two column halves as [2, M, N/2], each contiguous; zeros [M, clear_width])``
+    for y [M, N]: a copy and a fill, what vLLM's Gated DeltaNet does after ``in_proj_ba``."""
+    m = y.shape[0]
+    halves = y.view(m, 2, y.shape[-1] // 2).transpose(0, 1).contiguous()
+    return halves, torch.zeros(m, clear_width, dtype=y.dtype, device=y.device)
 
 
 def _dense_linear_halves_fake(x: torch.Tensor, weight: torch.Tensor,

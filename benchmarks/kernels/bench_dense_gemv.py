@@ -21,7 +21,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -35,14 +34,6 @@ from vllm_prism.kernels.dense_gemv import small_m_linear  # noqa: E402
 SHAPES = [(96, 5120)]  # (N, K): the 27B model's in_proj_ba
 MS = [1, 2, 4, 6, 8, 16]
 L2_MULTIPLE = 3
-
-
-def _time(calls, cpu: bool) -> float:
-    if cpu:
-        t = time.perf_counter()
-        calls[0]()
-        return (time.perf_counter() - t) * 1e6
-    return timing.time_graph(calls, 10, warm=2)
 
 
 def run(shapes, ms, cpu: bool) -> dict:
@@ -59,11 +50,11 @@ def run(shapes, ms, cpu: bool) -> dict:
         for m in ms:
             x = torch.randn(m, k, device=dev).bfloat16()
             rec = {"n": n, "k": k, "m": m}
-            rec["torch_us"] = _time([lambda w=w: torch.nn.functional.linear(x, w) for w in ws],
-                                    cpu)
+            rec["torch_us"] = timing.time_calls(
+                [lambda w=w: torch.nn.functional.linear(x, w) for w in ws], cpu)
             for pdl in ("1", "0"):
                 os.environ["VLLM_PRISM_PDL"] = pdl
-                us = _time([lambda w=w: small_m_linear(x, w) for w in ws], cpu)
+                us = timing.time_calls([lambda w=w: small_m_linear(x, w) for w in ws], cpu)
                 rec["gemv_us" if pdl == "1" else "gemv_no_pdl_us"] = us
             os.environ.pop("VLLM_PRISM_PDL")
             y, ref = small_m_linear(x, ws[0]), x.double() @ ws[0].double().T

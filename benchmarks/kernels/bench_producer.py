@@ -25,7 +25,6 @@ import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -72,14 +71,6 @@ def random_weight(n: int, k: int, signs: torch.Tensor, dev: str) -> PQ2Weight:
     return PQ2Weight.of_planes(codes, scales, signs, 1024)
 
 
-def _time(calls, cpu: bool) -> float:
-    if cpu:
-        t = time.perf_counter()
-        calls[0]()
-        return (time.perf_counter() - t) * 1e6
-    return timing.time_graph(calls, 10, warm=2)
-
-
 def run(ms: list[int], cpu: bool) -> dict:
     dev = "cpu" if cpu else "cuda"
     l2 = 1 << 16 if cpu else timing.l2_bytes()
@@ -100,10 +91,10 @@ def run(ms: list[int], cpu: bool) -> dict:
                 if prod == "cuda" and cuda_producer_problem(x, k, 1024, ActKind.Q8, pro):
                     rec[f"{prod}_skipped"] = cuda_producer_problem(x, k, 1024, ActKind.Q8, pro)
                     continue
-                rec[f"{prod}_producer_us"] = _time(
+                rec[f"{prod}_producer_us"] = timing.time_calls(
                     [lambda: transform_activation(x, signs, 1024, ActKind.Q8, prologue=pro)]
                     * (1 if cpu else PRODUCER_CALLS), cpu)
-                rec[f"{prod}_linear_us"] = _time(
+                rec[f"{prod}_linear_us"] = timing.time_calls(
                     [lambda w=w: pq2_linear_fused(x, w, None, pro) for w in ws], cpu)
             os.environ.pop("VLLM_PRISM_PRODUCER")
             if "cuda_linear_us" in rec:

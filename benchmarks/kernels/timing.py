@@ -9,6 +9,7 @@ of the GPU from a large read-only reduction.
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 
 import torch
@@ -50,6 +51,16 @@ def time_graph(calls: list[Callable[[], object]], replays: int = 15, warm: int |
     times = event_times_ms(graph.replay, replays)
     del graph
     return statistics.median(times) * 1000.0 / len(calls)
+
+
+def time_calls(calls: list[Callable[[], object]], cpu: bool) -> float:
+    """Microseconds per call: the CUDA graph timing of :func:`time_graph`, or on the CPU (a
+    benchmark's ``--cpu-smoke`` run under the Triton interpreter) one call's wall time."""
+    if cpu:
+        t = time.perf_counter()
+        calls[0]()
+        return (time.perf_counter() - t) * 1e6
+    return time_graph(calls, 10, warm=2)
 
 
 def time_eager(fn: Callable[[], object], reps: int = 5) -> float:

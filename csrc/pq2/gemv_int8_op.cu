@@ -4,8 +4,6 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <cmath>
-
 #include "../ops.h"
 #include "gemv_int8.cuh"
 #include "op_utils.h"
@@ -42,15 +40,6 @@ torch::Tensor pq2_gemv_int8(const torch::Tensor& codes, const torch::Tensor& sca
 
 namespace {
 
-// A 16-bit [1, width] row of x's dtype with unit column stride (x, residual, gate).
-void check_half_row(const char* name, const torch::Tensor& t, c10::ScalarType dtype,
-                    int64_t width) {
-  TORCH_CHECK(t.is_cuda() && t.scalar_type() == dtype && t.dim() == 2 && t.size(0) == 1 &&
-                  t.size(1) == width && t.stride(1) == 1,
-              "pq2_gemv_fused: ", name, " must be ", dtype, " [1, ", width,
-              "] with unit column stride");
-}
-
 bool aligned16(const torch::Tensor& t) {
   return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
@@ -69,16 +58,17 @@ torch::Tensor pq2_gemv_fused(const torch::Tensor& codes, const torch::Tensor& sc
   const char* op = "pq2_gemv_fused";
   vllm_prism::check_weight_planes(op, codes, scales);
   const int64_t n = codes.size(0), k = codes.size(1) * 16;
-  TORCH_CHECK(x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat16, op,
-              ": x must be bfloat16 or float16");
-  check_half_row("x", x, x.scalar_type(), glu ? 2 * k : k);
+  TORCH_CHECK(x.is_cuda() &&
+                  (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat16),
+              op, ": x must be a bfloat16 or float16 CUDA tensor");
+  vllm_prism::check_rows(op, "x", x, x.scalar_type(), 1, glu ? 2 * k : k, x, false);
   TORCH_CHECK(k % 128 == 0 && k <= vllm_prism::kPq2GemvFusedMaxK, op, ": K = ", k,
               " must be a multiple of 128, at most ", vllm_prism::kPq2GemvFusedMaxK);
   TORCH_CHECK(residual.has_value() == res_out.has_value(), op,
               ": residual and res_out go together");
   if (residual.has_value()) {
-    check_half_row("residual", *residual, x.scalar_type(), k);
-    check_half_row("res_out", *res_out, x.scalar_type(), k);
+    vllm_prism::check_rows(op, "residual", *residual, x.scalar_type(), 1, k, x, false);
+    vllm_prism::check_rows(op, "res_out", *res_out, x.scalar_type(), 1, k, x, false);
   }
   TORCH_CHECK(rms_group == 0 || (rms_group >= 32 && rms_group <= 1024 &&
                                  (rms_group & (rms_group - 1)) == 0 && k % rms_group == 0),
@@ -90,7 +80,9 @@ torch::Tensor pq2_gemv_fused(const torch::Tensor& codes, const torch::Tensor& sc
                 op, ": rms_weight must be contiguous with ", rms_group ? rms_group : k,
                 " values");
   }
-  if (gate.has_value()) check_half_row("gate", *gate, x.scalar_type(), k);
+  if (gate.has_value()) {
+    vllm_prism::check_rows(op, "gate", *gate, x.scalar_type(), 1, k, x, false);
+  }
   if (signs.has_value()) {
     TORCH_CHECK(signs->is_cuda() && signs->scalar_type() == torch::kFloat32 &&
                     signs->is_contiguous() && signs->numel() == k && aligned16(*signs),

@@ -54,6 +54,18 @@ inline void check_int8_activation(const char* op, const torch::Tensor& codes,
 }
 
 // Pointers, sizes, strides and dtypes every kernel reads (not split, pdl or qsum).
+// An [M, width] tensor of `dtype` with unit column stride (and, `contiguous`, rows width apart)
+// on x's device: the activation-side tensors of the producer ops.
+inline void check_rows(const char* op, const char* name, const torch::Tensor& t,
+                       c10::ScalarType dtype, int64_t m, int64_t width, const torch::Tensor& x,
+                       bool contiguous) {
+  TORCH_CHECK(t.device() == x.device() && t.scalar_type() == dtype && t.dim() == 2 &&
+                  t.size(0) == m && t.size(1) == width && t.stride(1) == 1 &&
+                  (!contiguous || t.stride(0) == width || m == 1),
+              op, ": ", name, " must be ", dtype, " [", m, ", ", width, "]",
+              contiguous ? ", contiguous," : " with unit column stride", " on x's device");
+}
+
 // 16-byte loads and stores of a 16-bit [M, width] tensor: an aligned start and, over several
 // rows, a row stride of whole 16-byte pieces.
 inline bool vec16(const torch::Tensor& t) {

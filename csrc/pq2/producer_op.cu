@@ -4,8 +4,6 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include <cmath>
-
 #include "../ops.h"
 #include "op_utils.h"
 #include "producer.cuh"
@@ -13,16 +11,6 @@
 namespace {
 
 constexpr const char* kOp = "pq2_produce_int8";
-
-// An [M, width] tensor of `dtype` with unit column stride on x's device.
-void check_rows(const char* name, const torch::Tensor& t, c10::ScalarType dtype, int64_t m,
-                int64_t width, const torch::Tensor& x, bool contiguous) {
-  TORCH_CHECK(t.device() == x.device() && t.scalar_type() == dtype && t.dim() == 2 &&
-                  t.size(0) == m && t.size(1) == width && t.stride(1) == 1 &&
-                  (!contiguous || t.stride(0) == width || m == 1),
-              kOp, ": ", name, " must be ", dtype, " [", m, ", ", width, "]",
-              contiguous ? ", contiguous," : " with unit column stride", " on x's device");
-}
 
 }  // namespace
 
@@ -40,20 +28,20 @@ void pq2_produce_int8(const torch::Tensor& x, const std::optional<torch::Tensor>
               kOp, ": x must be a 2-D bfloat16 or float16 CUDA tensor");
   const int64_t m = x.size(0), k = glu ? x.size(1) / 2 : x.size(1);
   const c10::ScalarType dt = x.scalar_type();
-  check_rows("x", x, dt, m, glu ? 2 * k : k, x, false);
+  vllm_prism::check_rows(kOp, "x", x, dt, m, glu ? 2 * k : k, x, false);
   TORCH_CHECK(k % 128 == 0 && k <= vllm_prism::kPq2ProducerMaxK, kOp, ": K = ", k,
               " must be a multiple of 128, at most ", vllm_prism::kPq2ProducerMaxK);
-  check_rows("xq", xq, torch::kInt8, m, k, x, true);
-  check_rows("sx", sx, torch::kFloat32, m, k / 128, x, true);
-  check_rows("qsum", qsum, torch::kInt32, m, k / 128, x, true);
+  vllm_prism::check_rows(kOp, "xq", xq, torch::kInt8, m, k, x, true);
+  vllm_prism::check_rows(kOp, "sx", sx, torch::kFloat32, m, k / 128, x, true);
+  vllm_prism::check_rows(kOp, "qsum", qsum, torch::kInt32, m, k / 128, x, true);
   TORCH_CHECK(residual.has_value() == res_out.has_value(), kOp,
               ": residual and res_out go together");
   if (residual.has_value()) {
-    check_rows("residual", *residual, dt, m, k, x, false);
-    check_rows("res_out", *res_out, dt, m, k, x, true);
+    vllm_prism::check_rows(kOp, "residual", *residual, dt, m, k, x, false);
+    vllm_prism::check_rows(kOp, "res_out", *res_out, dt, m, k, x, true);
   }
-  if (gate.has_value()) check_rows("gate", *gate, dt, m, k, x, false);
-  if (x_out.has_value()) check_rows("x_out", *x_out, dt, m, k, x, true);
+  if (gate.has_value()) vllm_prism::check_rows(kOp, "gate", *gate, dt, m, k, x, false);
+  if (x_out.has_value()) vllm_prism::check_rows(kOp, "x_out", *x_out, dt, m, k, x, true);
   TORCH_CHECK(rms_group == 0 || (rms_group >= 32 && rms_group <= 1024 &&
                                  (rms_group & (rms_group - 1)) == 0 && k % rms_group == 0),
               kOp, ": rms_group = ", rms_group, " must be 0 or a power of two in 32..1024 "

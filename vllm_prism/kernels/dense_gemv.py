@@ -132,7 +132,7 @@ def small_m_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     pdl = use_pdl(x.device)
     _small_m_gemv_kernel[(grid,)](
         x, w, bias if bias is not None else w, y, clear if clear is not None else y, m, n, k,
-        n_part, z_numel, x.stride(0), w.stride(0), y.stride(-2), m * n_part if halves else 0,
+        n_part, z_numel, x.stride(0), w.stride(0), y.stride(-2), y.stride(0) if halves else 0,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=min(BLOCK_K, next_power_of_2(k)),
         HAS_BIAS=bias is not None, CLEAR_BLOCK=clear_block, PDL=pdl,
         num_warps=8 if block_m > 4 else 4, **pdl_launch(pdl))

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_prism import envs
 from vllm_prism.kernels.common import HAS_TRITON, pdl_launch, triton_can_run, use_pdl
 
 if HAS_TRITON:
@@ -308,15 +309,10 @@ def _cuda_producer(x: torch.Tensor, signs: torch.Tensor | None, block: int,
                    act: PQ2Activation, res: torch.Tensor | None, pro: Prologue) -> None:
     """Fills ``act`` (Q8, with its residual and linear input where asked) with one launch of
     the CUDA C++ producer."""
-    gate = pro.gate
-    if signs is not None and (signs.dtype != torch.float32 or not signs.is_contiguous()
-                              or signs.data_ptr() % 16):
-        signs = signs.float().contiguous()
     torch.ops._C_prism.pq2_produce_int8(
-        x, res, pro.rms_weight if pro.rms_weight is None else pro.rms_weight.contiguous(),
-        gate, signs, act.data, act.group_scale, act.group_sum, act.residual, act.linear_input,
-        block, pro.glu, float(pro.rms_offset), float(pro.eps), pro.rms_group,
-        pro.gate_sigmoid, use_pdl(x.device))
+        x, res, pro.rms_weight, pro.gate, signs, act.data, act.group_scale, act.group_sum,
+        act.residual, act.linear_input, block, pro.glu, float(pro.rms_offset), float(pro.eps),
+        pro.rms_group, pro.gate_sigmoid, use_pdl(x.device))
 
 
 def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int | None,
@@ -347,8 +343,6 @@ def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int
         return act
     if x.stride(1) != 1:
         x = x.contiguous()
-    from vllm_prism import envs
-
     if envs.VLLM_PRISM_PRODUCER == "cuda" and cuda_producer_problem(
             x, k, b, ActKind(kind), prologue) is None:
         _cuda_producer(x, signs, b, act, res, prologue)
@@ -370,7 +364,9 @@ def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int
         act.data.numel() // m, k // GROUP, float(prologue.eps), float(prologue.rms_offset),
         SEG=seg, LOG_B=log_b, INV_SQRT_B=1.0 / math.sqrt(b),
         HAS_SIGNS=signs is not None, HAS_RMS=rmsw is not None,
-        RMS_BLOCK=rms_block, RMS_STEPS=-(-k // rms_block), HAS_XOUT=xout is not None,
+        RMS_BLOCK=rms_block, HAS_XOUT=xout is not None,
+        # the whole-row norm's chunks (a constexpr only there: other calls share one compile)
+        RMS_STEPS=-(-k // rms_block) if rmsw is not None and not prologue.rms_group else 1,
         RMS_GROUP=prologue.rms_group,
         GLU=prologue.glu, HAS_RES=res is not None, HAS_GATE=gate is not None,
         GATE_SIGMOID=prologue.gate_sigmoid, MODE=int(kind), PDL=pdl,

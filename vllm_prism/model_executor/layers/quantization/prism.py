@@ -149,10 +149,9 @@ class PrismFloatLinearMethod(UnquantizedLinearMethod):
         if self._gemm_impl is _dense_linear_gemm:
             return torch.ops.vllm_prism.dense_linear_halves(x, layer.weight, layer.bias,
                                                             clear_width)
-        y = self.apply(layer, x, layer.bias)
-        m = x.shape[0]
-        halves = y.view(m, 2, y.shape[-1] // 2).transpose(0, 1).contiguous()
-        return halves, torch.zeros(m, clear_width, dtype=x.dtype, device=x.device)
+        from vllm_prism._custom_ops import halves_and_zeros
+
+        return halves_and_zeros(self.apply(layer, x, layer.bias), clear_width)
 
 
 def _partition_signs(config: PrismConfig, layer: torch.nn.Module, input_size: int,
