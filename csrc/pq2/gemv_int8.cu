@@ -261,7 +261,7 @@ __device__ __forceinline__ void produce_activation(const Pq2LinearParams& p,
                                                    const Pq2PrologueParams& q,
                                                    const GemvSmem& L, char* smem, float* red) {
   ProducedUnit pu;
-  if (!produce_unit<false>(p.k, q, blockIdx.x == 0, red, pu)) return;
+  if (!produce_unit(p.k, q, blockIdx.x == 0, red, pu)) return;
   const int u = threadIdx.x;
   const int sum = pu.sum + __shfl_xor_sync(kFull, pu.sum, 1);  // the 64-chunk: with the neighbour
   if (pu.mine) {

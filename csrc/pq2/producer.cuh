@@ -1,8 +1,9 @@
 // The PQ2 activation producer in CUDA C++, torch-free: prologue -> signs -> block Hadamard ->
 // int8 per 128-group, the operations and their order of the Triton producer
 // (vllm_prism/kernels/pq2/hadamard.py). The GEMV with the producer in its launch
-// (gemv_int8.cu, M = 1) runs it in each of its CTAs; pq2_produce_int8_launch runs it on its own
-// (producer.cu), one CTA per activation row, writing the Q8 layout every int8 kernel reads.
+// (gemv_int8.cu, M = 1) runs it in each of its CTAs (producer_device.cuh);
+// pq2_produce_int8_launch runs it on its own (producer.cu), one CTA per 1024 values of an
+// activation row, writing the Q8 layout every int8 kernel reads.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,12 +42,8 @@ struct Pq2ProducerOut {
   int64_t stride_xq, stride_g;
 };
 
-// The widest K the producer takes on its own: one 32-value unit per thread of a CTA of at
-// most 768 threads (up to 85 registers each: 1024 threads would spill).
-constexpr int kPq2ProducerMaxK = 24576;
-
-// Runs the producer on M rows of K values (K % 128 == 0, K <= kPq2ProducerMaxK; the Hadamard
-// block at most 1024 and dividing K; rms_group 0 or a power of two in 32..1024 dividing K).
+// Runs the producer on M rows of K values (K % 128 == 0; the Hadamard block at most 1024 and
+// dividing K; rms_group 0 or a power of two in 32..1024 dividing K).
 cudaError_t pq2_produce_int8_launch(const Pq2PrologueParams& q, const Pq2ProducerOut& out,
                                     int m, int k, bool pdl, cudaStream_t stream);
 

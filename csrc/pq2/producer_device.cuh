@@ -1,5 +1,6 @@
-// The activation producer's device code (see producer.cuh), shared by the GEMV with the
-// producer in its launch (gemv_int8.cu) and the producer on its own (producer.cu).
+// The activation producer's device code (see producer.cuh): the 16-bit loads and stores of the
+// producer on its own (producer.cu) and of the GEMV with the producer in its launch
+// (gemv_int8.cu), and the latter's per-thread unit of 32 values.
 #pragma once
 
 #include "pq2_device.cuh"
@@ -18,27 +19,34 @@ __device__ __forceinline__ uint32_t float_to_bits(float v, int dtype) {
                     : __half_as_ushort(__float2half_rn(v));
 }
 
-// 8 consecutive fp16 / bf16 values from element i of `base` (i % 8 == 0) as floats: one
-// 16-byte load where `vec` (16-byte aligned base), else eight 2-byte loads.
-__device__ __forceinline__ void load8(float (&v)[8], const void* base, int64_t i, int dtype,
-                                      bool vec) {
+// The 16 bytes of 8 consecutive fp16 / bf16 values from element i of `base` (i % 8 == 0):
+// one 16-byte load where `vec` (16-byte aligned base), else eight 2-byte loads.
+__device__ __forceinline__ uint4 load_raw8(const void* base, int64_t i, bool vec) {
   const uint16_t* b = static_cast<const uint16_t*>(base) + i;
+  if (vec) return __ldg(reinterpret_cast<const uint4*>(b));
   uint32_t w[4];
-  if (vec) {
-    const uint4 u = __ldg(reinterpret_cast<const uint4*>(b));
-    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-  } else {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w[j] = static_cast<uint32_t>(__ldg(b + 2 * j)) |
-             (static_cast<uint32_t>(__ldg(b + 2 * j + 1)) << 16);
-    }
+  for (int j = 0; j < 4; ++j) {
+    w[j] = static_cast<uint32_t>(__ldg(b + 2 * j)) |
+           (static_cast<uint32_t>(__ldg(b + 2 * j + 1)) << 16);
   }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// The 8 fp16 / bf16 values of `u` as floats.
+__device__ __forceinline__ void to_float8(float (&v)[8], uint4 u, int dtype) {
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     v[2 * j] = bits_to_float(w[j] & 0xffffu, dtype);
     v[2 * j + 1] = bits_to_float(w[j] >> 16, dtype);
   }
+}
+
+// 8 consecutive fp16 / bf16 values from element i of `base` (i % 8 == 0) as floats.
+__device__ __forceinline__ void load8(float (&v)[8], const void* base, int64_t i, int dtype,
+                                      bool vec) {
+  to_float8(v, load_raw8(base, i, vec), dtype);
 }
 
 // The 8 values `v` rounded to fp16 / bf16 at element i of `base` (i % 8 == 0).
@@ -63,8 +71,8 @@ __device__ __forceinline__ void store8(void* base, int64_t i, const float* v, in
 // the block Hadamard, at most 1024, runs in registers and lane shuffles), quantized to int8 per
 // 128-group over four lanes. Every thread of the CTA calls it (one barrier when the norm spans
 // the whole row; red: 32 floats of shared memory); false for a thread whose warp holds no unit
-// (warp-uniform). write_res: this CTA writes x + residual to res_out. XOUT: q.x_out may be set
-// (compiled only where a caller takes it: the extra live range costs the fused GEMV spills).
+// (warp-uniform). write_res: this CTA writes x + residual to res_out. q.x_out is not written
+// (the fused GEMV refuses a prologue whose result is returned: the live range costs spills).
 struct ProducedUnit {
   uint32_t words[8];  // the unit's 32 int8 codes, 4 a word, in order
   int sum;            // their sum
@@ -72,7 +80,6 @@ struct ProducedUnit {
   bool mine;          // u < K / 32: the unit exists (its lanes' stores count)
 };
 
-template <bool XOUT>
 __device__ __forceinline__ bool produce_unit(int k, const Pq2PrologueParams& q, bool write_res,
                                              float* red, ProducedUnit& pu) {
   const int units = k / 32;
@@ -152,10 +159,6 @@ __device__ __forceinline__ bool produce_unit(int k, const Pq2PrologueParams& q, 
         v[8 * c + j] *= q.gate_sigmoid ? sig : z[j] * sig;
       }
     }
-  }
-  if (XOUT && q.x_out != nullptr && mine) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) store8(q.x_out, e0 + 8 * c, &v[8 * c], q.x_dtype, q.xout_vec);
   }
   if (q.signs != nullptr && mine) {
 #pragma unroll

@@ -277,9 +277,6 @@ def _alloc(kind: ActKind, m: int, k: int, dtype: torch.dtype,
     return PQ2Activation(kind, data, m, k, dtype, scale, qsum)
 
 
-CUDA_PRODUCER_MAX_K = 24576  # csrc/pq2/producer.cuh kPq2ProducerMaxK
-
-
 def cuda_producer_problem(x: torch.Tensor, k: int, block: int, kind: ActKind,
                           pro: Prologue) -> str | None:
     """Why the CUDA C++ producer cannot make this activation (x [M, K] or [M, 2K] checked by
@@ -296,8 +293,6 @@ def cuda_producer_problem(x: torch.Tensor, k: int, block: int, kind: ActKind,
         t = getattr(pro, name)
         if t is not None and t.dtype != x.dtype:
             return f"{name} is {t.dtype}, x is {x.dtype}"
-    if k > CUDA_PRODUCER_MAX_K:
-        return f"K = {k} > {CUDA_PRODUCER_MAX_K}"
     if block > 1024:
         return f"Hadamard block {block} > 1024"
     if pro.rms_group and pro.rms_group < 32:
