@@ -29,19 +29,6 @@ torch::Tensor pq2_gemv_fused(const torch::Tensor& codes, const torch::Tensor& sc
                              bool glu, double rms_offset, double eps, int64_t rms_group,
                              bool gate_sigmoid, c10::ScalarType out_dtype, bool pdl);
 
-// The PQ2 activation producer on its own (csrc/pq2/producer.cu): the int8 activation of
-// prologue(x) into xq [M, K], sx and qsum [M, K / 128]; res_out gets x + residual, x_out the
-// prologue's result (x's dtype).
-void pq2_produce_int8(const torch::Tensor& x, const std::optional<torch::Tensor>& residual,
-                      const std::optional<torch::Tensor>& rms_weight,
-                      const std::optional<torch::Tensor>& gate,
-                      const std::optional<torch::Tensor>& signs, torch::Tensor& xq,
-                      torch::Tensor& sx, torch::Tensor& qsum,
-                      const std::optional<torch::Tensor>& res_out,
-                      const std::optional<torch::Tensor>& x_out, int64_t hadamard_block,
-                      bool glu, double rms_offset, double eps, int64_t rms_group,
-                      bool gate_sigmoid, bool pdl);
-
 torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor& scales,
                                  const torch::Tensor& xq, const torch::Tensor& sx,
                                  const torch::Tensor& qsum,

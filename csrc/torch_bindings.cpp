@@ -28,15 +28,6 @@ TORCH_LIBRARY(_C_prism, m) {
       "int hadamard_block, bool glu, float rms_offset, float eps, int rms_group, "
       "bool gate_sigmoid, ScalarType out_dtype, bool pdl) -> Tensor");
   m.impl("pq2_gemv_fused", c10::kCUDA, &pq2_gemv_fused);
-  // The activation producer on its own (csrc/pq2/producer.cu): prologue(x) -> signs -> block
-  // Hadamard -> int8 per 128-group into xq, sx, qsum; res_out receives x + residual, x_out the
-  // prologue's result.
-  m.def(
-      "pq2_produce_int8(Tensor x, Tensor? residual, Tensor? rms_weight, Tensor? gate, "
-      "Tensor? signs, Tensor(a!) xq, Tensor(b!) sx, Tensor(c!) qsum, Tensor(d!)? res_out, "
-      "Tensor(e!)? x_out, int hadamard_block, bool glu, float rms_offset, float eps, "
-      "int rms_group, bool gate_sigmoid, bool pdl) -> ()");
-  m.impl("pq2_produce_int8", c10::kCUDA, &pq2_produce_int8);
   // y [M, N] = W_st @ x for 1..16 int8 activation rows, weights as the MMA's A operand
   // (csrc/pq2/mma_small.cu).
   m.def(

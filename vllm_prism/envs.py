@@ -42,12 +42,6 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # w (warps), depth (tiles in flight, 1..3), scales (1: scales travel with their tile),
     # split (programs per row's K). Empty (default): the tuned defaults.
     "VLLM_PRISM_GEMV_TUNING": lambda: os.getenv("VLLM_PRISM_GEMV_TUNING", "").strip().lower(),
-    # The activation producer of the int8 PQ2 kernels on CUDA: "triton" (default) the Triton
-    # producer (kernels/pq2/hadamard.py); "cuda" the CUDA C++ one of vllm_prism._C
-    # (csrc/pq2/producer.cu: one CTA a row, the Hadamard in registers and lane shuffles) where
-    # it is built and takes the call. Opt-in until timed against the Triton one through vLLM.
-    # Read per call inside the PQ2 ops; it changes no traced graph.
-    "VLLM_PRISM_PRODUCER": lambda: os.getenv("VLLM_PRISM_PRODUCER", "triton").strip().lower(),
     # The float projections Bonsai keeps (the Gated DeltaNet's in_proj_ba) on CUDA: "auto"
     # (default) the one-launch small-M GEMV of kernels/dense_gemv.py for M <= AUTO_M (2) rows,
     # F.linear above (1.9-2.3x F.linear at M = 1..2 on the H200, slower from M = 4;
@@ -76,7 +70,6 @@ environment_variables: dict[str, Callable[[], Any]] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "VLLM_PRISM_DENSE_GEMV": ("auto", "torch", "triton"),
     "VLLM_PRISM_DRAFT_ATTENTION": ("prism", "vllm"),
-    "VLLM_PRISM_PRODUCER": ("triton", "cuda"),
 }
 
 

@@ -5,7 +5,7 @@
         [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 0 [1]]
         [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
         [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]]
-        [--draft-attention prism [vllm]] [--producer triton [cuda]]
+        [--draft-attention prism [vllm]]
         [--profile-batches 1 [8]] [--side-by-side] [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
@@ -42,9 +42,6 @@ prefilled. Prompts are random token ids, distinct per request.
 * ``--draft-attention prism vllm`` likewise with ``VLLM_PRISM_DRAFT_ATTENTION`` (a DFlash
   drafter's attention with an INT8 KV cache: the PRISM backend, or vLLM's own choice), for
   the engines with a drafter only: a plain engine has no drafter, so it runs once.
-* ``--producer triton cuda`` likewise with ``VLLM_PRISM_PRODUCER`` (the int8 activation
-  producer: the Triton kernel or the CUDA C++ one; a value other than triton is shown in the
-  kernel label).
 * ``--attn-kernel auto triton`` likewise with ``VLLM_PRISM_ATTN_KERNEL`` (the CUDA C++ INT8
   decode attention against the Triton split-KV kernel); records carry ``attn_kernel``.
 * ``--side-by-side`` starts every engine of the run at once, each with ``--gpu-memory`` over
@@ -484,17 +481,14 @@ def _tiny_drafter(model: str) -> str:
 def _kernel_label(drafter: bool) -> str:
     """The linear kernel choice of this engine: VLLM_PRISM_PQ2_KERNEL, with the GEMV tile
     overrides in brackets when VLLM_PRISM_GEMV_TUNING sets any, and the float projections'
-    GEMV when VLLM_PRISM_DENSE_GEMV is not the default, the activation producer when
-    VLLM_PRISM_PRODUCER is not the default, and the drafter's attention (an engine with a
-    drafter) when VLLM_PRISM_DRAFT_ATTENTION is not the default."""
+    GEMV when VLLM_PRISM_DENSE_GEMV is not the default, and the drafter's attention (an
+    engine with a drafter) when VLLM_PRISM_DRAFT_ATTENTION is not the default."""
     kern = os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto") or "auto"
     tune = os.environ.get("VLLM_PRISM_GEMV_TUNING", "").strip()
     dense = os.environ.get("VLLM_PRISM_DENSE_GEMV", "auto").strip() or "auto"
     draft = os.environ.get("VLLM_PRISM_DRAFT_ATTENTION", "prism").strip() or "prism"
     label = f"{kern} [gemv {tune}]" if tune else kern
     label = label if dense == "auto" else f"{label} [dense {dense}]"
-    producer = os.environ.get("VLLM_PRISM_PRODUCER", "triton").strip() or "triton"
-    label = label if producer == "triton" else f"{label} [producer {producer}]"
     return label if draft == "prism" or not drafter else f"{label} [draft attention {draft}]"
 
 
@@ -635,9 +629,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VLLM_PRISM_DRAFT_ATTENTION for the engines with a drafter, each in "
                    "turn (a drafter's attention with an INT8 KV cache: the PRISM backend, or "
                    "vLLM's choice)")
-    p.add_argument("--producer", nargs="+", default=["triton"], choices=["triton", "cuda"],
-                   help="VLLM_PRISM_PRODUCER for the engines, each in turn (the int8 "
-                   "activation producer: Triton or CUDA C++)")
     p.add_argument("--side-by-side", action="store_true",
                    help="start every engine at once (--gpu-memory shared among them); they "
                    "measure one at a time")
@@ -661,8 +652,7 @@ ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("gemv_tuning", "VLLM_PRISM_GEMV_TUNING", "gemv"),
                    ("attn_kernel", "VLLM_PRISM_ATTN_KERNEL", "attn"),
                    ("dense_gemv", "VLLM_PRISM_DENSE_GEMV", "dense"),
-                   ("draft_attention", "VLLM_PRISM_DRAFT_ATTENTION", "draft"),
-                   ("producer", "VLLM_PRISM_PRODUCER", "producer"))
+                   ("draft_attention", "VLLM_PRISM_DRAFT_ATTENTION", "draft"))
 SPEC_ONLY_SWITCHES = {"draft_attention"}  # what only an engine with a drafter reads
 
 

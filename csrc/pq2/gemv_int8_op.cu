@@ -116,7 +116,7 @@ torch::Tensor pq2_gemv_fused(const torch::Tensor& codes, const torch::Tensor& sc
   p.split = 1;
   p.pdl = pdl;
   const vllm_prism::Pq2PrologueParams q = vllm_prism::prologue_params(
-      x, residual, res_out, rms_weight, gate, signs, std::nullopt, hadamard_block, glu,
+      x, residual, res_out, rms_weight, gate, signs, hadamard_block, glu,
       rms_offset, eps, rms_group, gate_sigmoid);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const cudaError_t err =

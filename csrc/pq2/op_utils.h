@@ -1,5 +1,5 @@
 // Shared argument checks, parameter filling and tile counters of the PQ2 torch ops
-// (mma_int8_op.cu, mma_small_op.cu, gemv_int8_op.cu, producer_op.cu).
+// (mma_int8_op.cu, mma_small_op.cu, gemv_int8_op.cu).
 #pragma once
 
 #include <cmath>
@@ -73,23 +73,21 @@ inline bool vec16(const torch::Tensor& t) {
          (t.size(0) == 1 || (t.stride(0) * t.element_size()) % 16 == 0);
 }
 
-// The producer's prologue (Pq2PrologueParams) from the checked tensors of a producer op
-// (pq2_gemv_fused, pq2_produce_int8): pointers, row strides, dtypes, the 16-byte flags and,
-// with signs, the Hadamard block (a power of two) as its log.
+// The producer's prologue (Pq2PrologueParams) from the checked tensors of the GEMV with the
+// producer in its launch (pq2_gemv_fused): pointers, dtypes, the 16-byte flags and, with
+// signs, the Hadamard block (a power of two) as its log.
 inline Pq2PrologueParams prologue_params(
     const torch::Tensor& x, const std::optional<torch::Tensor>& residual,
     const std::optional<torch::Tensor>& res_out, const std::optional<torch::Tensor>& rms_weight,
     const std::optional<torch::Tensor>& gate, const std::optional<torch::Tensor>& signs,
-    const std::optional<torch::Tensor>& x_out, int64_t hadamard_block, bool glu,
+    int64_t hadamard_block, bool glu,
     double rms_offset, double eps, int64_t rms_group, bool gate_sigmoid) {
   Pq2PrologueParams q{};
   q.x = x.data_ptr();
-  q.stride_x = x.stride(0);
   q.x_dtype = dtype_code(x.scalar_type(), "x");
   q.x_vec = vec16(x);
   if (residual.has_value()) {
     q.res = residual->data_ptr();
-    q.stride_res = residual->stride(0);
     q.res_out = res_out->data_ptr();
     q.res_vec = vec16(*residual) && vec16(*res_out);
   }
@@ -102,15 +100,10 @@ inline Pq2PrologueParams prologue_params(
   q.rms_group = static_cast<int>(rms_group);
   if (gate.has_value()) {
     q.gate = gate->data_ptr();
-    q.stride_gate = gate->stride(0);
     q.gate_vec = vec16(*gate);
   }
   q.gate_sigmoid = gate_sigmoid;
   q.glu = glu;
-  if (x_out.has_value()) {
-    q.x_out = x_out->data_ptr();
-    q.xout_vec = vec16(*x_out);
-  }
   if (signs.has_value()) {
     q.signs = signs->data_ptr<float>();
     while ((int64_t{1} << q.log_b) < hadamard_block) ++q.log_b;

@@ -1,6 +1,5 @@
-// The activation producer's device code (see producer.cuh): the 16-bit loads and stores of the
-// producer on its own (producer.cu) and of the GEMV with the producer in its launch
-// (gemv_int8.cu), and the latter's per-thread unit of 32 values.
+// The activation producer's device code (see producer.cuh) for the GEMV with the producer in
+// its launch (gemv_int8.cu): 16-bit loads and stores and the per-thread unit of 32 values.
 #pragma once
 
 #include "pq2_device.cuh"
@@ -71,8 +70,8 @@ __device__ __forceinline__ void store8(void* base, int64_t i, const float* v, in
 // the block Hadamard, at most 1024, runs in registers and lane shuffles), quantized to int8 per
 // 128-group over four lanes. Every thread of the CTA calls it (one barrier when the norm spans
 // the whole row; red: 32 floats of shared memory); false for a thread whose warp holds no unit
-// (warp-uniform). write_res: this CTA writes x + residual to res_out. q.x_out is not written
-// (the fused GEMV refuses a prologue whose result is returned: the live range costs spills).
+// (warp-uniform). write_res: this CTA writes x + residual to res_out. (The fused GEMV refuses a
+// prologue whose result is returned: the extra live range costs spills.)
 struct ProducedUnit {
   uint32_t words[8];  // the unit's 32 int8 codes, 4 a word, in order
   int sum;            // their sum

@@ -64,7 +64,6 @@ def test_side_by_side_engines_share_the_memory_and_take_turns() -> None:
     ("--pdl", "VLLM_PRISM_PDL", ["1", "0"]),
     ("--pq2-kernel", "VLLM_PRISM_PQ2_KERNEL", ["auto", "gemm_dq"]),
     ("--dense-gemv", "VLLM_PRISM_DENSE_GEMV", ["torch", "triton"]),
-    ("--producer", "VLLM_PRISM_PRODUCER", ["triton", "cuda"]),
 ])
 def test_each_switch_value_gets_its_own_engine(flag: str, env_name: str,
                                                values: list[str]) -> None:

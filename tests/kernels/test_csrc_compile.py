@@ -17,7 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 NVCC = shutil.which("nvcc")
 TORCH_FREE = ["csrc/pq2/mma_int8.cu", "csrc/pq2/gemv_int8.cu", "csrc/pq2/mma_small.cu",
-              "csrc/pq2/mma_bulk.cu", "csrc/pq2/producer.cu",
+              "csrc/pq2/mma_bulk.cu",
               "csrc/attention/int8_decode.cu", "csrc/attention/int8_verify.cu"]
 
 
@@ -53,7 +53,7 @@ _STUBS = {
     "c10/cuda/impl/cuda_cmake_macros.h": "",
 }
 OP_SOURCES = ["csrc/torch_bindings.cpp", "csrc/pq2/dequantize.cu", "csrc/pq2/mma_int8_op.cu",
-              "csrc/pq2/gemv_int8_op.cu", "csrc/pq2/mma_small_op.cu", "csrc/pq2/producer_op.cu",
+              "csrc/pq2/gemv_int8_op.cu", "csrc/pq2/mma_small_op.cu",
               "csrc/attention/int8_decode_op.cu", "csrc/attention/int8_verify_op.cu"]
 
 

@@ -25,11 +25,6 @@ operation order as :func:`vllm_prism.gguf.hadamard.forward_transform`) and store
   from zero), with the fp32 scale and the int32 sum of the codes of every group (the int8
   GEMV and tensor-core kernels read it in this natural order).
 
-The ``Q8`` layout has a CUDA C++ twin (``torch.ops._C_prism.pq2_produce_int8``,
-csrc/pq2/producer.cu: one CTA a row, the same operations in the same order, the Hadamard in
-registers and lane shuffles) that :func:`transform_activation` runs instead where
-``VLLM_PRISM_PRODUCER=cuda`` and :func:`cuda_producer_problem` finds nothing against it.
-
 Without signs the kernel only (normalizes and) re-lays out the activation. ``RAW`` names no
 layout of this kernel: x and the :class:`Prologue` as they are, for a weight kernel that runs
 the producer inside its own launch (``gemv_fused_cuda``, csrc/pq2/gemv_int8.cu).
@@ -43,7 +38,6 @@ from dataclasses import dataclass
 
 import torch
 
-from vllm_prism import envs
 from vllm_prism.kernels.common import HAS_TRITON, pdl_launch, triton_can_run, use_pdl
 
 if HAS_TRITON:
@@ -53,8 +47,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-__all__ = ["ActKind", "PQ2Activation", "Prologue", "check_activation", "cuda_producer_problem",
-           "transform_activation",
+__all__ = ["ActKind", "PQ2Activation", "Prologue", "check_activation", "transform_activation",
            "hadamard_transform", "transform_activation_torch", "block_hadamard_torch",
            "signed_hadamard_torch", "inverse_signed_hadamard_torch"]
 
@@ -277,39 +270,6 @@ def _alloc(kind: ActKind, m: int, k: int, dtype: torch.dtype,
     return PQ2Activation(kind, data, m, k, dtype, scale, qsum)
 
 
-def cuda_producer_problem(x: torch.Tensor, k: int, block: int, kind: ActKind,
-                          pro: Prologue) -> str | None:
-    """Why the CUDA C++ producer cannot make this activation (x [M, K] or [M, 2K] checked by
-    :func:`check_activation`), or None."""
-    from vllm_prism._custom_ops import has_compiled_op
-
-    if kind != ActKind.Q8:
-        return f"it writes the Q8 layout, not {ActKind(kind).name}"
-    if not x.is_cuda or not has_compiled_op("pq2_produce_int8"):
-        return "vllm_prism._C with pq2_produce_int8 is not built, or x is not on CUDA"
-    if x.dtype not in (torch.bfloat16, torch.float16):
-        return f"x is {x.dtype} (it takes bf16 or fp16)"
-    for name in ("residual", "gate"):
-        t = getattr(pro, name)
-        if t is not None and t.dtype != x.dtype:
-            return f"{name} is {t.dtype}, x is {x.dtype}"
-    if block > 1024:
-        return f"Hadamard block {block} > 1024"
-    if pro.rms_group and pro.rms_group < 32:
-        return f"rms_group {pro.rms_group} < 32"
-    return None
-
-
-def _cuda_producer(x: torch.Tensor, signs: torch.Tensor | None, block: int,
-                   act: PQ2Activation, res: torch.Tensor | None, pro: Prologue) -> None:
-    """Fills ``act`` (Q8, with its residual and linear input where asked) with one launch of
-    the CUDA C++ producer."""
-    torch.ops._C_prism.pq2_produce_int8(
-        x, res, pro.rms_weight, pro.gate, signs, act.data, act.group_scale, act.group_sum,
-        act.residual, act.linear_input, block, pro.glu, float(pro.rms_offset), float(pro.eps),
-        pro.rms_group, pro.gate_sigmoid, use_pdl(x.device))
-
-
 def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int | None,
                          kind: ActKind = ActKind.FLOAT, *, out_dtype: torch.dtype | None = None,
                          prologue: Prologue = NO_PROLOGUE) -> PQ2Activation:
@@ -338,10 +298,6 @@ def transform_activation(x: torch.Tensor, signs: torch.Tensor | None, block: int
         return act
     if x.stride(1) != 1:
         x = x.contiguous()
-    if envs.VLLM_PRISM_PRODUCER == "cuda" and cuda_producer_problem(
-            x, k, b, ActKind(kind), prologue) is None:
-        _cuda_producer(x, signs, b, act, res, prologue)
-        return act
     seg = _segment(k, b, prologue.rms_group)
     log_b = b.bit_length() - 1
     dummy = act.data
