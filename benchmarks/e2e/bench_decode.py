@@ -48,8 +48,8 @@ prefilled. Prompts are random token ids, distinct per request.
   the number of engines (their compiles and CUDA-graph captures overlap: a cold start of the
   27B-shaped file takes about 4 minutes); each warms up (one short generation per prompt
   length it measures: the first call compiles the prefill paths' Triton kernels), waits for
-  the others to be warm, then measures in its turn (a file lock, held until the process has
-  exited), so no engine's timing shares the GPU with another's work or shutdown.
+  the others to be warm, then measures in its turn (a file lock), and exits only once every
+  engine has measured, so no engine's timing shares the GPU with another's work or shutdown.
 * profile (batch 1, or each of ``--profile-batches``; first context): torch-profiler traces
   of two generate() calls of T/2 and T decode steps, whose difference gives per decode step
   the kernel time by family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise,
@@ -352,12 +352,13 @@ def run_engine(args: argparse.Namespace) -> None:
         _barrier(args.turn_lock, args.engines)
     with _measure_turn(args.turn_lock):
         print("RECORDS " + json.dumps(_measure(llm, args)), flush=True)
-        if args.turn_lock:
-            # Leave while still holding the turn: vLLM's orderly shutdown (seconds of host and
-            # GPU work) overlapped the next engine's measurements (2026-12-01: the same verify
-            # step measured 10.5 and 13.7 ms). The lock goes with the process.
-            sys.stderr.flush()
-            os._exit(0)
+    if args.turn_lock:
+        # Leave only when every engine has measured: an engine's exit (seconds of host and GPU
+        # work) disturbed the one measuring after it (2026-12-01: the same verify step 10.5
+        # and 13.7 ms; 2026-12-02: a 6.06 ms plain step beside an exiting DFlash engine).
+        _barrier(args.turn_lock, args.engines, EXIT_WAIT_S, "done")
+        sys.stderr.flush()
+        os._exit(0)  # vLLM's orderly shutdown is not needed for a benchmark's engine
 
 
 def _warm_up(llm, args: argparse.Namespace) -> None:
@@ -371,16 +372,26 @@ def _warm_up(llm, args: argparse.Namespace) -> None:
     print(json.dumps({"warm": lengths}), flush=True)
 
 
-def _barrier(lock: str, engines: int, timeout_s: float = 240.0) -> None:
-    """Wait until ``engines`` engines have warmed up (a line each in ``lock``.ready), or
-    ``timeout_s`` passed (an engine that failed to start must not hold the others)."""
-    ready = Path(lock + ".ready")
-    with open(ready, "a") as f:
+# How long a side-by-side engine that has measured waits for the others before it exits.
+EXIT_WAIT_S = 1800.0
+
+
+def _arrive(lock: str, stage: str, line: str) -> None:
+    """Adds ``line`` to the barrier file ``lock``.``stage`` (under its file lock)."""
+    with open(f"{lock}.{stage}", "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
-        f.write(f"{os.getpid()}\n")
+        f.write(f"{line}\n")
         fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _barrier(lock: str, engines: int, timeout_s: float = 240.0, stage: str = "ready") -> None:
+    """Wait until ``engines`` engines have reached ``stage`` (a line each in ``lock``.stage:
+    "ready", warmed up; "done", measured), or ``timeout_s`` passed (an engine that failed
+    must not hold the others)."""
+    _arrive(lock, stage, str(os.getpid()))
+    path = Path(f"{lock}.{stage}")
     end = time.monotonic() + timeout_s
-    while time.monotonic() < end and len(ready.read_text().splitlines()) < engines:
+    while time.monotonic() < end and len(path.read_text().splitlines()) < engines:
         time.sleep(0.5)
 
 
@@ -742,8 +753,8 @@ def _run_child(cmd: list[str], env: dict[str, str], label: str,
                lock: str | None = None) -> tuple[int, list[str]]:
     """Run one engine's child process; echo each measurement as it comes (with the seconds
     since the start, so a run cut off shows how far it got) and return its exit status and
-    RECORDS lines. A child that fails counts as arrived at the side-by-side barrier of
-    ``lock``, so the engines still warming up do not wait the barrier's timeout for it."""
+    RECORDS lines. A child that fails counts as arrived at the side-by-side barriers of
+    ``lock``, so the other engines do not wait a barrier's timeout for it."""
     t0 = time.perf_counter()
     print(f"[{0:6.1f} s] engine {label}: starting", file=sys.stderr, flush=True)
     lines = []
@@ -759,10 +770,8 @@ def _run_child(cmd: list[str], env: dict[str, str], label: str,
     print(f"[{time.perf_counter() - t0:6.1f} s] engine {label}: exit {returncode}",
           file=sys.stderr, flush=True)
     if returncode and lock:
-        with open(lock + ".ready", "a") as f:
-            fcntl.flock(f, fcntl.LOCK_EX)
-            f.write(f"failed {proc.pid}\n")
-            fcntl.flock(f, fcntl.LOCK_UN)
+        for stage in ("ready", "done"):
+            _arrive(lock, stage, f"failed {proc.pid}")
     return returncode, lines
 
 

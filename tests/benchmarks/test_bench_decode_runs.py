@@ -6,6 +6,7 @@ KV-cache size. No GPU: only the command lines are built and parsed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -87,30 +88,67 @@ def test_the_drafter_switch_varies_only_the_engines_with_a_drafter() -> None:
     assert [r["ratio_to_plain"] for r in spec] == [1.5, 2.5]
 
 
-def test_barrier_waits_for_every_engine_then_lets_go(tmp_path) -> None:
-    """Side-by-side engines measure only once all are warm; a missing engine holds the others
-    no longer than the timeout."""
+@pytest.mark.parametrize("stage", ["ready", "done"])
+def test_barrier_waits_for_every_engine_then_lets_go(tmp_path, stage: str) -> None:
+    """Side-by-side engines measure only once all are warm, and leave only once all have
+    measured; a missing engine holds the others no longer than the timeout."""
     lock = str(tmp_path / "turn")
-    Path(lock + ".ready").write_text("111\n")  # one engine already warm
+    Path(f"{lock}.{stage}").write_text("111\n")  # one engine already there
     t0 = time.monotonic()
-    bench_decode._barrier(lock, 2, timeout_s=30)  # this one is the second: no wait
+    bench_decode._barrier(lock, 2, 30.0, stage)  # this one is the second: no wait
     assert time.monotonic() - t0 < 5
-    assert len(Path(lock + ".ready").read_text().splitlines()) == 2
+    assert len(Path(f"{lock}.{stage}").read_text().splitlines()) == 2
     t0 = time.monotonic()
-    bench_decode._barrier(lock, 5, timeout_s=1.0)  # two more never come
+    bench_decode._barrier(lock, 5, 1.0, stage)  # two more never come
     assert 1.0 <= time.monotonic() - t0 < 5
 
 
+def test_a_side_by_side_engine_leaves_only_after_every_engine_measured(monkeypatch) -> None:
+    """The order of one side-by-side engine: warm-up, the "ready" barrier, its measurement in
+    its turn, the turn given back, then the "done" barrier before it exits (an engine that
+    exits during another's measurement disturbs it)."""
+    events: list[str] = []
+    args = bench_decode.build_parser().parse_args(
+        ["m.gguf", "--kv", "auto", "--child", "--turn-lock", "/tmp/t", "--engines", "3"])
+
+    class Exited(Exception):
+        pass
+
+    @contextlib.contextmanager
+    def turn(lock):
+        events.append("turn")
+        yield
+        events.append("turn given back")
+
+    def leave(code):
+        events.append(f"exit {code}")
+        raise Exited
+
+    monkeypatch.setattr(bench_decode, "_engine", lambda a: object())
+    monkeypatch.setattr(bench_decode, "_warm_up", lambda llm, a: events.append("warm"))
+    monkeypatch.setattr(bench_decode, "_measure", lambda llm, a: events.append("measure") or [])
+    monkeypatch.setattr(bench_decode, "_measure_turn", turn)
+    monkeypatch.setattr(bench_decode, "_barrier",
+                        lambda lock, n, timeout_s=240.0, stage="ready":
+                        events.append(f"{stage} barrier of {n}"))
+    monkeypatch.setattr(bench_decode.os, "_exit", leave)
+    with pytest.raises(Exited):
+        bench_decode.run_engine(args)
+    assert events == ["warm", "ready barrier of 3", "turn", "measure", "turn given back",
+                      "done barrier of 3", "exit 0"]
+
+
 def test_a_failed_engine_does_not_hold_the_barrier(tmp_path) -> None:
-    """An engine that dies while warming up counts as arrived: the other engine passes the
-    barrier at once instead of after its timeout."""
+    """An engine that dies counts as arrived at both barriers: the other engine passes them at
+    once instead of after their timeouts."""
     lock = str(tmp_path / "turn")
     code, lines = bench_decode._run_child([sys.executable, "-c", "raise SystemExit(3)"],
                                           dict(os.environ), "dies", lock)
     assert code == 3 and lines == []
-    t0 = time.monotonic()
-    bench_decode._barrier(lock, 2, timeout_s=30.0)
-    assert time.monotonic() - t0 < 5
+    for stage in ("ready", "done"):
+        t0 = time.monotonic()
+        bench_decode._barrier(lock, 2, 30.0, stage)
+        assert time.monotonic() - t0 < 5, stage
 
 
 def test_profile_divides_by_the_steps_the_counter_saw(monkeypatch) -> None:
