@@ -266,10 +266,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const ActPtrs<NT> ap(p, g, t4);
   float acc[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
+  fill(acc, 0.f);
 
   Stage st = P.begin();
   for (int s = 0; s < nst; ++s) {

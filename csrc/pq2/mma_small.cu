@@ -32,6 +32,9 @@
 // alike (words 2c and 2c + 1 of the lane's 32 activation bytes at 32t of the group, two
 // 16-byte loads a group through L1), so each group is still one exact int32 sum. The warps of
 // a tile (KS of them) add their fp32 partials in shared memory in K order.
+//
+// PERSIST (op variant 5, pq2_mma_persist_kernel): STREAM's warps in as many CTAs as stay
+// resident, walking the matrix with the next item's loads in flight (see the kernel).
 #include "mma_small.cuh"
 
 #include "pq2_device.cuh"
@@ -312,86 +315,113 @@ __device__ __forceinline__ void stream_load(StreamFrag<P>& f, const char* c0, co
   }
 }
 
-// blockDim.x = 32 * KS * row tiles a CTA; warp w takes row tile w / KS of the CTA and K slice
-// w % KS (groups [s K/128 / KS, (s + 1) K/128 / KS)).
-template <int NT, int P>
-__global__ void __launch_bounds__(512)
-    pq2_mma_stream_kernel(const __grid_constant__ Pq2LinearParams p, int ks_count) {
-  extern __shared__ __align__(16) char smem[];
-  if (p.pdl) pdl_launch_dependents();
-  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  const int g = lane >> 2, t = lane & 3;
-  const int ks = warp % ks_count, rt = warp / ks_count;
-  const int tiles_per_cta = (blockDim.x >> 5) / ks_count;
-  const int row0 = (blockIdx.x * tiles_per_cta + rt) * 16;
-  const int groups = p.k / 128;
-  const int lo = ks * groups / ks_count, hi = (ks + 1) * groups / ks_count;
+// A warp's place in a STREAM or PERSIST CTA of blockDim.x = 32 * KS * row tiles: warp w takes
+// row tile rt = w / KS of the CTA's unit and K slice w % KS, the groups [lo, hi) of K.
+struct StreamWarp {
+  int g, t, rt, tiles_per_cta, lo, hi;
 
-  // 1. The first P groups' codes and scales: independent of the previous kernel.
-  const int r0 = min(row0 + g, p.n - 1), r1 = min(row0 + g + 8, p.n - 1);
-  const char* c0 = reinterpret_cast<const char*>(p.codes + r0 * p.stride_c) + 8 * t;
-  const char* c1 = reinterpret_cast<const char*>(p.codes + r1 * p.stride_c) + 8 * t;
-  const uint16_t* s0 = p.scales + r0 * p.stride_s;
-  const uint16_t* s1 = p.scales + r1 * p.stride_s;
-  StreamFrag<P> f;
-  stream_load<P>(f, c0, c1, s0, s1, lo, hi);
+  __device__ __forceinline__ StreamWarp(int groups, int ks_count) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, ks = warp % ks_count;
+    g = lane >> 2;
+    t = lane & 3;
+    rt = warp / ks_count;
+    tiles_per_cta = (blockDim.x >> 5) / ks_count;
+    lo = ks * groups / ks_count;
+    hi = (ks + 1) * groups / ks_count;
+  }
+};
+
+// Where a lane's loads go in a CTA's unit of row tiles: the codes of rows g and g + 8 of its
+// warp's 16-row tile (8 bytes at 8t of each group) and their fp16 scales.
+struct StreamRows {
+  const char *c0, *c1;
+  const uint16_t *s0, *s1;
+};
+
+__device__ __forceinline__ StreamRows stream_rows(const Pq2LinearParams& p, int unit,
+                                                  const StreamWarp& w) {
+  const int row0 = (unit * w.tiles_per_cta + w.rt) * 16;
+  const int r0 = min(row0 + w.g, p.n - 1), r1 = min(row0 + w.g + 8, p.n - 1);
+  return {reinterpret_cast<const char*>(p.codes + r0 * p.stride_c) + 8 * w.t,
+          reinterpret_cast<const char*>(p.codes + r1 * p.stride_c) + 8 * w.t,
+          p.scales + r0 * p.stride_s, p.scales + r1 * p.stride_s};
+}
+
+// A warp's start: the loads of its first P groups of `unit` (before the grid-dependency wait:
+// they do not depend on the previous kernel), then the wait; returns the unit's rows.
+template <int P>
+__device__ __forceinline__ StreamRows stream_start(StreamFrag<P>& f, const Pq2LinearParams& p,
+                                                   const StreamWarp& w, int unit) {
+  const StreamRows r = stream_rows(p, unit, w);
+  stream_load<P>(f, r.c0, r.c1, r.s0, r.s1, w.lo, w.hi);
   if (p.pdl) pdl_wait();  // the activation is complete past here
+  return r;
+}
 
-  // This lane's tokens: B column g + 8 nt (its 32 bytes at 32t of a group), C columns
-  // 8 nt + 2t and + 1 (past M: token M - 1, not stored); 32-bit offsets (fewer registers).
+// This lane's tokens: B column g + 8 nt (its 32 bytes at 32t of a group), C columns 8 nt + 2t
+// and + 1 (past M: token M - 1, not stored); 32-bit offsets (fewer registers).
+template <int NT>
+struct StreamTokens {
   int xoff[NT], goff[NT][2];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    xoff[nt] = min(8 * nt + g, p.m - 1) * static_cast<int>(p.stride_x) + 32 * t;
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      goff[nt][c] = min(8 * nt + 2 * t + c, p.m - 1) * static_cast<int>(p.stride_g);
-    }
-  }
-  float acc[NT][4];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[nt][e] = 0.f;
 
-  // 2. Group by group, P groups a pass.
-  for (int base = lo; base < hi; base += P) {
-    if (base != lo) stream_load<P>(f, c0, c1, s0, s1, base, hi);
+  __device__ __forceinline__ StreamTokens(const Pq2LinearParams& p, int g, int t) {
 #pragma unroll
-    for (int i = 0; i < P; ++i) {
-      const int grp = base + i;
-      if (grp >= hi) break;
-      uint4 bx[NT][2];
-      float s[NT][2];
-      int32_t q[NT][2];
+    for (int nt = 0; nt < NT; ++nt) {
+      xoff[nt] = min(8 * nt + g, p.m - 1) * static_cast<int>(p.stride_x) + 32 * t;
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const uint4* xb = reinterpret_cast<const uint4*>(p.xq + xoff[nt] + 128 * grp);
-        bx[nt][0] = __ldg(xb);
-        bx[nt][1] = __ldg(xb + 1);
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          s[nt][c] = __ldg(p.sx + goff[nt][c] + grp);
-          q[nt][c] = __ldg(p.qsum + goff[nt][c] + grp);
-        }
-      }
-      int32_t isum[NT][4];
-      mma_group_permuted<NT>(isum, f.w0[i], f.w1[i], bx);
-      const float d0 = __half2float(__ushort_as_half(static_cast<unsigned short>(f.d[i])));
-      const float d1 = __half2float(__ushort_as_half(static_cast<unsigned short>(f.d[i] >> 16)));
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        acc[nt][0] += exact_float(isum[nt][0] - q[nt][0]) * (d0 * s[nt][0]);
-        acc[nt][1] += exact_float(isum[nt][1] - q[nt][1]) * (d0 * s[nt][1]);
-        acc[nt][2] += exact_float(isum[nt][2] - q[nt][0]) * (d1 * s[nt][0]);
-        acc[nt][3] += exact_float(isum[nt][3] - q[nt][1]) * (d1 * s[nt][1]);
+      for (int c = 0; c < 2; ++c) {
+        goff[nt][c] = min(8 * nt + 2 * t + c, p.m - 1) * static_cast<int>(p.stride_g);
       }
     }
   }
+};
 
-  // 3. The K slices' partials of each tile, added in K order: red[tile][slice][nt][e][lane].
+// Adds the loaded groups base .. base + P - 1 (those below hi) to the lane's sums.
+template <int NT, int P>
+__device__ __forceinline__ void stream_compute(float (&acc)[NT][4], const StreamFrag<P>& f,
+                                               const Pq2LinearParams& p,
+                                               const StreamTokens<NT>& tk, int base, int hi) {
+#pragma unroll
+  for (int i = 0; i < P; ++i) {
+    const int grp = base + i;
+    if (grp >= hi) break;
+    uint4 bx[NT][2];
+    float s[NT][2];
+    int32_t q[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const uint4* xb = reinterpret_cast<const uint4*>(p.xq + tk.xoff[nt] + 128 * grp);
+      bx[nt][0] = __ldg(xb);
+      bx[nt][1] = __ldg(xb + 1);
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        s[nt][c] = __ldg(p.sx + tk.goff[nt][c] + grp);
+        q[nt][c] = __ldg(p.qsum + tk.goff[nt][c] + grp);
+      }
+    }
+    int32_t isum[NT][4];
+    mma_group_permuted<NT>(isum, f.w0[i], f.w1[i], bx);
+    const float d0 = __half2float(__ushort_as_half(static_cast<unsigned short>(f.d[i])));
+    const float d1 = __half2float(__ushort_as_half(static_cast<unsigned short>(f.d[i] >> 16)));
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      acc[nt][0] += exact_float(isum[nt][0] - q[nt][0]) * (d0 * s[nt][0]);
+      acc[nt][1] += exact_float(isum[nt][1] - q[nt][1]) * (d0 * s[nt][1]);
+      acc[nt][2] += exact_float(isum[nt][2] - q[nt][0]) * (d1 * s[nt][0]);
+      acc[nt][3] += exact_float(isum[nt][3] - q[nt][1]) * (d1 * s[nt][1]);
+    }
+  }
+}
+
+// The K slices' partials of each tile of the CTA's unit, added in K order through shared
+// memory (red[tile][slice][nt][e][lane]), then stored with the bias. Every thread calls it;
+// red is free again only after a further barrier.
+template <int NT>
+__device__ __forceinline__ void stream_reduce_store(const Pq2LinearParams& p,
+                                                    const float (&acc)[NT][4], float* red,
+                                                    int unit, int tiles_per_cta, int ks_count) {
   constexpr int kOut = NT * 4 * 32;
-  float* red = reinterpret_cast<float*>(smem);
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -402,12 +432,88 @@ __global__ void __launch_bounds__(512)
     float sum = 0.f;
     for (int w = 0; w < ks_count; ++w) sum += red[(tile * ks_count + w) * kOut + j];
     const int ln = j & 31, e = (j >> 5) & 3, nt = j >> 7;
-    const int row = (blockIdx.x * tiles_per_cta + tile) * 16 + (ln >> 2) + 8 * (e >> 1);
+    const int row = (unit * tiles_per_cta + tile) * 16 + (ln >> 2) + 8 * (e >> 1);
     const int tok = 8 * nt + 2 * (ln & 3) + (e & 1);
     if (row < p.n && tok < p.m) {
       const float bias = p.bias ? load_as_float(p.bias, row, p.bias_dtype) : 0.f;
       store_out(p, static_cast<int64_t>(tok) * p.stride_o + row, sum + bias);
     }
+  }
+}
+
+// The STREAM kernel: one unit (row tiles) a CTA (StreamWarp: each warp's tile and K slice).
+template <int NT, int P>
+__global__ void __launch_bounds__(512)
+    pq2_mma_stream_kernel(const __grid_constant__ Pq2LinearParams p, int ks_count) {
+  extern __shared__ __align__(16) char smem[];
+  if (p.pdl) pdl_launch_dependents();
+  const StreamWarp w(p.k / 128, ks_count);
+
+  // 1. The first P groups' codes and scales, then the wait for the activation.
+  StreamFrag<P> f;
+  const StreamRows r = stream_start<P>(f, p, w, blockIdx.x);
+
+  const StreamTokens<NT> tk(p, w.g, w.t);
+  float acc[NT][4];
+  fill(acc, 0.f);
+
+  // 2. Group by group, P groups a pass.
+  for (int base = w.lo; base < w.hi; base += P) {
+    if (base != w.lo) stream_load<P>(f, r.c0, r.c1, r.s0, r.s1, base, w.hi);
+    stream_compute<NT, P>(acc, f, p, tk, base, w.hi);
+  }
+
+  // 3. The K slices' partials of each tile, added in K order.
+  stream_reduce_store<NT>(p, acc, reinterpret_cast<float*>(smem), blockIdx.x, w.tiles_per_cta,
+                          ks_count);
+}
+
+// PERSIST (op variant 5): the STREAM kernel's warps and sums, with its CTAs resident for the
+// whole matrix: CTA b takes the units (a CTA's row tiles) b, b + grid, ..., and each warp walks
+// its (unit, pass) items issuing the next item's loads (P groups: half the STREAM kernel's, two
+// sets in registers) before it computes the current one, so a warp keeps loads in flight
+// across its tiles as the GEMV does across its rows (the STREAM kernel's CTAs run in waves,
+// each issuing its loads once and waiting a full load latency before it computes; Nsight
+// Compute put it at 22-30 % of DRAM throughput at M = 6 on the H200, latency-bound). The same
+// int32 group sums, added in the order of its K slices.
+template <int NT, int P>
+__global__ void __launch_bounds__(512)
+    pq2_mma_persist_kernel(const __grid_constant__ Pq2LinearParams p, int ks_count, int units) {
+  extern __shared__ __align__(16) char smem[];
+  if (p.pdl) pdl_launch_dependents();
+  const StreamWarp w(p.k / 128, ks_count);
+  // passes of the longest K slice: every warp of the CTA walks as many (a barrier ends a unit)
+  const int groups = p.k / 128, passes = ((groups + ks_count - 1) / ks_count + P - 1) / P;
+  float* red = reinterpret_cast<float*>(smem);
+
+  // 1. The first item's codes and scales, then the wait for the activation.
+  int unit = blockIdx.x, pass = 0;
+  StreamFrag<P> f;
+  StreamRows r = stream_start<P>(f, p, w, unit);
+
+  const StreamTokens<NT> tk(p, w.g, w.t);
+  float acc[NT][4];
+  fill(acc, 0.f);
+
+  // 2. Item by item (unit uniform in the CTA): the next item's loads, then the current one.
+  while (unit < units) {
+    int next_unit = unit, next_pass = pass + 1;
+    if (next_pass == passes) next_unit += gridDim.x, next_pass = 0;
+    const StreamRows nr = next_pass == 0 ? stream_rows(p, next_unit, w) : r;
+    StreamFrag<P> nf;
+    if (next_unit < units) {
+      stream_load<P>(nf, nr.c0, nr.c1, nr.s0, nr.s1, w.lo + next_pass * P, w.hi);
+    }
+    stream_compute<NT, P>(acc, f, p, tk, w.lo + pass * P, w.hi);
+    if (next_pass == 0) {  // the unit is complete: its tiles' K slices meet, then red is free
+      stream_reduce_store<NT>(p, acc, red, unit, w.tiles_per_cta, ks_count);
+      __syncthreads();
+      fill(acc, 0.f);
+    }
+    f = nf;
+    r = nr;
+    unit = next_unit;
+    pass = next_pass;
   }
 }
 
@@ -449,6 +555,30 @@ cudaError_t launch_stream(const Pq2LinearParams& p, int sm_count, int target,
   return cudaLaunchKernelEx(&cfg, pq2_mma_stream_kernel<NT, kPass>, p, ks);
 }
 
+// Variant 5: the STREAM geometry with half its groups a pass (two sets of loads in registers),
+// as many CTAs as stay resident (at most one per unit).
+template <int NT>
+cudaError_t launch_persist(const Pq2LinearParams& p, int sm_count, cudaStream_t stream) {
+  constexpr int kPass = stream_groups<NT>() / 2;
+  int ks = 1, tiles = 1;
+  stream_geometry(p.n, p.k, kPass, sm_count, ks, tiles);
+  const int warps = ks * tiles;
+  const int bytes = warps * NT * 4 * 32 * 4;
+  const int units = ((p.n + 15) / 16 + tiles - 1) / tiles;
+  int per_sm = 0;
+  cudaError_t err = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      &per_sm, pq2_mma_persist_kernel<NT, kPass>, 32 * warps, bytes);
+  if (err != cudaSuccess) return err;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(min(units, max(per_sm, 1) * sm_count)), 1, 1);
+  cfg.blockDim = dim3(32 * warps, 1, 1);
+  cfg.dynamicSmemBytes = bytes;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  set_pdl(cfg, attr, p.pdl);
+  return cudaLaunchKernelEx(&cfg, pq2_mma_persist_kernel<NT, kPass>, p, ks, units);
+}
+
 // Rows a CTA owns: 128 where two CTAs a multiprocessor still fit, fewer (down to 16) where
 // the grid would leave multiprocessors idle.
 int pq2_mma_small_rows(int n, int k, int m, int sm_count, int smem_max) {
@@ -465,7 +595,7 @@ int pq2_mma_small_rows(int n, int k, int m, int sm_count, int smem_max) {
 cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream,
                                  int variant) {
   if (p.n <= 0 || p.m <= 0) return cudaSuccess;
-  if (p.m > kPq2SmallMaxM || p.k % 128 != 0 || variant < 0 || variant > 4) {
+  if (p.m > kPq2SmallMaxM || p.k % 128 != 0 || variant < 0 || variant > 5) {
     return cudaErrorInvalidValue;
   }
   // 16-byte cp.async of code rows, 4-byte ones of scale pairs, 4-byte activation loads
@@ -479,6 +609,10 @@ cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStr
       return cudaErrorMisalignedAddress;
     }
     if (variant == 4) return pq2_mma_bulk_launch(p, sm_count, stream);
+    if (variant == 5) {
+      return p.m <= 8 ? launch_persist<1>(p, sm_count, stream)
+                      : launch_persist<2>(p, sm_count, stream);
+    }
     const int target = variant == 3 ? 5 : 10;
     return p.m <= 8 ? launch_stream<1>(p, sm_count, target, stream)
                     : launch_stream<2>(p, sm_count, target, stream);

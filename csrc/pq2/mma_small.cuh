@@ -26,7 +26,9 @@ constexpr int kPq2SmallMaxM = 16;
 // slices of up to 5 groups (more, shorter warps); the same int32 group sums, added in
 // another order. 4: one CTA a multiprocessor, each an equal share of the (tile, group) units,
 // read through a ring of shared-memory stages (mma_bulk.cu; xq as for 2; p.workspace of
-// pq2_mma_bulk_workspace_floats floats and p.counters, zero, one a 16-row tile).
+// pq2_mma_bulk_workspace_floats floats and p.counters, zero, one a 16-row tile). 5: 2's warps
+// in resident CTAs that walk the matrix, each warp's next loads issued before it computes
+// (mma_small.cu, PERSIST; xq as for 2; slices of up to 5 groups a pass).
 cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream,
                                  int variant = 0);
 

@@ -19,11 +19,11 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
               " outside 1..", vllm_prism::kPq2SmallMaxM);
   TORCH_CHECK(k % 128 == 0, "pq2_mma_small_int8: K = ", k, " is not a multiple of 128");
   TORCH_CHECK(n < (int64_t{1} << 31), "pq2_mma_small_int8: too many rows");
-  TORCH_CHECK(variant >= 0 && variant <= 4, "pq2_mma_small_int8: variant ", variant,
+  TORCH_CHECK(variant >= 0 && variant <= 5, "pq2_mma_small_int8: variant ", variant,
               " (0: loads, then compute; 1: pipelined; 2, 3: streamed into registers; 4: every "
-              "multiprocessor's share in flight)");
+              "multiprocessor's share in flight; 5: streamed by resident CTAs)");
   TORCH_CHECK(variant < 2 || reinterpret_cast<uintptr_t>(xq.data_ptr()) % 16 == 0,
-              "pq2_mma_small_int8: variants 2 to 4 read the activation 16 bytes at a time: xq "
+              "pq2_mma_small_int8: variants 2 to 5 read the activation 16 bytes at a time: xq "
               "needs a 16-byte aligned start");
   TORCH_CHECK(variant != 4 || ((n + 15) / 16 <= vllm_prism::kSplitCounters &&
                                 (n + 15) / 16 * (k / 128) * 1024 < (int64_t{1} << 31)),

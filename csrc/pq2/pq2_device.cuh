@@ -118,6 +118,15 @@ __device__ __forceinline__ void mma_group_permuted(int32_t (&isum)[NT][4], const
   }
 }
 
+// Every element of a [A][B] register array (accumulators) set to `v`.
+template <typename T, int A, int B>
+__device__ __forceinline__ void fill(T (&a)[A][B], T v) {
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < B; ++j) a[i][j] = v;
+}
+
 // Every element of a [A][B][C] register array (accumulators) set to `v`.
 template <typename T, int A, int B, int C>
 __device__ __forceinline__ void fill(T (&a)[A][B][C], T v) {

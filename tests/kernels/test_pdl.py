@@ -66,7 +66,8 @@ def _chain_weights(k: int, widths: list[int], block: int):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kernel", ["auto", "mma_cuda", "gemv_cuda,mma_cuda"])
+@pytest.mark.parametrize("kernel", ["auto", "mma_cuda", "gemv_cuda,mma_cuda",
+                                    "mma_persist_cuda,mma_cuda"])
 @pytest.mark.parametrize("m", [1, 3, 16, 200])
 def test_chained_linears_in_a_cuda_graph_equal_plain_launches(m: int, kernel: str,
                                                               monkeypatch) -> None:

@@ -138,9 +138,9 @@ def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
     streaming mma_stream_cuda for M = 3..8 from K = 6144 and for M = 2 past K = 8192,
     mma_cuda past it up to M = 511 and gemm_dq from M = 512 (bf16
     activations; fp32 ones stay on the int8 kernels); naming a kernel runs it at any M it can
-    take (mma_bulk_cuda, never automatic, up to 16), and the GEMV refuses M > 4 and
-    activations too long for its shared memory; with_variant gives a small-batch kernel
-    another op variant without changing it."""
+    take (mma_bulk_cuda and mma_persist_cuda, never automatic, up to 16), and the GEMV refuses
+    M > 4 and activations too long for its shared memory; with_variant gives a small-batch
+    kernel another op variant without changing it."""
     monkeypatch.setattr(dispatch._CudaOpKernel, "is_supported",
                         classmethod(lambda cls, cap: (True, "")))
     w = _interpreted_weight(monkeypatch, "auto")
@@ -175,6 +175,8 @@ def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
         assert dispatch.select_kernel(1, w, torch.bfloat16).name == "mma_bulk_cuda"
         assert dispatch.select_kernel(16, w, torch.bfloat16).name == "mma_bulk_cuda"
         assert dispatch.select_kernel(17, w, torch.bfloat16).name == "mma_cuda"  # auto
+        monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "mma_persist_cuda")  # only where named
+        assert dispatch.select_kernel(6, w, torch.bfloat16).name == "mma_persist_cuda"
         short = dispatch.MmaStreamCudaA8Kernel.with_variant(3)
         assert (short.variant, short.name, dispatch.MmaStreamCudaA8Kernel.variant) \
             == (3, "mma_stream_cuda", 2) and issubclass(short, dispatch.MmaStreamCudaA8Kernel)

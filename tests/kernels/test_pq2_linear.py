@@ -33,9 +33,9 @@ M_FULL = list(range(1, 17)) + [24, 32, 48, 64, 128, 512, 2048]
 TOL = {"gemv_a16": 4e-3, "mma_a16": 8e-3, "gemm_a16": 8e-3, "gemv_a8": 3e-2, "mma_a8": 3e-2,
        "gemm_a8": 3e-2, "ptq1_gemv": 4e-3, "mma_cuda": 3e-2, "gemv_cuda": 3e-2, "gemm_dq": 1e-2,
        "mma_small_cuda": 3e-2, "mma_small_pipe_cuda": 3e-2, "mma_stream_cuda": 3e-2,
-       "mma_bulk_cuda": 3e-2}
+       "mma_bulk_cuda": 3e-2, "mma_persist_cuda": 3e-2}
 A8 = {"gemv_a8", "mma_a8", "gemm_a8", "mma_cuda", "gemv_cuda", "mma_small_cuda",
-      "mma_small_pipe_cuda", "mma_stream_cuda", "mma_bulk_cuda"}
+      "mma_small_pipe_cuda", "mma_stream_cuda", "mma_bulk_cuda", "mma_persist_cuda"}
 
 
 def kernels_for(m: int, n: int = 0) -> list[str]:
@@ -226,7 +226,8 @@ def test_gemv_cuda_several_rows(shape: tuple[int, int], m: int) -> None:
 @pytest.mark.parametrize("name,n,k,m", [("gemv_cuda", 1000, 17408, 1),
                                          ("mma_small_cuda", 1000, 6144, 6),
                                          ("mma_stream_cuda", 1000, 6144, 11),
-                                         ("mma_bulk_cuda", 1000, 6144, 11)])
+                                         ("mma_bulk_cuda", 1000, 6144, 11),
+                                         ("mma_persist_cuda", 1000, 17408, 6)])
 def test_cuda_kernel_bias_fp16(name: str, n: int, k: int, m: int) -> None:
     """fp16 activations, outputs and bias through the CUDA C++ kernels that take them."""
     _need_mma_cuda(name)
@@ -316,6 +317,24 @@ def test_mma_bulk_cuda(shape: tuple[int, int], m: int) -> None:
     y, y0 = (kern.run(act, w, None, torch.float32) for kern in (bulk, base))
     assert rel_err(y, y0) < 1e-6
     assert torch.equal(bulk.run(act, w, None, torch.float32), y)
+
+
+@pytest.mark.parametrize("m", [1, 2, 6, 8, 9, 16])
+@pytest.mark.parametrize("shape", [(12288, 5120), (34816, 5120), (5120, 6144), (5120, 17408),
+                                   (300, 2304), (17000, 1024), (40, 128), (24, 1280)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_mma_persist_cuda(shape: tuple[int, int], m: int) -> None:
+    """The streaming kernel's warps in resident CTAs (op variant 5): against the exact and the
+    integer reference, equal to mma_small_cuda's sums to within fp32 rounding, and twice in a
+    row bit for bit. The shapes give CTAs that walk several units (every shape with more row
+    tiles than resident CTAs: 34816x5120 about eight), two passes a unit (K = 17408: 9 groups
+    a slice of 16 warps), one pass of 3-5 groups (K = 5120, 6144), fewer CTAs than
+    multiprocessors (40x128, 24x1280), a last unit past N (17000x1024, 300, 40, 24 rows);
+    one and two token tiles."""
+    kern, base, act, w = _small_variant_case("mma_persist_cuda", shape, m)
+    y, y0 = (k.run(act, w, None, torch.float32) for k in (kern, base))
+    assert rel_err(y, y0) < 1e-6
+    assert torch.equal(kern.run(act, w, None, torch.float32), y)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33, 48, 64, 65, 128, 300])

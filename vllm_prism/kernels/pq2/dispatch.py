@@ -601,6 +601,22 @@ class MmaBulkCudaA8Kernel(MmaSmallCudaA8Kernel):
     variant = 4
 
 
+class MmaPersistCudaA8Kernel(MmaSmallCudaA8Kernel):
+    """M = 1..16: ``mma_stream_cuda``'s warps (16 rows and a K slice each, codes streamed into
+    registers) in as many CTAs as stay resident, which walk the matrix (op variant 5,
+    csrc/pq2/mma_small.cu PERSIST): each warp issues its next item's loads (up to 5 groups)
+    before computing the current one, so loads stay in flight across its tiles as the GEMV's
+    do across its rows. Written after Nsight Compute put the small-batch kernels at M = 6 at
+    20-30 % of the H200's DRAM throughput, latency-bound with too few loads in flight while
+    their CTAs run in waves (benchmarks/results/pq2_linear_h200_notes.md, fourteenth
+    session). The same exact int32 group sums, added in the order of its K slices. Runs only
+    where ``VLLM_PRISM_PQ2_KERNEL`` names it until a GPU run has timed it."""
+
+    name = "mma_persist_cuda"
+    in_auto = False
+    variant = 5
+
+
 class TorchKernel(PQ2LinearKernel):
     """Exact reference: transform in fp32, dense dequantized weight, one matmul. Any device."""
 
@@ -638,13 +654,15 @@ class TorchKernel(PQ2LinearKernel):
 # fp32 GEMV is issue-bound, see triton_gemv), then the Triton int8 tensor-core kernels (1.1-1.5x
 # faster than bf16 at every M measured), gemm_dq from M = 512. The bf16/fp16 kernels (*_a16)
 # stay for the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the
-# pipelined small-batch variant (mma_small_pipe_cuda), the equal-share one (mma_bulk_cuda) and
-# the GEMV with the producer in its launch (gemv_fused_cuda) only where named.
+# pipelined small-batch variant (mma_small_pipe_cuda), the equal-share one (mma_bulk_cuda), the
+# resident streaming one (mma_persist_cuda) and the GEMV with the producer in its launch
+# (gemv_fused_cuda) only where named.
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, MmaStreamCudaA8Kernel, GemvCudaA8Kernel, MmaSmallCudaA8Kernel, GemvA8Kernel,
     GemvA16Kernel,
     GemmDqKernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel, GemmA16Kernel,
-    MmaSmallPipeCudaA8Kernel, MmaBulkCudaA8Kernel, GemvFusedCudaKernel, TorchKernel,
+    MmaSmallPipeCudaA8Kernel, MmaBulkCudaA8Kernel, MmaPersistCudaA8Kernel, GemvFusedCudaKernel,
+    TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 
