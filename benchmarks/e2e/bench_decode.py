@@ -5,7 +5,7 @@
         [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 0 [1]]
         [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
         [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]]
-        [--draft-attention prism [vllm]]
+        [--draft-attention prism [vllm]] [--gdn-spec-kernel cuda [triton]]
         [--profile-batches 1 [8]] [--side-by-side] [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
@@ -44,6 +44,9 @@ prefilled. Prompts are random token ids, distinct per request.
   the engines with a drafter only: a plain engine has no drafter, so it runs once.
 * ``--attn-kernel auto triton`` likewise with ``VLLM_PRISM_ATTN_KERNEL`` (the CUDA C++ INT8
   decode attention against the Triton split-KV kernel); records carry ``attn_kernel``.
+* ``--gdn-spec-kernel cuda triton`` likewise with vLLM's ``VLLM_GDN_DECODE_KERNEL`` (the
+  Gated DeltaNet of a verification step: vLLM's fused CUDA kernel, whose grid has one
+  program per value head, or its Triton kernels), for the engines with a drafter only.
 * ``--side-by-side`` starts every engine of the run at once, each with ``--gpu-memory`` over
   the number of engines (their compiles and CUDA-graph captures overlap: a cold start of the
   27B-shaped file takes about 4 minutes); each warms up (one short generation per prompt
@@ -492,15 +495,20 @@ def _tiny_drafter(model: str) -> str:
 def _kernel_label(drafter: bool) -> str:
     """The linear kernel choice of this engine: VLLM_PRISM_PQ2_KERNEL, with the GEMV tile
     overrides in brackets when VLLM_PRISM_GEMV_TUNING sets any, and the float projections'
-    GEMV when VLLM_PRISM_DENSE_GEMV is not the default, and the drafter's attention (an
-    engine with a drafter) when VLLM_PRISM_DRAFT_ATTENTION is not the default."""
+    GEMV when VLLM_PRISM_DENSE_GEMV is not the default, and on an engine with a drafter its
+    attention when VLLM_PRISM_DRAFT_ATTENTION is not the default and the Gated DeltaNet
+    kernel of its verification steps when VLLM_GDN_DECODE_KERNEL is not vLLM's default."""
     kern = os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto") or "auto"
     tune = os.environ.get("VLLM_PRISM_GEMV_TUNING", "").strip()
     dense = os.environ.get("VLLM_PRISM_DENSE_GEMV", "auto").strip() or "auto"
     draft = os.environ.get("VLLM_PRISM_DRAFT_ATTENTION", "prism").strip() or "prism"
     label = f"{kern} [gemv {tune}]" if tune else kern
+    gdn = os.environ.get("VLLM_GDN_DECODE_KERNEL", "cuda").strip() or "cuda"
     label = label if dense == "auto" else f"{label} [dense {dense}]"
-    return label if draft == "prism" or not drafter else f"{label} [draft attention {draft}]"
+    if not drafter:
+        return label
+    label = label if draft == "prism" else f"{label} [draft attention {draft}]"
+    return label if gdn == "cuda" else f"{label} [gdn {gdn}]"
 
 
 def _variant(r: dict) -> tuple:
@@ -640,6 +648,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VLLM_PRISM_DRAFT_ATTENTION for the engines with a drafter, each in "
                    "turn (a drafter's attention with an INT8 KV cache: the PRISM backend, or "
                    "vLLM's choice)")
+    p.add_argument("--gdn-spec-kernel", nargs="+", default=["cuda"], choices=["cuda", "triton"],
+                   help="vLLM's VLLM_GDN_DECODE_KERNEL for the engines with a drafter, each in "
+                   "turn (the Gated DeltaNet of a verification step: vLLM's fused CUDA kernel, "
+                   "one program per value head, or its Triton kernels)")
     p.add_argument("--side-by-side", action="store_true",
                    help="start every engine at once (--gpu-memory shared among them); they "
                    "measure one at a time")
@@ -663,8 +675,11 @@ ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("gemv_tuning", "VLLM_PRISM_GEMV_TUNING", "gemv"),
                    ("attn_kernel", "VLLM_PRISM_ATTN_KERNEL", "attn"),
                    ("dense_gemv", "VLLM_PRISM_DENSE_GEMV", "dense"),
-                   ("draft_attention", "VLLM_PRISM_DRAFT_ATTENTION", "draft"))
-SPEC_ONLY_SWITCHES = {"draft_attention"}  # what only an engine with a drafter reads
+                   ("draft_attention", "VLLM_PRISM_DRAFT_ATTENTION", "draft"),
+                   ("gdn_spec_kernel", "VLLM_GDN_DECODE_KERNEL", "gdn"))
+# what only an engine with a drafter reads (vLLM reads VLLM_GDN_DECODE_KERNEL for its
+# speculative decoding path only)
+SPEC_ONLY_SWITCHES = {"draft_attention", "gdn_spec_kernel"}
 
 
 def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
