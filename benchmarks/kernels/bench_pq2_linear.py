@@ -127,6 +127,12 @@ def mma_configs(m: int, n: int, k: int) -> list[TCConfig]:
 # SMs): at M = 8 it moves 16-21 % of DRAM throughput (Nsight Compute, 2026-12-01) and each
 # split adds a workspace round trip, so fewer, longer splits may pay.
 MMA_CUDA_SPLITS = [0, 1, 2, 3, 4, 6, 8]
+# Tile variants of the Triton prefill GEMM (pq2_tc_linear) the sweep times at M > 64, by
+# activation family.
+GEMM_CONFIGS = {
+    "a16": [TCConfig(128, 128, 1, 8, 3), TCConfig(64, 128, 1, 4, 3), TCConfig(128, 64, 1, 4, 3)],
+    "a8": [TCConfig(64, 128, 1, 4, 3), TCConfig(128, 64, 1, 4, 3), TCConfig(64, 64, 1, 4, 4)],
+}
 
 
 def _mma_cuda(a, w, split: int) -> torch.Tensor:
