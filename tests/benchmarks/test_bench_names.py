@@ -1,8 +1,8 @@
-"""Every global name a benchmark script's functions read exists once the script is imported:
-the GPU-only paths of the benchmarks (a tile sweep, a prefill sweep) run nowhere in CI, so a
-table removed by a refactor (bench_pq2_linear.py's GEMM_CONFIGS, 2026-12-01 to 2026-12-02) only
-showed as a NameError on the GPU. Read from the compiled code's symbol tables, so no GPU is
-needed."""
+"""Every global name the functions of a benchmark script or of a GPU test module read exists
+once the module is imported: their GPU-only paths (a tile sweep, a prefill sweep, every GPU
+test) run nowhere in CI, so a table removed by a refactor (bench_pq2_linear.py's GEMM_CONFIGS,
+2026-12-01 to 2026-12-02) only showed as a NameError on the GPU. Read from the compiled code's
+symbol tables, so no GPU is needed."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted([*(ROOT / "benchmarks" / "kernels").glob("*.py"),
                   *(ROOT / "benchmarks" / "e2e").glob("*.py"),
-                  *(ROOT / "benchmarks" / "quality").glob("*.py")])
+                  *(ROOT / "benchmarks" / "quality").glob("*.py"),
+                  # the GPU tests (their module's or a test's gpu mark)
+                  *(p for p in (ROOT / "tests").glob("**/test_*.py")
+                    if "mark.gpu" in p.read_text())])
 
 
 def _global_reads(table: symtable.SymbolTable) -> set[str]:
@@ -32,17 +35,26 @@ def _global_reads(table: symtable.SymbolTable) -> set[str]:
 
 
 def _import(path: Path):
-    sys.path.insert(0, str(path.parent))
+    """The module at ``path``: the one already imported (pytest's, for a collected test
+    module: no module runs twice), else a test module as a package under tests/ (its folder's
+    helpers on the path), a script under a name of its own."""
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__file__", None) and Path(mod.__file__).resolve() == path.resolve():
+            return mod
+    paths = [str(path.parent), str(ROOT / "tests"), str(ROOT)]
+    sys.path[:0] = paths
     try:
+        if path.is_relative_to(ROOT / "tests"):
+            return importlib.import_module(".".join(path.relative_to(ROOT).with_suffix("").parts))
         spec = importlib.util.spec_from_file_location(f"_bench_{path.stem}", path)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         return mod
     finally:
-        sys.path.remove(str(path.parent))
+        del sys.path[:len(paths)]
 
 
-@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("path", SCRIPTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_global_a_function_reads_exists(path: Path) -> None:
     table = symtable.symtable(path.read_text(), str(path), "exec")
     mod = _import(path)
