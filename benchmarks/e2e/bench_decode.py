@@ -88,6 +88,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "kernels"))
+sys.path.insert(0, str(HERE.parents[1]))
+
+from vllm_prism import envs  # noqa: E402  (cheap: no torch, no vLLM)
 
 FAMILIES = [  # (family, substrings of kernel names), first match wins
     ("pq2_linear", ("_act_kernel", "gemv", "_mma", "pq2", "_tc_", "ptq1")),
@@ -492,6 +495,11 @@ def _tiny_drafter(model: str) -> str:
     return make_tiny_drafter(Path(tempfile.mkdtemp(prefix="drafter-")), model)["path"]
 
 
+def _default(name: str) -> str:
+    """The default of a vllm-prism switch with a fixed set of values (envs.CHOICES)."""
+    return envs.CHOICES[name][0]
+
+
 def _kernel_label(drafter: bool) -> str:
     """The linear kernel choice of this engine: VLLM_PRISM_PQ2_KERNEL, with the GEMV tile
     overrides in brackets when VLLM_PRISM_GEMV_TUNING sets any, and the float projections'
@@ -500,14 +508,14 @@ def _kernel_label(drafter: bool) -> str:
     kernel of its verification steps when VLLM_GDN_DECODE_KERNEL is not vLLM's default."""
     kern = os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto") or "auto"
     tune = os.environ.get("VLLM_PRISM_GEMV_TUNING", "").strip()
-    dense = os.environ.get("VLLM_PRISM_DENSE_GEMV", "auto").strip() or "auto"
-    draft = os.environ.get("VLLM_PRISM_DRAFT_ATTENTION", "prism").strip() or "prism"
+    dense, draft = envs.VLLM_PRISM_DENSE_GEMV, envs.VLLM_PRISM_DRAFT_ATTENTION
     label = f"{kern} [gemv {tune}]" if tune else kern
     gdn = os.environ.get("VLLM_GDN_DECODE_KERNEL", "cuda").strip() or "cuda"
-    label = label if dense == "auto" else f"{label} [dense {dense}]"
+    label = label if dense == _default("VLLM_PRISM_DENSE_GEMV") else f"{label} [dense {dense}]"
     if not drafter:
         return label
-    label = label if draft == "prism" else f"{label} [draft attention {draft}]"
+    if draft != _default("VLLM_PRISM_DRAFT_ATTENTION"):
+        label = f"{label} [draft attention {draft}]"
     return label if gdn == "cuda" else f"{label} [gdn {gdn}]"
 
 
@@ -639,12 +647,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gemv-tuning", nargs="+", default=[""],
                    help="VLLM_PRISM_GEMV_TUNING for the engines, each in turn (e.g. "
                    "'depth=2,scales=1' 'split=4'; '' for the defaults)")
-    p.add_argument("--dense-gemv", nargs="+", default=["auto"],
-                   choices=["auto", "torch", "triton"],
+    p.add_argument("--dense-gemv", nargs="+", default=[_default("VLLM_PRISM_DENSE_GEMV")],
+                   choices=envs.CHOICES["VLLM_PRISM_DENSE_GEMV"],
                    help="VLLM_PRISM_DENSE_GEMV for the engines, each in turn (the float "
                    "projections: auto, the small-M Triton GEMV at M <= 2; torch, F.linear; "
                    "triton, the GEMV at every M <= 16)")
-    p.add_argument("--draft-attention", nargs="+", default=["prism"], choices=["vllm", "prism"],
+    p.add_argument("--draft-attention", nargs="+",
+                   default=[_default("VLLM_PRISM_DRAFT_ATTENTION")],
+                   choices=envs.CHOICES["VLLM_PRISM_DRAFT_ATTENTION"],
                    help="VLLM_PRISM_DRAFT_ATTENTION for the engines with a drafter, each in "
                    "turn (a drafter's attention with an INT8 KV cache: the PRISM backend, or "
                    "vLLM's choice)")

@@ -38,14 +38,6 @@ torch::Tensor pq2_gemv_int8(const torch::Tensor& codes, const torch::Tensor& sca
   return out;
 }
 
-namespace {
-
-bool aligned16(const torch::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
-}  // namespace
-
 torch::Tensor pq2_gemv_fused(const torch::Tensor& codes, const torch::Tensor& scales,
                              const torch::Tensor& x, const std::optional<torch::Tensor>& residual,
                              const std::optional<torch::Tensor>& res_out,
@@ -61,14 +53,14 @@ torch::Tensor pq2_gemv_fused(const torch::Tensor& codes, const torch::Tensor& sc
   TORCH_CHECK(x.is_cuda() &&
                   (x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kFloat16),
               op, ": x must be a bfloat16 or float16 CUDA tensor");
-  vllm_prism::check_rows(op, "x", x, x.scalar_type(), 1, glu ? 2 * k : k, x, false);
+  vllm_prism::check_row(op, "x", x, x.scalar_type(), glu ? 2 * k : k, x);
   TORCH_CHECK(k % 128 == 0 && k <= vllm_prism::kPq2GemvFusedMaxK, op, ": K = ", k,
               " must be a multiple of 128, at most ", vllm_prism::kPq2GemvFusedMaxK);
   TORCH_CHECK(residual.has_value() == res_out.has_value(), op,
               ": residual and res_out go together");
   if (residual.has_value()) {
-    vllm_prism::check_rows(op, "residual", *residual, x.scalar_type(), 1, k, x, false);
-    vllm_prism::check_rows(op, "res_out", *res_out, x.scalar_type(), 1, k, x, false);
+    vllm_prism::check_row(op, "residual", *residual, x.scalar_type(), k, x);
+    vllm_prism::check_row(op, "res_out", *res_out, x.scalar_type(), k, x);
   }
   TORCH_CHECK(rms_group == 0 || (rms_group >= 32 && rms_group <= 1024 &&
                                  (rms_group & (rms_group - 1)) == 0 && k % rms_group == 0),
@@ -81,11 +73,12 @@ torch::Tensor pq2_gemv_fused(const torch::Tensor& codes, const torch::Tensor& sc
                 " values");
   }
   if (gate.has_value()) {
-    vllm_prism::check_rows(op, "gate", *gate, x.scalar_type(), 1, k, x, false);
+    vllm_prism::check_row(op, "gate", *gate, x.scalar_type(), k, x);
   }
   if (signs.has_value()) {
     TORCH_CHECK(signs->is_cuda() && signs->scalar_type() == torch::kFloat32 &&
-                    signs->is_contiguous() && signs->numel() == k && aligned16(*signs),
+                    signs->is_contiguous() && signs->numel() == k &&
+                    vllm_prism::aligned16(*signs),
                 op, ": signs must be contiguous 16-byte aligned float32 with K = ", k,
                 " values");
     TORCH_CHECK(hadamard_block >= 1 && hadamard_block <= 1024 &&

@@ -54,23 +54,19 @@ inline void check_int8_activation(const char* op, const torch::Tensor& codes,
 }
 
 // Pointers, sizes, strides and dtypes every kernel reads (not split, pdl or qsum).
-// An [M, width] tensor of `dtype` with unit column stride (and, `contiguous`, rows width apart)
-// on x's device: the activation-side tensors of the producer ops.
-inline void check_rows(const char* op, const char* name, const torch::Tensor& t,
-                       c10::ScalarType dtype, int64_t m, int64_t width, const torch::Tensor& x,
-                       bool contiguous) {
+// A [1, width] row of `dtype` with unit column stride on x's device: the activation-side
+// tensors of the GEMV with the producer in its launch.
+inline void check_row(const char* op, const char* name, const torch::Tensor& t,
+                      c10::ScalarType dtype, int64_t width, const torch::Tensor& x) {
   TORCH_CHECK(t.device() == x.device() && t.scalar_type() == dtype && t.dim() == 2 &&
-                  t.size(0) == m && t.size(1) == width && t.stride(1) == 1 &&
-                  (!contiguous || t.stride(0) == width || m == 1),
-              op, ": ", name, " must be ", dtype, " [", m, ", ", width, "]",
-              contiguous ? ", contiguous," : " with unit column stride", " on x's device");
+                  t.size(0) == 1 && t.size(1) == width && t.stride(1) == 1,
+              op, ": ", name, " must be ", dtype, " [1, ", width,
+              "] with unit column stride on x's device");
 }
 
-// 16-byte loads and stores of a 16-bit [M, width] tensor: an aligned start and, over several
-// rows, a row stride of whole 16-byte pieces.
-inline bool vec16(const torch::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 &&
-         (t.size(0) == 1 || (t.stride(0) * t.element_size()) % 16 == 0);
+// A 16-byte aligned start: 16-byte loads and stores of a row.
+inline bool aligned16(const torch::Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
 }
 
 // The producer's prologue (Pq2PrologueParams) from the checked tensors of the GEMV with the
@@ -85,11 +81,11 @@ inline Pq2PrologueParams prologue_params(
   Pq2PrologueParams q{};
   q.x = x.data_ptr();
   q.x_dtype = dtype_code(x.scalar_type(), "x");
-  q.x_vec = vec16(x);
+  q.x_vec = aligned16(x);
   if (residual.has_value()) {
     q.res = residual->data_ptr();
     q.res_out = res_out->data_ptr();
-    q.res_vec = vec16(*residual) && vec16(*res_out);
+    q.res_vec = aligned16(*residual) && aligned16(*res_out);
   }
   if (rms_weight.has_value()) {
     q.rms_w = rms_weight->data_ptr();
@@ -100,7 +96,7 @@ inline Pq2PrologueParams prologue_params(
   q.rms_group = static_cast<int>(rms_group);
   if (gate.has_value()) {
     q.gate = gate->data_ptr();
-    q.gate_vec = vec16(*gate);
+    q.gate_vec = aligned16(*gate);
   }
   q.gate_sigmoid = gate_sigmoid;
   q.glu = glu;

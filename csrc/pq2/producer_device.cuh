@@ -18,34 +18,27 @@ __device__ __forceinline__ uint32_t float_to_bits(float v, int dtype) {
                     : __half_as_ushort(__float2half_rn(v));
 }
 
-// The 16 bytes of 8 consecutive fp16 / bf16 values from element i of `base` (i % 8 == 0):
-// one 16-byte load where `vec` (16-byte aligned base), else eight 2-byte loads.
-__device__ __forceinline__ uint4 load_raw8(const void* base, int64_t i, bool vec) {
+// 8 consecutive fp16 / bf16 values from element i of `base` (i % 8 == 0) as floats: one
+// 16-byte load where `vec` (16-byte aligned base), else eight 2-byte loads.
+__device__ __forceinline__ void load8(float (&v)[8], const void* base, int64_t i, int dtype,
+                                      bool vec) {
   const uint16_t* b = static_cast<const uint16_t*>(base) + i;
-  if (vec) return __ldg(reinterpret_cast<const uint4*>(b));
   uint32_t w[4];
+  if (vec) {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(b));
+    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+  } else {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    w[j] = static_cast<uint32_t>(__ldg(b + 2 * j)) |
-           (static_cast<uint32_t>(__ldg(b + 2 * j + 1)) << 16);
+    for (int j = 0; j < 4; ++j) {
+      w[j] = static_cast<uint32_t>(__ldg(b + 2 * j)) |
+             (static_cast<uint32_t>(__ldg(b + 2 * j + 1)) << 16);
+    }
   }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-// The 8 fp16 / bf16 values of `u` as floats.
-__device__ __forceinline__ void to_float8(float (&v)[8], uint4 u, int dtype) {
-  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     v[2 * j] = bits_to_float(w[j] & 0xffffu, dtype);
     v[2 * j + 1] = bits_to_float(w[j] >> 16, dtype);
   }
-}
-
-// 8 consecutive fp16 / bf16 values from element i of `base` (i % 8 == 0) as floats.
-__device__ __forceinline__ void load8(float (&v)[8], const void* base, int64_t i, int dtype,
-                                      bool vec) {
-  to_float8(v, load_raw8(base, i, vec), dtype);
 }
 
 // The 8 values `v` rounded to fp16 / bf16 at element i of `base` (i % 8 == 0).
