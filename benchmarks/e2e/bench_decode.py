@@ -5,7 +5,7 @@
         [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 0 [1]]
         [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
         [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]]
-        [--draft-attention prism [vllm]] [--gdn-spec-kernel cuda [triton]]
+        [--draft-attention prism [vllm]] [--gdn-spec-kernel auto [triton]]
         [--profile-batches 1 [8]] [--side-by-side] [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
@@ -44,9 +44,10 @@ prefilled. Prompts are random token ids, distinct per request.
   the engines with a drafter only: a plain engine has no drafter, so it runs once.
 * ``--attn-kernel auto triton`` likewise with ``VLLM_PRISM_ATTN_KERNEL`` (the CUDA C++ INT8
   decode attention against the Triton split-KV kernel); records carry ``attn_kernel``.
-* ``--gdn-spec-kernel cuda triton`` likewise with vLLM's ``VLLM_GDN_DECODE_KERNEL`` (the
-  Gated DeltaNet of a verification step: vLLM's fused CUDA kernel, whose grid has one
-  program per value head, or its Triton kernels), for the engines with a drafter only.
+* ``--gdn-spec-kernel auto triton`` likewise with vLLM's ``VLLM_GDN_DECODE_KERNEL`` (the
+  Gated DeltaNet of a verification step: ``auto`` leaves it unset, vLLM's choice, its fused
+  CUDA kernel with one program per value head where the layer allows; ``cuda`` or
+  ``triton`` names one), for the engines with a drafter only.
 * ``--side-by-side`` starts every engine of the run at once, each with ``--gpu-memory`` over
   the number of engines (their compiles and CUDA-graph captures overlap: a cold start of the
   27B-shaped file takes about 4 minutes); each warms up (one short generation per prompt
@@ -505,18 +506,18 @@ def _kernel_label(drafter: bool) -> str:
     overrides in brackets when VLLM_PRISM_GEMV_TUNING sets any, and the float projections'
     GEMV when VLLM_PRISM_DENSE_GEMV is not the default, and on an engine with a drafter its
     attention when VLLM_PRISM_DRAFT_ATTENTION is not the default and the Gated DeltaNet
-    kernel of its verification steps when VLLM_GDN_DECODE_KERNEL is not vLLM's default."""
+    kernel of its verification steps when VLLM_GDN_DECODE_KERNEL is set."""
     kern = os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto") or "auto"
     tune = os.environ.get("VLLM_PRISM_GEMV_TUNING", "").strip()
     dense, draft = envs.VLLM_PRISM_DENSE_GEMV, envs.VLLM_PRISM_DRAFT_ATTENTION
     label = f"{kern} [gemv {tune}]" if tune else kern
-    gdn = os.environ.get("VLLM_GDN_DECODE_KERNEL", "cuda").strip() or "cuda"
+    gdn = os.environ.get("VLLM_GDN_DECODE_KERNEL", "auto").strip() or "auto"
     label = label if dense == _default("VLLM_PRISM_DENSE_GEMV") else f"{label} [dense {dense}]"
     if not drafter:
         return label
     if draft != _default("VLLM_PRISM_DRAFT_ATTENTION"):
         label = f"{label} [draft attention {draft}]"
-    return label if gdn == "cuda" else f"{label} [gdn {gdn}]"
+    return label if gdn == "auto" else f"{label} [gdn {gdn}]"
 
 
 def _variant(r: dict) -> tuple:
@@ -658,10 +659,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VLLM_PRISM_DRAFT_ATTENTION for the engines with a drafter, each in "
                    "turn (a drafter's attention with an INT8 KV cache: the PRISM backend, or "
                    "vLLM's choice)")
-    p.add_argument("--gdn-spec-kernel", nargs="+", default=["cuda"], choices=["cuda", "triton"],
+    p.add_argument("--gdn-spec-kernel", nargs="+", default=["auto"],
+                   choices=["auto", "cuda", "triton"],
                    help="vLLM's VLLM_GDN_DECODE_KERNEL for the engines with a drafter, each in "
-                   "turn (the Gated DeltaNet of a verification step: vLLM's fused CUDA kernel, "
-                   "one program per value head, or its Triton kernels)")
+                   "turn (the Gated DeltaNet of a verification step: auto leaves it unset, "
+                   "vLLM's choice: its fused CUDA kernel, one program per value head, where "
+                   "the layer allows, else its Triton kernels; cuda or triton names one)")
     p.add_argument("--side-by-side", action="store_true",
                    help="start every engine at once (--gpu-memory shared among them); they "
                    "measure one at a time")
@@ -720,6 +723,8 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
                     "--gpu-memory", f"{args.gpu_memory / len(combos):.3f}",
                     "--kv-cache-gib", str(args.kv_cache_gib)]
         env = {**os.environ, **{name: str(v) for (_, name, _), v in zip(ENGINE_SWITCHES, values)}}
+        if env["VLLM_GDN_DECODE_KERNEL"] == "auto":  # unset: the model's own choice
+            del env["VLLM_GDN_DECODE_KERNEL"]
         label = " ".join([f"kv={kv} {' '.join(more)}"] + [
             f"{key}={v if v != '' else 'default'}"
             for (_, _, key), v in zip(ENGINE_SWITCHES, values)])

@@ -75,18 +75,20 @@ def test_each_switch_value_gets_its_own_engine(flag: str, env_name: str,
 def test_the_gdn_spec_kernel_switch_varies_only_the_engines_with_a_drafter(monkeypatch) -> None:
     """``--gdn-spec-kernel`` (vLLM's VLLM_GDN_DECODE_KERNEL, read for speculative decoding
     only) gives every DFlash engine each value and the plain engine one run; a DFlash
-    engine's label names a value other than vLLM's default."""
+    engine's label names the value it sets."""
+    monkeypatch.setenv("VLLM_GDN_DECODE_KERNEL", "triton")
     kids = _children(["m.gguf", "--kv", "int8_per_token_head", "--spec-k", "5",
-                      "--gdn-spec-kernel", "cuda", "triton"])
-    assert [(a.spec_k, env["VLLM_GDN_DECODE_KERNEL"]) for a, env in kids] == [
-        ([], "cuda"), ([5], "cuda"), ([5], "triton")]
+                      "--gdn-spec-kernel", "auto", "cuda"])
+    # auto: the variable unset (the model's choice), even where this process has it
+    assert [(a.spec_k, env.get("VLLM_GDN_DECODE_KERNEL")) for a, env in kids] == [
+        ([], None), ([5], None), ([5], "cuda")]
     for name in ("VLLM_PRISM_PQ2_KERNEL", "VLLM_PRISM_GEMV_TUNING", "VLLM_PRISM_DENSE_GEMV",
                  "VLLM_PRISM_DRAFT_ATTENTION"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("VLLM_GDN_DECODE_KERNEL", "triton")
     assert bench_decode._kernel_label(drafter=True) == "auto [gdn triton]"
     assert bench_decode._kernel_label(drafter=False) == "auto"
-    monkeypatch.setenv("VLLM_GDN_DECODE_KERNEL", "cuda")
+    monkeypatch.delenv("VLLM_GDN_DECODE_KERNEL")
     assert bench_decode._kernel_label(drafter=True) == "auto"
 
 
