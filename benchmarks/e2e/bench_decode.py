@@ -5,7 +5,8 @@
         [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 0 [1]]
         [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
         [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]]
-        [--draft-attention prism [vllm]] [--gdn-spec-kernel auto [triton]]
+        [--draft-attention prism [vllm]] [--gdn-verify vllm [prism]]
+        [--gdn-spec-kernel auto [triton]]
         [--profile-batches 1 [8]] [--side-by-side] [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
@@ -44,6 +45,9 @@ prefilled. Prompts are random token ids, distinct per request.
   the engines with a drafter only: a plain engine has no drafter, so it runs once.
 * ``--attn-kernel auto triton`` likewise with ``VLLM_PRISM_ATTN_KERNEL`` (the CUDA C++ INT8
   decode attention against the Triton split-KV kernel); records carry ``attn_kernel``.
+* ``--gdn-verify vllm prism`` likewise with ``VLLM_PRISM_GDN_VERIFY`` (the Gated DeltaNet
+  recurrence of a verification step: vLLM's choice, or vllm-prism's kernel reading its
+  inputs in place), for the engines with a drafter only.
 * ``--gdn-spec-kernel auto triton`` likewise with vLLM's ``VLLM_GDN_DECODE_KERNEL`` (the
   Gated DeltaNet of a verification step: ``auto`` leaves it unset, vLLM's choice, its fused
   CUDA kernel with one program per value head where the layer allows; ``cuda`` or
@@ -248,8 +252,9 @@ def summarize_kernels(kernels: list[tuple[str, float, float, str]]
 
 
 def _trace(llm, prompts, max_tokens: int
-           ) -> tuple[float, dict[str, float], int, dict[str, tuple[float, int, float]]]:
-    """Profile one generate() call: :func:`summarize_kernels` of its GPU kernels."""
+           ) -> tuple[float, dict[str, float], int, dict[str, tuple[float, int, float]], float]:
+    """Profile one generate() call: :func:`summarize_kernels` of its GPU kernels, and the span
+    from the first kernel's start to the last one's end."""
     import tempfile
 
     import torch
@@ -266,7 +271,8 @@ def _trace(llm, prompts, max_tokens: int
     if not kernels:  # a trace without kernel events: the profiler's own event list
         kernels = [(e.name, e.time_range.start, e.time_range.end, "") for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA]
-    return summarize_kernels(kernels)
+    span = max(e for _, _, e, _ in kernels) - min(s for _, s, _, _ in kernels) if kernels else 0.0
+    return (*summarize_kernels(kernels), span)
 
 
 def _profile(llm, prompts, steps: int, step_s: float,
@@ -279,9 +285,9 @@ def _profile(llm, prompts, steps: int, step_s: float,
     _timed(llm, prompts, 1 + steps)  # warm
     half = steps // 2
     c0 = counter() if counter else 0
-    busy_a, fam_a, n_a, names_a = _trace(llm, prompts, 1 + half)
+    busy_a, fam_a, n_a, names_a, span_a = _trace(llm, prompts, 1 + half)
     c1 = counter() if counter else half
-    busy_b, fam_b, n_b, names_b = _trace(llm, prompts, 1 + steps)
+    busy_b, fam_b, n_b, names_b, span_b = _trace(llm, prompts, 1 + steps)
     c2 = counter() if counter else half + steps
     d = max((c2 - c1) - (c1 - c0), 1)
     per_step_us = {k: max(0.0, v - fam_a.get(k, 0.0)) / d for k, v in sorted(fam_b.items())}
@@ -293,8 +299,12 @@ def _profile(llm, prompts, steps: int, step_s: float,
     own_by_family: dict[str, float] = {}
     for k, _, _, own in top:
         own_by_family[family_of(k)] = own_by_family.get(family_of(k), 0.0) + own
+    # the step as the profiled calls ran it (GPU span, not the timed run's wall time): where
+    # the timed step is much longer, the idle came and went between runs (host time)
+    traced_step_us = (span_b - span_a) / d
     return {"kernel_us_per_step": per_step_us, "busy_us_per_step": busy_per_step_us,
             "gpu_busy_frac": min(1.0, busy_per_step_us * 1e-6 / step_s),
+            "traced_step_us": traced_step_us,
             "kernels_per_step": (n_b - n_a) / d,
             "kernel_own_us_per_step": {k: round(v, 2) for k, v in sorted(own_by_family.items())},
             "top_kernels_per_step": [{"name": k, "family": family_of(k), "us": round(us, 2),
@@ -506,7 +516,8 @@ def _kernel_label(drafter: bool) -> str:
     overrides in brackets when VLLM_PRISM_GEMV_TUNING sets any, and the float projections'
     GEMV when VLLM_PRISM_DENSE_GEMV is not the default, and on an engine with a drafter its
     attention when VLLM_PRISM_DRAFT_ATTENTION is not the default and the Gated DeltaNet
-    kernel of its verification steps when VLLM_GDN_DECODE_KERNEL is set."""
+    kernel of its verification steps when VLLM_PRISM_GDN_VERIFY is not the default or
+    VLLM_GDN_DECODE_KERNEL is set."""
     kern = os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto") or "auto"
     tune = os.environ.get("VLLM_PRISM_GEMV_TUNING", "").strip()
     dense, draft = envs.VLLM_PRISM_DENSE_GEMV, envs.VLLM_PRISM_DRAFT_ATTENTION
@@ -517,6 +528,8 @@ def _kernel_label(drafter: bool) -> str:
         return label
     if draft != _default("VLLM_PRISM_DRAFT_ATTENTION"):
         label = f"{label} [draft attention {draft}]"
+    if envs.VLLM_PRISM_GDN_VERIFY != _default("VLLM_PRISM_GDN_VERIFY"):
+        label = f"{label} [gdn verify {envs.VLLM_PRISM_GDN_VERIFY}]"
     return label if gdn == "auto" else f"{label} [gdn {gdn}]"
 
 
@@ -592,7 +605,9 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
                   f"pdl {r.get('pdl', 0)}, {r.get('pq2_kernel', 'auto')}, "
                   f"attention {r.get('attn_kernel', 'auto')}, "
                   f"context {r['context']}): {r['kernels_per_step']:.0f} kernels, "
-                  f"{r['busy_us_per_step']:.0f} us busy of {r['ms_per_step'] * 1e3:.0f} us", "",
+                  f"{r['busy_us_per_step']:.0f} us busy of {r['ms_per_step'] * 1e3:.0f} us"
+                  + (f" ({r['traced_step_us']:.0f} us a step in the profiled calls)"
+                     if "traced_step_us" in r else ""), "",
                   "| family | us per step | own us per step | share of step |",
                   "|---|---|---|---|"]
         owns = r.get("kernel_own_us_per_step", {})
@@ -659,6 +674,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VLLM_PRISM_DRAFT_ATTENTION for the engines with a drafter, each in "
                    "turn (a drafter's attention with an INT8 KV cache: the PRISM backend, or "
                    "vLLM's choice)")
+    p.add_argument("--gdn-verify", nargs="+", default=[_default("VLLM_PRISM_GDN_VERIFY")],
+                   choices=envs.CHOICES["VLLM_PRISM_GDN_VERIFY"],
+                   help="VLLM_PRISM_GDN_VERIFY for the engines with a drafter, each in turn "
+                   "(the Gated DeltaNet recurrence of a verification step: vLLM's choice, or "
+                   "vllm-prism's kernel reading its inputs in place)")
     p.add_argument("--gdn-spec-kernel", nargs="+", default=["auto"],
                    choices=["auto", "cuda", "triton"],
                    help="vLLM's VLLM_GDN_DECODE_KERNEL for the engines with a drafter, each in "
@@ -689,10 +709,11 @@ ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("attn_kernel", "VLLM_PRISM_ATTN_KERNEL", "attn"),
                    ("dense_gemv", "VLLM_PRISM_DENSE_GEMV", "dense"),
                    ("draft_attention", "VLLM_PRISM_DRAFT_ATTENTION", "draft"),
+                   ("gdn_verify", "VLLM_PRISM_GDN_VERIFY", "verify"),
                    ("gdn_spec_kernel", "VLLM_GDN_DECODE_KERNEL", "gdn"))
-# what only an engine with a drafter reads (vLLM reads VLLM_GDN_DECODE_KERNEL for its
-# speculative decoding path only)
-SPEC_ONLY_SWITCHES = {"draft_attention", "gdn_spec_kernel"}
+# what only an engine with a drafter reads (VLLM_PRISM_GDN_VERIFY and vLLM's
+# VLLM_GDN_DECODE_KERNEL choose for the speculative decoding path only)
+SPEC_ONLY_SWITCHES = {"draft_attention", "gdn_verify", "gdn_spec_kernel"}
 
 
 def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,

@@ -92,6 +92,21 @@ def test_the_gdn_spec_kernel_switch_varies_only_the_engines_with_a_drafter(monke
     assert bench_decode._kernel_label(drafter=True) == "auto"
 
 
+def test_the_gdn_verify_switch_varies_only_the_engines_with_a_drafter(monkeypatch) -> None:
+    """``--gdn-verify vllm prism``: each DFlash engine gets each value, the plain engine the
+    default alone; a DFlash engine's label names the value other than the default."""
+    kids = _children(["m.gguf", "--kv", "int8_per_token_head", "--spec-k", "5",
+                      "--gdn-verify", "vllm", "prism"])
+    assert [(a.spec_k, env["VLLM_PRISM_GDN_VERIFY"]) for a, env in kids] == [
+        ([], "vllm"), ([5], "vllm"), ([5], "prism")]
+    for name in ("VLLM_PRISM_PQ2_KERNEL", "VLLM_PRISM_GEMV_TUNING", "VLLM_PRISM_DENSE_GEMV",
+                 "VLLM_PRISM_DRAFT_ATTENTION", "VLLM_GDN_DECODE_KERNEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_PRISM_GDN_VERIFY", "prism")
+    assert bench_decode._kernel_label(drafter=True) == "auto [gdn verify prism]"
+    assert bench_decode._kernel_label(drafter=False) == "auto"
+
+
 def test_the_drafter_switch_varies_only_the_engines_with_a_drafter() -> None:
     """``--draft-attention`` gives every DFlash engine each value, the plain engine (which has
     no drafter to switch) one run; a verify record's step ratio is over that plain step."""
@@ -175,15 +190,16 @@ def test_profile_divides_by_the_steps_the_counter_saw(monkeypatch) -> None:
     """A verify step's profile: the kernel time of the longer traced call minus the shorter
     one's, over the difference of their counted steps (vLLM's verify steps), not over the
     difference of their token counts."""
-    traces = iter([(100.0, {"pq2_linear": 80.0}, 10, {"pq2_gemv": (80.0, 10, 60.0)}),
+    traces = iter([(100.0, {"pq2_linear": 80.0}, 10, {"pq2_gemv": (80.0, 10, 60.0)}, 150.0),
                    (300.0, {"pq2_linear": 240.0}, 30,
-                    {"pq2_gemv": (200.0, 25, 160.0), "fill": (40.0, 5, 40.0)})] * 2)
+                    {"pq2_gemv": (200.0, 25, 160.0), "fill": (40.0, 5, 40.0)}, 400.0)] * 2)
     monkeypatch.setattr(bench_decode, "_trace", lambda llm, prompts, n: next(traces))
     monkeypatch.setattr(bench_decode, "_timed", lambda *args: 0.0)
     counts = iter([0, 3, 11])  # 3 verify steps in the short call, 8 in the long one
     out = bench_decode._profile(None, [], 8, 1e-3, counter=lambda: next(counts))
     assert out["kernel_us_per_step"] == {"pq2_linear": 32.0}  # (240 - 80) / (8 - 3)
     assert out["busy_us_per_step"] == 40.0 and out["kernels_per_step"] == 4.0
+    assert out["traced_step_us"] == 50.0  # (400 - 150) / 5: the traced span per step
     assert out["top_kernels_per_step"] == [  # by name: (200 - 80) / 5 us, (25 - 10) / 5 launches
         {"name": "pq2_gemv", "family": "pq2_linear", "us": 24.0, "launches": 3.0,
          "own_us": 20.0},

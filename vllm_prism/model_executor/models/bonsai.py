@@ -25,6 +25,7 @@ from torch import nn
 from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.distributed import get_pp_group, tensor_model_parallel_all_reduce
+from vllm.forward_context import get_forward_context
 from vllm.logger import init_logger
 from vllm.model_executor.layers.layernorm import GemmaRMSNorm
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
@@ -32,7 +33,9 @@ from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import \
     QwenGatedDeltaNetAttention
 from vllm.model_executor.layers.mamba.mamba_utils import (MambaStateCopyFuncCalculator,
                                                           MambaStateDtypeCalculator,
-                                                          MambaStateShapeCalculator)
+                                                          MambaStateShapeCalculator,
+                                                          is_conv_state_dim_first)
+from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
 from vllm.model_executor.layers.vocab_parallel_embedding import (ParallelLMHead,
                                                                  VocabParallelEmbedding)
 from vllm.model_executor.models.interfaces import (HasInnerState, IsHybrid, SupportsEagle3,
@@ -46,7 +49,10 @@ from vllm.model_executor.models.utils import (AutoWeightsLoader, PPMissingLayer,
                                               make_layers, maybe_prefix)
 from vllm.sequence import IntermediateTensors
 from vllm.utils.torch_utils import _encode_layer_name
+from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
 
+from vllm_prism import envs
+from vllm_prism.kernels.gdn_verify import gdn_verify, gdn_verify_problem
 from vllm_prism.model_executor.layers.quantization.prism import PrismFloatLinearMethod
 
 logger = init_logger(__name__)
@@ -108,6 +114,16 @@ class BonsaiGatedDeltaNet(QwenGatedDeltaNetAttention):
         # the platform forward vLLM picked, whose core op forward_add_norm calls (or None)
         self.prism_core = ("cuda" if self._forward_method == self.forward_cuda else
                            "cpu" if self._forward_method == self.forward_cpu else None)
+        # verification steps on kernels/gdn_verify.py (VLLM_PRISM_GDN_VERIFY=prism): vLLM's
+        # fused branch off, so that its core op reaches _forward_core
+        self.prism_verify = (envs.VLLM_PRISM_GDN_VERIFY == "prism"
+                             and self.speculative_config is not None
+                             and self.prism_core == "cuda" and not self.gqa_interleaved_layout)
+        if self.prism_verify:
+            self.gdn_decode_kernel = "triton"
+            self.enable_fused_gdn_spec_decode = False
+            logger.info_once("Bonsai: the Gated DeltaNet of verification steps on vllm-prism's "
+                             "kernel (VLLM_PRISM_GDN_VERIFY=prism)")
 
     def fuses_input_norm(self) -> bool:
         """Whether :meth:`forward_add_norm` can take the input norm: in_proj_qkvz runs the prism
@@ -156,6 +172,53 @@ class BonsaiGatedDeltaNet(QwenGatedDeltaNetAttention):
             torch.ops.vllm.cpu_gdn_attention_core(mixed_qkv, ba[0], ba[1], core_attn_out,
                                                   layer_name)
         return self._output_projection(core_attn_out, z), residual
+
+    def _forward_core(self, mixed_qkv: torch.Tensor, b: torch.Tensor, a: torch.Tensor,
+                      core_attn_out: torch.Tensor) -> None:
+        """vLLM's convolution + recurrence (called by its core op), with a step of only
+        verification sequences on :func:`gdn_verify` where ``prism_verify`` is set: the
+        convolution as vLLM runs it for them, then the recurrence reading its output rows,
+        ``a`` and ``b`` in place and writing ``core_attn_out``."""
+        meta = self._verification_only() if self.prism_verify else None
+        heads = self.num_k_heads // self.tp_size
+        problem = None if meta is None else gdn_verify_problem(
+            mixed_qkv, self.kv_cache[1], meta.spec_state_indices_tensor, core_attn_out, heads,
+            self.head_k_dim, self.head_v_dim)
+        if problem is not None:
+            logger.warning_once("VLLM_PRISM_GDN_VERIFY=prism: vLLM's core runs the "
+                                "verification steps: %s", problem)
+        if meta is None or problem is not None:
+            return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a,
+                                         core_attn_out=core_attn_out)
+        conv_state = self.kv_cache[0]
+        if not is_conv_state_dim_first():
+            conv_state = conv_state.transpose(-1, -2)
+        weight = self.conv1d.weight
+        indices = meta.spec_state_indices_tensor
+        n = meta.num_actual_tokens
+        qkv = causal_conv1d_update(
+            mixed_qkv[:n], conv_state, weight.view(weight.size(0), weight.size(2)),
+            self.conv1d.bias, self.activation,
+            conv_state_indices=indices[:, 0][:meta.num_spec_decodes],
+            num_accepted_tokens=meta.num_accepted_tokens,
+            query_start_loc=meta.spec_query_start_loc, max_query_len=indices.size(-1),
+            validate_data=False)
+        gdn_verify(qkv, a, b, self.A_log, self.dt_bias, self.kv_cache[1], indices,
+                   meta.num_accepted_tokens,
+                   meta.spec_query_start_loc[:meta.num_spec_decodes + 1], core_attn_out,
+                   heads, self.head_k_dim, self.head_v_dim)
+
+    def _verification_only(self) -> GDNAttentionMetadata | None:
+        """This layer's metadata when the step holds verification sequences only (no prefill,
+        no plain decode), else None."""
+        meta = get_forward_context().attn_metadata
+        meta = meta.get(self.prefix) if isinstance(meta, dict) else None
+        if (isinstance(meta, GDNAttentionMetadata) and meta.spec_sequence_masks is not None
+                and meta.num_prefills == 0 and meta.num_decodes == 0
+                and meta.spec_state_indices_tensor is not None
+                and meta.num_accepted_tokens is not None):
+            return meta
+        return None
 
     def _output_projection(self, core_attn_out: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         norm = self.norm
