@@ -19,7 +19,6 @@ import argparse
 import datetime
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -52,11 +51,10 @@ def run(shapes, ms, cpu: bool) -> dict:
             rec = {"n": n, "k": k, "m": m}
             rec["torch_us"] = timing.time_calls(
                 [lambda w=w: torch.nn.functional.linear(x, w) for w in ws], cpu)
-            for pdl in ("1", "0"):
-                os.environ["VLLM_PRISM_PDL"] = pdl
-                us = timing.time_calls([lambda w=w: small_m_linear(x, w) for w in ws], cpu)
-                rec["gemv_us" if pdl == "1" else "gemv_no_pdl_us"] = us
-            os.environ.pop("VLLM_PRISM_PDL")
+            for pdl in (True, False):
+                us = timing.time_calls([lambda w=w: small_m_linear(x, w, pdl=pdl) for w in ws],
+                                       cpu)
+                rec["gemv_us" if pdl else "gemv_no_pdl_us"] = us
             y, ref = small_m_linear(x, ws[0]), x.double() @ ws[0].double().T
             rec["rel_err"] = ((y.double() - ref).norm() / ref.norm()).item()
             rec["vs_torch"] = rec["torch_us"] / rec["gemv_us"]

@@ -39,6 +39,19 @@ def test_refusals_name_the_problem() -> None:
         small_m_linear(x, w)
 
 
+def test_pdl_only_up_to_two_rows(monkeypatch) -> None:
+    """Where PDL is available, the GEMV launches with it at M <= 2 and plainly above (it was
+    slower with it from M = 4 on the H200); nowhere where PDL is not available."""
+    from vllm_prism.kernels import dense_gemv
+
+    dev = torch.device("cuda", 0)
+    monkeypatch.setattr(dense_gemv, "use_pdl", lambda device: True)
+    assert [dense_gemv.launches_with_pdl(m, dev) for m in (1, 2, 3, 6, 16)] == [
+        True, True, False, False, False]
+    monkeypatch.setattr(dense_gemv, "use_pdl", lambda device: False)
+    assert not any(dense_gemv.launches_with_pdl(m, dev) for m in (1, 2, 3))
+
+
 def test_the_op_uses_f_linear_unless_switched(monkeypatch) -> None:
     """``vllm_prism::dense_linear`` on CPU, every switch value: the call the GEMV cannot take
     (no Triton here) falls back to ``F.linear``, bit for bit."""

@@ -8,8 +8,9 @@ reduction kernel for the skinny output: two launches, 4.9 + 1.5 us a layer on th
 :func:`small_m_linear` is ``x @ w.T + bias`` for ``M <= MAX_M`` rows in one launch: one
 program per ``BLOCK_N`` output rows walks K in ``BLOCK_K`` chunks, the next chunk of weights
 loaded before the current one is reduced (fp32 accumulation, products summed per chunk in
-registers). With programmatic dependent launch the first weight chunk is requested before the
-grid-dependency wait: the weights do not depend on the kernel before.
+registers). With programmatic dependent launch (up to ``PDL_MAX_M`` rows: slower above) the
+first weight chunk is requested before the grid-dependency wait: the weights do not depend on
+the kernel before.
 
 The op choosing it (``vllm_prism::dense_linear``, :mod:`vllm_prism._custom_ops`) runs it
 where ``VLLM_PRISM_DENSE_GEMV`` picks it for the call's M (``auto``, the default: M <=
@@ -35,10 +36,16 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-__all__ = ["AUTO_M", "MAX_M", "MAX_N", "small_m_linear", "small_m_problem"]
+__all__ = ["AUTO_M", "MAX_M", "MAX_N", "PDL_MAX_M", "launches_with_pdl", "small_m_linear",
+           "small_m_problem"]
 
 MAX_M = 16  # rows of x a call takes (decode, small batches, speculative verification)
 AUTO_M = 2  # rows up to which the default (VLLM_PRISM_DENSE_GEMV=auto) takes it
+# rows up to which it launches with programmatic dependent launch (where use_pdl allows):
+# from M = 4 it was slower with it on the H200 (M = 6: 8.29 against 5.57 us; F.linear 6.37;
+# benchmarks/results/dense_gemv_h200.md), so VLLM_PRISM_DENSE_GEMV=triton launches it
+# plainly there
+PDL_MAX_M = 2
 MAX_N = 1024  # output rows: the skinny projections this is for
 BLOCK_K = 2048
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -106,12 +113,20 @@ def small_m_problem(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None)
     return None
 
 
+def launches_with_pdl(m: int, device: torch.device) -> bool:
+    """Whether :func:`small_m_linear` launches an M-row call with programmatic dependent
+    launch by default: where :func:`use_pdl` allows it, up to PDL_MAX_M rows."""
+    return m <= PDL_MAX_M and use_pdl(device)
+
+
 def small_m_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
-                   halves: bool = False, clear: torch.Tensor | None = None) -> torch.Tensor:
+                   halves: bool = False, clear: torch.Tensor | None = None,
+                   pdl: bool | None = None) -> torch.Tensor:
     """``x @ w.T + bias`` for x ``[M <= MAX_M, K]`` and w ``[N <= MAX_N, K]`` of one dtype, in
     one Triton launch; the output has x's dtype, shape ``[M, N]``, or ``[2, M, N/2]`` (the
     two halves of every row) with ``halves``. ``clear``, a contiguous tensor, is zero-filled
-    by the same launch. ValueError where :func:`small_m_problem` says it cannot."""
+    by the same launch. ``pdl`` overrides :func:`launches_with_pdl` (the benchmark times
+    both). ValueError where :func:`small_m_problem` says it cannot."""
     why = small_m_problem(x, w, bias)
     if why is None and halves and w.shape[0] % 2:
         why = f"halves of an odd N = {w.shape[0]}"
@@ -129,7 +144,7 @@ def small_m_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None =
     grid = cdiv(n, block_n)
     z_numel = clear.numel() if clear is not None else 0
     clear_block = min(1024, next_power_of_2(cdiv(z_numel, grid))) if z_numel else 0
-    pdl = use_pdl(x.device)
+    pdl = launches_with_pdl(m, x.device) if pdl is None else pdl and use_pdl(x.device)
     _small_m_gemv_kernel[(grid,)](
         x, w, bias if bias is not None else w, y, clear if clear is not None else y, m, n, k,
         n_part, z_numel, x.stride(0), w.stride(0), y.stride(-2), y.stride(0) if halves else 0,
