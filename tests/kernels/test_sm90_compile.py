@@ -150,3 +150,23 @@ def test_dequantize_kernel_compiles_to_wide_accesses() -> None:
     assert "ld.global.v4.b32" in ptx, "code words not read 16 bytes at a time"
     stores = [line for line in ptx.splitlines() if "st.global" in line]
     assert stores and all(".v4." in line for line in stores), stores[:4]
+
+
+@pytest.mark.parametrize("state", ["*fp32", "*bf16"])
+@pytest.mark.parametrize("dims", [(16, 48, 128), (2, 4, 64)])
+def test_gdn_verify_compiles_for_sm90(dims: tuple[int, int, int], state: str) -> None:
+    """The verification step's Gated DeltaNet kernel (kernels/gdn_verify.py): the 27B model's
+    heads and the tiny model's, fp32 and bf16 state pools; its dynamic token loop and the
+    stores of each token's state must get through the GPU compiler."""
+    from vllm_prism.kernels import gdn_verify
+
+    h, hv, d = dims
+    sig = {"qkv": "*bf16", "qkv_stride": "i32", "a": "*bf16", "a_stride": "i32", "b": "*bf16",
+           "b_stride": "i32", "A_log": "*fp32", "dt_bias": "*fp32", "state": state,
+           "state_stride": "i64", "indices": "*i32", "indices_stride": "i32",
+           "num_accepted": "*i32", "cu_seqlens": "*i32", "out": "*bf16", "out_stride": "i32",
+           "scale": "fp32"}
+    ptx = _ptx(gdn_verify._gdn_verify_kernel, sig,
+               dict(H=h, HV=hv, K=d, V=d, BV=gdn_verify.BLOCK_V, TMAX=8,
+                    THRESHOLD=gdn_verify.SOFTPLUS_THRESHOLD))
+    assert "st.global" in ptx
