@@ -6,7 +6,7 @@
         [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
         [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]]
         [--draft-attention prism [vllm]] [--gdn-verify vllm [prism]]
-        [--gdn-spec-kernel auto [triton]]
+        [--gdn-spec-kernel auto [triton]] [--engine-process 0 [1]]
         [--profile-batches 1 [8]] [--side-by-side] [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
@@ -52,6 +52,11 @@ prefilled. Prompts are random token ids, distinct per request.
   Gated DeltaNet of a verification step: ``auto`` leaves it unset, vLLM's choice, its fused
   CUDA kernel with one program per value head where the layer allows; ``cuda`` or
   ``triton`` names one), for the engines with a drafter only.
+* ``--engine-process 0 1`` likewise with ``VLLM_ENABLE_V1_MULTIPROCESSING``: by default each
+  engine's core runs in the benchmark's process (so the torch profiler sees its kernels), and
+  every step's host work (scheduling, input preparation, sampling, output processing) runs
+  serially with the GPU; ``1`` gives the core its own process, as ``vllm serve`` does
+  (labelled ``[engine process]``, not profiled).
 * ``--side-by-side`` starts every engine of the run at once, each with ``--gpu-memory`` over
   the number of engines (their compiles and CUDA-graph captures overlap: a cold start of the
   27B-shaped file takes about 4 minutes); each warms up (one short generation per prompt
@@ -364,6 +369,8 @@ def run_engine(args: argparse.Namespace) -> None:
     """All measurements of one KV dtype (called in the child process), taken in this
     engine's turn (``--turn-lock``), printed as one ``RECORDS`` line."""
     llm = _engine(args)
+    if _engine_process():  # the torch profiler here would not see the engine core's kernels
+        args.profile = False
     if args.turn_lock:  # side by side: warm up together, then measure one at a time
         _warm_up(llm, args)
         _barrier(args.turn_lock, args.engines)
@@ -511,19 +518,28 @@ def _default(name: str) -> str:
     return envs.CHOICES[name][0]
 
 
+def _engine_process() -> bool:
+    """Whether this engine's core runs in its own process (VLLM_ENABLE_V1_MULTIPROCESSING=1,
+    as `vllm serve` runs it) rather than in the benchmark's."""
+    return os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "1"
+
+
 def _kernel_label(drafter: bool) -> str:
     """The linear kernel choice of this engine: VLLM_PRISM_PQ2_KERNEL, with the GEMV tile
     overrides in brackets when VLLM_PRISM_GEMV_TUNING sets any, and the float projections'
     GEMV when VLLM_PRISM_DENSE_GEMV is not the default, and on an engine with a drafter its
     attention when VLLM_PRISM_DRAFT_ATTENTION is not the default and the Gated DeltaNet
     kernel of its verification steps when VLLM_PRISM_GDN_VERIFY is not the default or
-    VLLM_GDN_DECODE_KERNEL is set."""
+    VLLM_GDN_DECODE_KERNEL is set; ``[engine process]`` where the engine core has its own
+    process."""
     kern = os.environ.get("VLLM_PRISM_PQ2_KERNEL", "auto") or "auto"
     tune = os.environ.get("VLLM_PRISM_GEMV_TUNING", "").strip()
     dense, draft = envs.VLLM_PRISM_DENSE_GEMV, envs.VLLM_PRISM_DRAFT_ATTENTION
     label = f"{kern} [gemv {tune}]" if tune else kern
     gdn = os.environ.get("VLLM_GDN_DECODE_KERNEL", "auto").strip() or "auto"
     label = label if dense == _default("VLLM_PRISM_DENSE_GEMV") else f"{label} [dense {dense}]"
+    if _engine_process():
+        label = f"{label} [engine process]"
     if not drafter:
         return label
     if draft != _default("VLLM_PRISM_DRAFT_ATTENTION"):
@@ -685,6 +701,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "turn (the Gated DeltaNet of a verification step: auto leaves it unset, "
                    "vLLM's choice: its fused CUDA kernel, one program per value head, where "
                    "the layer allows, else its Triton kernels; cuda or triton names one)")
+    p.add_argument("--engine-process", nargs="+", default=["0"], choices=["0", "1"],
+                   help="VLLM_ENABLE_V1_MULTIPROCESSING for each engine in turn: 0 (default) "
+                   "the engine core in the benchmark's process, where the torch profiler sees "
+                   "its kernels and every step's host work runs serially with the GPU; 1 in "
+                   "its own process, as `vllm serve` runs it (no profile)")
     p.add_argument("--side-by-side", action="store_true",
                    help="start every engine at once (--gpu-memory shared among them); they "
                    "measure one at a time")
@@ -710,7 +731,8 @@ ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("dense_gemv", "VLLM_PRISM_DENSE_GEMV", "dense"),
                    ("draft_attention", "VLLM_PRISM_DRAFT_ATTENTION", "draft"),
                    ("gdn_verify", "VLLM_PRISM_GDN_VERIFY", "verify"),
-                   ("gdn_spec_kernel", "VLLM_GDN_DECODE_KERNEL", "gdn"))
+                   ("gdn_spec_kernel", "VLLM_GDN_DECODE_KERNEL", "gdn"),
+                   ("engine_process", "VLLM_ENABLE_V1_MULTIPROCESSING", "mp"))
 # what only an engine with a drafter reads (VLLM_PRISM_GDN_VERIFY and vLLM's
 # VLLM_GDN_DECODE_KERNEL choose for the speculative decoding path only)
 SPEC_ONLY_SWITCHES = {"draft_attention", "gdn_verify", "gdn_spec_kernel"}

@@ -107,6 +107,21 @@ def test_the_gdn_verify_switch_varies_only_the_engines_with_a_drafter(monkeypatc
     assert bench_decode._kernel_label(drafter=False) == "auto"
 
 
+def test_engine_process_switch(monkeypatch) -> None:
+    """``--engine-process 0 1``: an engine with its core in the benchmark's process and one
+    with its core in its own process (labelled), each kind of engine."""
+    kids = _children(["m.gguf", "--kv", "auto", "--spec-k", "5", "--engine-process", "0", "1"])
+    assert [(a.spec_k, env["VLLM_ENABLE_V1_MULTIPROCESSING"]) for a, env in kids] == [
+        ([], "0"), ([5], "0"), ([], "1"), ([5], "1")]
+    for name in ("VLLM_PRISM_PQ2_KERNEL", "VLLM_PRISM_GEMV_TUNING", "VLLM_PRISM_DENSE_GEMV",
+                 "VLLM_PRISM_DRAFT_ATTENTION", "VLLM_PRISM_GDN_VERIFY", "VLLM_GDN_DECODE_KERNEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    assert bench_decode._kernel_label(drafter=False) == "auto [engine process]"
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    assert bench_decode._kernel_label(drafter=True) == "auto"
+
+
 def test_the_drafter_switch_varies_only_the_engines_with_a_drafter() -> None:
     """``--draft-attention`` gives every DFlash engine each value, the plain engine (which has
     no drafter to switch) one run; a verify record's step ratio is over that plain step."""
