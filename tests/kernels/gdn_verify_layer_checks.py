@@ -95,13 +95,13 @@ def same(a, b) -> bool:
 
 
 def run_core(layer, meta, qkvz, ba, conv_state, ssm_state, n_tok, prism: bool):
-    """(output, the convolution's arguments, recurrent state pool, whether gdn_verify ran)."""
+    """(output, the convolution's arguments, recurrent state pool, whether the kernel ran)."""
     context = types.SimpleNamespace(attn_metadata={PREFIX: meta})
     bonsai.get_forward_context = vllm_gdn.get_forward_context = lambda: context
     calls, conv_args = [], []
     bonsai.causal_conv1d_update = vllm_gdn.causal_conv1d_update = conv_stand_in(conv_args)
-    kernel = bonsai.gdn_verify
-    bonsai.gdn_verify = lambda *args: (calls.append(1), kernel(*args))
+    kernel = bonsai.launch_gdn_verify
+    bonsai.launch_gdn_verify = lambda *args: (calls.append(1), kernel(*args))
     try:
         layer.prism_verify = prism
         layer.kv_cache = (conv_state.clone(), ssm_state.clone())
@@ -114,7 +114,7 @@ def run_core(layer, meta, qkvz, ba, conv_state, ssm_state, n_tok, prism: bool):
         layer._forward_core(mixed_qkv=mixed_qkv, b=b, a=a, core_attn_out=out)
         return out, conv_args, layer.kv_cache[1], bool(calls)
     finally:
-        bonsai.gdn_verify = kernel
+        bonsai.launch_gdn_verify = kernel
 
 
 def diff(x: torch.Tensor, y: torch.Tensor) -> float:

@@ -111,6 +111,8 @@ def gdn_verify_problem(qkv: torch.Tensor, state: torch.Tensor, indices: torch.Te
                f"{head_k_dim}] contiguous slots"
     if indices.dim() != 2:
         return f"the state indices {tuple(indices.shape)} are not [sequences, tokens]"
+    if not triton_can_run(out.device):
+        return f"Triton cannot run on {out.device} here"
     return None
 
 
@@ -122,12 +124,21 @@ def gdn_verify(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch
     and the state pool ``state[slots, HV, V, K]`` at ``indices[n, t]`` (a slot <= 0 is not
     stored; a sequence whose starting slot ``indices[n, num_accepted[n] - 1]`` is <= 0 is
     skipped). ``qkv`` is the convolution's output rows ``[q | k | v]``, ``a`` and ``b`` are
-    ``[tokens, HV]`` (any row stride), ``cu_seqlens`` has one entry more than sequences."""
+    ``[tokens, HV]`` (any row stride), ``cu_seqlens`` has one entry more than sequences.
+    ValueError where :func:`gdn_verify_problem` says it cannot."""
     problem = gdn_verify_problem(qkv, state, indices, out, num_k_heads, head_k_dim, head_v_dim)
-    if problem is None and not triton_can_run(out.device):
-        problem = f"Triton cannot run on {out.device} here"
     if problem is not None:
         raise ValueError(f"gdn_verify: {problem}")
+    launch_gdn_verify(qkv, a, b, A_log, dt_bias, state, indices, num_accepted, cu_seqlens, out,
+                      num_k_heads, head_k_dim, head_v_dim)
+
+
+def launch_gdn_verify(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
+                      dt_bias: torch.Tensor, state: torch.Tensor, indices: torch.Tensor,
+                      num_accepted: torch.Tensor, cu_seqlens: torch.Tensor, out: torch.Tensor,
+                      num_k_heads: int, head_k_dim: int, head_v_dim: int) -> None:
+    """:func:`gdn_verify` without its check, for a caller that has run
+    :func:`gdn_verify_problem` on the call already."""
     heads = out.size(1)
     sequences = cu_seqlens.numel() - 1
     block_v = min(BLOCK_V, head_v_dim)

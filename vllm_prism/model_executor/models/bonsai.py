@@ -52,7 +52,7 @@ from vllm.utils.torch_utils import _encode_layer_name
 from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadata
 
 from vllm_prism import envs
-from vllm_prism.kernels.gdn_verify import gdn_verify, gdn_verify_problem
+from vllm_prism.kernels.gdn_verify import gdn_verify_problem, launch_gdn_verify
 from vllm_prism.model_executor.layers.quantization.prism import PrismFloatLinearMethod
 
 logger = init_logger(__name__)
@@ -180,14 +180,16 @@ class BonsaiGatedDeltaNet(QwenGatedDeltaNetAttention):
         convolution as vLLM runs it for them, then the recurrence reading its output rows,
         ``a`` and ``b`` in place and writing ``core_attn_out``."""
         meta = self._verification_only() if self.prism_verify else None
+        if meta is None:
+            return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a,
+                                         core_attn_out=core_attn_out)
         heads = self.num_k_heads // self.tp_size
-        problem = None if meta is None else gdn_verify_problem(
-            mixed_qkv, self.kv_cache[1], meta.spec_state_indices_tensor, core_attn_out, heads,
-            self.head_k_dim, self.head_v_dim)
+        problem = gdn_verify_problem(mixed_qkv, self.kv_cache[1],
+                                     meta.spec_state_indices_tensor, core_attn_out, heads,
+                                     self.head_k_dim, self.head_v_dim)
         if problem is not None:
             logger.warning_once("VLLM_PRISM_GDN_VERIFY=prism: vLLM's core runs the "
                                 "verification steps: %s", problem)
-        if meta is None or problem is not None:
             return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a,
                                          core_attn_out=core_attn_out)
         conv_state = self.kv_cache[0]
@@ -203,10 +205,10 @@ class BonsaiGatedDeltaNet(QwenGatedDeltaNetAttention):
             num_accepted_tokens=meta.num_accepted_tokens,
             query_start_loc=meta.spec_query_start_loc, max_query_len=indices.size(-1),
             validate_data=False)
-        gdn_verify(qkv, a, b, self.A_log, self.dt_bias, self.kv_cache[1], indices,
-                   meta.num_accepted_tokens,
-                   meta.spec_query_start_loc[:meta.num_spec_decodes + 1], core_attn_out,
-                   heads, self.head_k_dim, self.head_v_dim)
+        launch_gdn_verify(qkv, a, b, self.A_log, self.dt_bias, self.kv_cache[1], indices,
+                          meta.num_accepted_tokens,
+                          meta.spec_query_start_loc[:meta.num_spec_decodes + 1],
+                          core_attn_out, heads, self.head_k_dim, self.head_v_dim)
 
     def _verification_only(self) -> GDNAttentionMetadata | None:
         """This layer's metadata when the step holds verification sequences only (no prefill,
