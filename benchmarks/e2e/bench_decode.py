@@ -381,6 +381,11 @@ def run_engine(args: argparse.Namespace) -> None:
         # work) disturbed the one measuring after it (2026-12-01: the same verify step 10.5
         # and 13.7 ms; 2026-12-02: a 6.06 ms plain step beside an exiting DFlash engine).
         _barrier(args.turn_lock, args.engines, EXIT_WAIT_S, "done")
+        if _engine_process():
+            # an engine core in its own process would outlive os._exit and keep this engine's
+            # output pipe open (2026-12-02: the benchmark waited for it until its deadline
+            # and lost the record)
+            llm.llm_engine.engine_core.shutdown(timeout=30)
         sys.stderr.flush()
         os._exit(0)  # vLLM's orderly shutdown is not needed for a benchmark's engine
 

@@ -63,11 +63,11 @@ def test_producer_compiles_for_sm90(prologue: str, mode: int) -> None:
     assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx
 
 
-def _ptx(fn, sig: dict, consts: dict) -> str:
+def _ptx(fn, sig: dict, consts: dict, **options: int) -> str:
     ast_source, target = _target()
     sig = {**sig, **{k: "constexpr" for k in consts}}
     kernel = triton.compile(ast_source(fn, sig, constexprs=consts), target=target,
-                            options={"num_warps": 4})
+                            options={"num_warps": 4, **options})
     assert kernel.asm.get("cubin"), "no cubin produced"
     return kernel.asm["ptx"]
 
@@ -157,7 +157,8 @@ def test_dequantize_kernel_compiles_to_wide_accesses() -> None:
 def test_gdn_verify_compiles_for_sm90(dims: tuple[int, int, int], state: str) -> None:
     """The verification step's Gated DeltaNet kernel (kernels/gdn_verify.py): the 27B model's
     heads and the tiny model's, fp32 and bf16 state pools; its dynamic token loop and the
-    stores of each token's state must get through the GPU compiler."""
+    stores of each token's state must get through the GPU compiler, with the launch's
+    software pipelining."""
     from vllm_prism.kernels import gdn_verify
 
     h, hv, d = dims
@@ -167,6 +168,7 @@ def test_gdn_verify_compiles_for_sm90(dims: tuple[int, int, int], state: str) ->
            "num_accepted": "*i32", "cu_seqlens": "*i32", "out": "*bf16", "out_stride": "i32",
            "scale": "fp32"}
     ptx = _ptx(gdn_verify._gdn_verify_kernel, sig,
-               dict(H=h, HV=hv, K=d, V=d, BV=gdn_verify.BLOCK_V, TMAX=8,
-                    THRESHOLD=gdn_verify.SOFTPLUS_THRESHOLD))
+               dict(H=h, HV=hv, K=d, V=d, BV=gdn_verify.BLOCK_V,
+                    THRESHOLD=gdn_verify.SOFTPLUS_THRESHOLD),
+               num_warps=gdn_verify.NUM_WARPS, num_stages=gdn_verify.NUM_STAGES)
     assert "st.global" in ptx

@@ -13,21 +13,28 @@ layer's output buffer: ~580 us of copies a 6-token step of the 27B model on the 
 (benchmarks/results/e2e_h200_notes.md, fifteenth session). This kernel reads q, k and v from
 the convolution's output rows, a and b where the projection left them, and writes the
 layer's output buffer; one program per (sequence, value head, ``BV`` value rows) holds its
-slice of the state in fp32 registers across the tokens, which it loads all at once first.
+slice of the state in fp32 registers across the tokens and reads each token's inputs in a
+loop the compiler pipelines (the structure of vLLM's Triton kernel, without its copies).
+A first design that loaded every token's inputs at once and picked each token's out of the
+tile with a reduction ran 1.30 ms a step on the H200, against vLLM's fused CUDA kernel's
+0.75 ms (benchmarks/results/e2e_h200_notes.md, sixteenth session).
 """
 
 from __future__ import annotations
 
 import torch
 
-from vllm_prism.kernels.common import HAS_TRITON, next_power_of_2, triton_can_run
+from vllm_prism.kernels.common import HAS_TRITON, triton_can_run
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
 
-# value rows of the state per program (more programs than vLLM's 32 for a batch of one)
-BLOCK_V = 16
+# value rows of the state per program, warps and software-pipelining stages of its token
+# loop (vLLM's Triton kernel: 32, 4, 3); benchmarks/kernels/bench_gdn_verify.py times others
+BLOCK_V = 32
+NUM_WARPS = 4
+NUM_STAGES = 3
 # softplus(x) = x above this (as torch.nn.functional.softplus's default threshold)
 SOFTPLUS_THRESHOLD = 20.0
 
@@ -39,7 +46,7 @@ if HAS_TRITON:
                            state, state_stride, indices, indices_stride, num_accepted,
                            cu_seqlens, out, out_stride, scale,
                            H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                           BV: tl.constexpr, TMAX: tl.constexpr, THRESHOLD: tl.constexpr):
+                           BV: tl.constexpr, THRESHOLD: tl.constexpr):
         i_v = tl.program_id(0)
         i_nh = tl.program_id(1)
         i_n = i_nh // HV
@@ -51,42 +58,47 @@ if HAS_TRITON:
         slot0 = tl.load(indices + i_n * indices_stride + first, mask=first >= 0,
                         other=0).to(tl.int64)
         if (n_tok > 0) & (slot0 > 0):  # a padded sequence has no tokens or the null slot 0
-            o_t = tl.arange(0, TMAX)
             o_k = tl.arange(0, K)
             o_v = i_v * BV + tl.arange(0, BV)
-            t_ok = o_t < n_tok
-            rows = qkv + (bos + o_t)[:, None] * qkv_stride
-            # every token's q, k and v slice at once, [TMAX, K] / [TMAX, BV]
-            q = tl.load(rows + i_h * K + o_k[None, :], mask=t_ok[:, None], other=0.0)
-            k = tl.load(rows + (H + i_h) * K + o_k[None, :], mask=t_ok[:, None], other=0.0)
-            v = tl.load(rows + 2 * H * K + i_hv * V + o_v[None, :], mask=t_ok[:, None],
-                        other=0.0).to(tl.float32)
-            q = q.to(tl.float32)
-            k = k.to(tl.float32)
-            q = q * (tl.rsqrt(tl.sum(q * q, 1) + 1e-6) * scale)[:, None]
-            k = k * tl.rsqrt(tl.sum(k * k, 1) + 1e-6)[:, None]
-            x = (tl.load(a + (bos + o_t) * a_stride + i_hv, mask=t_ok, other=0.0).to(tl.float32)
-                 + tl.load(dt_bias + i_hv).to(tl.float32))
-            softplus = tl.where(x <= THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
-            decay = tl.exp(-tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * softplus)
-            beta = tl.sigmoid(tl.load(b + (bos + o_t) * b_stride + i_hv, mask=t_ok,
-                                      other=0.0).to(tl.float32))
             tile = i_hv * V * K + o_v[:, None] * K + o_k[None, :]
             s = tl.load(state + slot0 * state_stride + tile).to(tl.float32)  # [BV, K]
-            for t in range(0, n_tok):
-                pick = o_t == t
-                k_t = tl.sum(tl.where(pick[:, None], k, 0.0), 0)
-                q_t = tl.sum(tl.where(pick[:, None], q, 0.0), 0)
-                v_t = tl.sum(tl.where(pick[:, None], v, 0.0), 0)
-                s = s * tl.sum(tl.where(pick, decay, 0.0))
-                u = (v_t - tl.sum(s * k_t[None, :], 1)) * tl.sum(tl.where(pick, beta, 0.0))
-                s = s + u[:, None] * k_t[None, :]
-                o = tl.sum(s * q_t[None, :], 1)
-                tl.store(out + (bos + t) * out_stride + i_hv * V + o_v,
-                         o.to(out.dtype.element_ty))
-                slot = tl.load(indices + i_n * indices_stride + t).to(tl.int64)
+            neg_a = -tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+            bias = tl.load(dt_bias + i_hv).to(tl.float32)
+            # token t's q, k, v in the convolution's output row bos + t, a and b where the
+            # projection left them, its output row in the layer's buffer: each pointer moves
+            # one row a token (a loop the compiler pipelines, its loads ahead of the state)
+            p_q = qkv + bos * qkv_stride + i_h * K + o_k
+            p_k = p_q + H * K
+            p_v = qkv + bos * qkv_stride + 2 * H * K + i_hv * V + o_v
+            p_a = a + bos * a_stride + i_hv
+            p_b = b + bos * b_stride + i_hv
+            p_o = out + bos * out_stride + i_hv * V + o_v
+            p_slot = indices + i_n * indices_stride
+            for _ in range(0, n_tok):
+                q = tl.load(p_q).to(tl.float32)
+                k = tl.load(p_k).to(tl.float32)
+                v = tl.load(p_v).to(tl.float32)
+                x = tl.load(p_a).to(tl.float32) + bias
+                softplus = tl.where(x <= THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
+                beta = tl.sigmoid(tl.load(p_b).to(tl.float32))
+                # the order of vLLM's kernel: normalize, then scale
+                q = q * tl.rsqrt(tl.sum(q * q) + 1e-6)
+                k = k * tl.rsqrt(tl.sum(k * k) + 1e-6)
+                q = q * scale
+                s = s * tl.exp(neg_a * softplus)
+                u = (v - tl.sum(s * k[None, :], 1)) * beta
+                s = s + u[:, None] * k[None, :]
+                tl.store(p_o, tl.sum(s * q[None, :], 1).to(out.dtype.element_ty))
+                slot = tl.load(p_slot).to(tl.int64)
                 if slot > 0:
                     tl.store(state + slot * state_stride + tile, s.to(state.dtype.element_ty))
+                p_q += qkv_stride
+                p_k += qkv_stride
+                p_v += qkv_stride
+                p_a += a_stride
+                p_b += b_stride
+                p_o += out_stride
+                p_slot += 1
 
 
 def gdn_verify_problem(qkv: torch.Tensor, state: torch.Tensor, indices: torch.Tensor,
@@ -136,17 +148,20 @@ def gdn_verify(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch
 def launch_gdn_verify(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor,
                       dt_bias: torch.Tensor, state: torch.Tensor, indices: torch.Tensor,
                       num_accepted: torch.Tensor, cu_seqlens: torch.Tensor, out: torch.Tensor,
-                      num_k_heads: int, head_k_dim: int, head_v_dim: int) -> None:
+                      num_k_heads: int, head_k_dim: int, head_v_dim: int, *,
+                      block_v: int | None = None, num_warps: int | None = None,
+                      num_stages: int | None = None) -> None:
     """:func:`gdn_verify` without its check, for a caller that has run
-    :func:`gdn_verify_problem` on the call already."""
+    :func:`gdn_verify_problem` on the call already. ``block_v`` (a power of two), ``num_warps``
+    and ``num_stages`` override the launch configuration (the benchmark's sweep)."""
     heads = out.size(1)
     sequences = cu_seqlens.numel() - 1
-    block_v = min(BLOCK_V, head_v_dim)
+    block_v = min(block_v or BLOCK_V, head_v_dim)
     grid = (head_v_dim // block_v, sequences * heads)
     _gdn_verify_kernel[grid](
         qkv, qkv.stride(0), a, a.stride(0), b, b.stride(0), A_log, dt_bias,
         state, state.stride(0), indices, indices.stride(0), num_accepted, cu_seqlens,
         out, out.stride(0), head_k_dim ** -0.5,
         H=num_k_heads, HV=heads, K=head_k_dim, V=head_v_dim, BV=block_v,
-        TMAX=next_power_of_2(max(indices.size(1), 2)), THRESHOLD=SOFTPLUS_THRESHOLD,
-        num_warps=4)
+        THRESHOLD=SOFTPLUS_THRESHOLD, num_warps=num_warps or NUM_WARPS,
+        num_stages=num_stages or NUM_STAGES)
