@@ -250,16 +250,17 @@ def summarize_kernels(kernels: list[tuple[str, float, float, str]]
     owns = own_time([(s, e) for _, s, e, _ in kernels])
     for (name, s, e, grid), own in zip(kernels, owns):
         by_family[family_of(name)] = by_family.get(family_of(name), 0.0) + (e - s)
-        key = f"{short_kernel_name(name)} [{grid}]" if grid else short_kernel_name(name)
+        key = _kernel_key(name, grid)
         us, n, o = by_name.get(key, (0.0, 0, 0.0))
         by_name[key] = (us + (e - s), n + 1, o + own)
     return sum(owns), by_family, len(kernels), by_name
 
 
 def _trace(llm, prompts, max_tokens: int
-           ) -> tuple[float, dict[str, float], int, dict[str, tuple[float, int, float]], float]:
-    """Profile one generate() call: :func:`summarize_kernels` of its GPU kernels, and the span
-    from the first kernel's start to the last one's end."""
+           ) -> tuple[float, dict[str, float], int, dict[str, tuple[float, int, float]],
+                      dict[str, list[float]]]:
+    """Profile one generate() call: :func:`summarize_kernels` of its GPU kernels, and the
+    start times of each kernel key (short name and grid) in order."""
     import tempfile
 
     import torch
@@ -276,8 +277,29 @@ def _trace(llm, prompts, max_tokens: int
     if not kernels:  # a trace without kernel events: the profiler's own event list
         kernels = [(e.name, e.time_range.start, e.time_range.end, "") for e in prof.events()
                    if e.device_type == torch.autograd.DeviceType.CUDA]
-    span = max(e for _, _, e, _ in kernels) - min(s for _, s, _, _ in kernels) if kernels else 0.0
-    return (*summarize_kernels(kernels), span)
+    starts: dict[str, list[float]] = {}
+    for name, start, _, grid in sorted(kernels, key=lambda k: k[1]):
+        starts.setdefault(_kernel_key(name, grid), []).append(start)
+    return (*summarize_kernels(kernels), starts)
+
+
+def _kernel_key(name: str, grid: str) -> str:
+    """A kernel's short name with its grid (launches of one kernel on different shapes apart)."""
+    return f"{short_kernel_name(name)} [{grid}]" if grid else short_kernel_name(name)
+
+
+def traced_step_us(per_step_launches: dict[str, float], starts: dict[str, list[float]]
+                   ) -> float | None:
+    """The step period as the GPU saw it in a profiled call: the median interval between
+    successive launches of a kernel launched once a step (the first such key in name order;
+    None where there is none). Unlike the call's span over its steps, the prefill's and the
+    first token's time, which vary between calls, do not enter it."""
+    once = sorted(k for k, n in per_step_launches.items() if abs(n - 1.0) < 1e-9
+                  and len(starts.get(k, ())) >= 3)
+    if not once:
+        return None
+    t = starts[once[0]]
+    return statistics.median(b - a for a, b in zip(t, t[1:]))
 
 
 def _profile(llm, prompts, steps: int, step_s: float,
@@ -290,9 +312,9 @@ def _profile(llm, prompts, steps: int, step_s: float,
     _timed(llm, prompts, 1 + steps)  # warm
     half = steps // 2
     c0 = counter() if counter else 0
-    busy_a, fam_a, n_a, names_a, span_a = _trace(llm, prompts, 1 + half)
+    busy_a, fam_a, n_a, names_a, _ = _trace(llm, prompts, 1 + half)
     c1 = counter() if counter else half
-    busy_b, fam_b, n_b, names_b, span_b = _trace(llm, prompts, 1 + steps)
+    busy_b, fam_b, n_b, names_b, starts_b = _trace(llm, prompts, 1 + steps)
     c2 = counter() if counter else half + steps
     d = max((c2 - c1) - (c1 - c0), 1)
     per_step_us = {k: max(0.0, v - fam_a.get(k, 0.0)) / d for k, v in sorted(fam_b.items())}
@@ -304,12 +326,12 @@ def _profile(llm, prompts, steps: int, step_s: float,
     own_by_family: dict[str, float] = {}
     for k, _, _, own in top:
         own_by_family[family_of(k)] = own_by_family.get(family_of(k), 0.0) + own
-    # the step as the profiled calls ran it (GPU span, not the timed run's wall time): where
-    # the timed step is much longer, the idle came and went between runs (host time)
-    traced_step_us = (span_b - span_a) / d
+    # the step as the profiled call ran it (not the timed run's wall time): where the timed
+    # step is much longer, the idle came and went between runs (host time)
+    period = traced_step_us({k: v[1] for k, v in per_name.items()}, starts_b)
     return {"kernel_us_per_step": per_step_us, "busy_us_per_step": busy_per_step_us,
             "gpu_busy_frac": min(1.0, busy_per_step_us * 1e-6 / step_s),
-            "traced_step_us": traced_step_us,
+            **({"traced_step_us": period} if period is not None else {}),
             "kernels_per_step": (n_b - n_a) / d,
             "kernel_own_us_per_step": {k: round(v, 2) for k, v in sorted(own_by_family.items())},
             "top_kernels_per_step": [{"name": k, "family": family_of(k), "us": round(us, 2),

@@ -205,16 +205,20 @@ def test_profile_divides_by_the_steps_the_counter_saw(monkeypatch) -> None:
     """A verify step's profile: the kernel time of the longer traced call minus the shorter
     one's, over the difference of their counted steps (vLLM's verify steps), not over the
     difference of their token counts."""
-    traces = iter([(100.0, {"pq2_linear": 80.0}, 10, {"pq2_gemv": (80.0, 10, 60.0)}, 150.0),
+    # the last item: each kernel's start times; "fill" runs once a step in the longer call
+    traces = iter([(100.0, {"pq2_linear": 80.0}, 10, {"pq2_gemv": (80.0, 10, 60.0)},
+                    {"pq2_gemv": [0.0, 1.0, 2.0]}),
                    (300.0, {"pq2_linear": 240.0}, 30,
-                    {"pq2_gemv": (200.0, 25, 160.0), "fill": (40.0, 5, 40.0)}, 400.0)] * 2)
+                    {"pq2_gemv": (200.0, 25, 160.0), "fill": (40.0, 5, 40.0)},
+                    {"pq2_gemv": [0.0, 5.0, 9.0, 20.0], "fill": [0.0, 40.0, 100.0, 150.0,
+                                                                  200.0, 250.0]})] * 2)
     monkeypatch.setattr(bench_decode, "_trace", lambda llm, prompts, n: next(traces))
     monkeypatch.setattr(bench_decode, "_timed", lambda *args: 0.0)
     counts = iter([0, 3, 11])  # 3 verify steps in the short call, 8 in the long one
     out = bench_decode._profile(None, [], 8, 1e-3, counter=lambda: next(counts))
     assert out["kernel_us_per_step"] == {"pq2_linear": 32.0}  # (240 - 80) / (8 - 3)
     assert out["busy_us_per_step"] == 40.0 and out["kernels_per_step"] == 4.0
-    assert out["traced_step_us"] == 50.0  # (400 - 150) / 5: the traced span per step
+    assert out["traced_step_us"] == 50.0  # the median interval of the once-a-step "fill"
     assert out["top_kernels_per_step"] == [  # by name: (200 - 80) / 5 us, (25 - 10) / 5 launches
         {"name": "pq2_gemv", "family": "pq2_linear", "us": 24.0, "launches": 3.0,
          "own_us": 20.0},
@@ -223,6 +227,18 @@ def test_profile_divides_by_the_steps_the_counter_saw(monkeypatch) -> None:
     assert out["kernel_own_us_per_step"] == {"pq2_linear": 20.0, "norm_elementwise": 8.0}
     plain = bench_decode._profile(None, [], 8, 1e-3)  # 4 and 8 decode steps
     assert plain["kernel_us_per_step"] == {"pq2_linear": 40.0}
+    assert "traced_step_us" not in plain  # no kernel launched once a step there
+
+
+def test_traced_step_is_the_median_interval_of_a_once_a_step_kernel() -> None:
+    """The step period of a profiled call: from the starts of a kernel launched once a step
+    (a late first step, the prefill's launch, do not move the median), not from kernels
+    launched more or less often."""
+    starts = {"a [1,1,1]": [0.0, 900.0, 1000.0, 1100.0, 1200.0, 1310.0],
+              "b": [float(i) for i in range(40)], "c [2,1,1]": [5.0, 1005.0, 1105.0]}
+    assert bench_decode.traced_step_us({"a [1,1,1]": 1.0, "b": 8.0, "c [2,1,1]": 0.5},
+                                       starts) == 100.0
+    assert bench_decode.traced_step_us({"b": 8.0}, starts) is None
 
 
 def test_own_time_gives_each_instant_to_the_earliest_running_kernel() -> None:
