@@ -5,6 +5,8 @@
 #   bash scripts/gpu-session.sh tests ARGS   GPU tests (pytest ARGS; log: $OUT/${TESTLOG:-tests}.log)
 #   bash scripts/gpu-session.sh bench KV     e2e benchmark of the 27B-shaped file, one KV dtype
 #   bash scripts/gpu-session.sh kbench ARGS  PQ2 kernel benchmark (bench_pq2_linear.py ARGS)
+#   bash scripts/gpu-session.sh gdnbench ARGS  verification-step Gated DeltaNet kernels, ours in
+#        a launch sweep against vLLM's (bench_gdn_verify.py ARGS)
 #   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
 #   bash scripts/gpu-session.sh gemv-sweep [SHAPES [MS]]  configurations of the CUDA C++ GEMV against a
 #        same-size streaming-read probe (benchmarks/kernels/pq2_gemv_sweep.cu, no torch)
@@ -118,6 +120,11 @@ case $stage in
     shift
     timeout $(limit 560) python3 benchmarks/kernels/bench_pq2_linear.py "$@" 2>&1 | tee "$OUT/kbench.log"
     cp benchmarks/results/pq2_linear_*.json benchmarks/results/pq2_linear_*.md "$OUT"/ 2>/dev/null
+    ;;
+  gdnbench)  # the verification step's Gated DeltaNet kernels (bench_gdn_verify.py ARGS)
+    shift
+    timeout $(limit 560) python3 benchmarks/kernels/bench_gdn_verify.py "$@" 2>&1 | tee "$OUT/gdnbench.log"
+    cp benchmarks/results/gdn_verify_*.json benchmarks/results/gdn_verify_*.md "$OUT"/ 2>/dev/null
     ;;
   gemv-sweep)
     nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc benchmarks/kernels/pq2_gemv_sweep.cu -o /tmp/gemv-sweep \
