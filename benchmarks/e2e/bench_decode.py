@@ -849,6 +849,11 @@ def main() -> None:
         print(path.with_suffix(".md").read_text())
 
 
+# vLLM's own log lines (on the child's stdout) that say where an engine's start went: loading,
+# compiling (or the compile cache), graph capture; echoed with the others
+STARTUP_LINE = re.compile(r"\b(took|takes)\b|compil|cache", re.IGNORECASE)
+
+
 def _run_child(cmd: list[str], env: dict[str, str], label: str,
                lock: str | None = None) -> tuple[int, list[str]]:
     """Run one engine's child process; echo each measurement as it comes (with the seconds
@@ -863,7 +868,7 @@ def _run_child(cmd: list[str], env: dict[str, str], label: str,
         for line in proc.stdout:
             if line.startswith("RECORDS "):
                 lines.append(line.rstrip("\n"))
-            elif line.startswith("{"):
+            elif line.startswith("{") or STARTUP_LINE.search(line):
                 print(f"[{time.perf_counter() - t0:6.1f} s] {line.rstrip()} ({label})",
                       file=sys.stderr, flush=True)
         returncode = proc.wait()

@@ -188,6 +188,22 @@ def test_a_side_by_side_engine_leaves_only_after_every_engine_measured(monkeypat
                       "done barrier of 3", "exit 0"]
 
 
+def test_a_child_echoes_its_measurements_and_vllms_startup_lines(capsys) -> None:
+    """The child's stdout: RECORDS lines are returned, measurement lines ({...}) and vLLM's
+    lines on where the start went (loading, compiling, graph capture) are echoed, the rest
+    of vLLM's log is not."""
+    code = ("print('INFO [loader.py] Loading weights took 3.20 seconds'); "
+            "print('INFO [backends.py] Compiling a graph for dynamic shape takes 41.2 s'); "
+            "print('INFO [core.py] some other line'); print('{\"warm\": [1]}'); "
+            "print('RECORDS []')")
+    returncode, lines = bench_decode._run_child([sys.executable, "-c", code],
+                                                dict(os.environ), "echo")
+    err = capsys.readouterr().err
+    assert returncode == 0 and lines == ["RECORDS []"]
+    assert "Loading weights took 3.20" in err and "takes 41.2 s" in err and '{"warm"' in err
+    assert "some other line" not in err
+
+
 def test_a_failed_engine_does_not_hold_the_barrier(tmp_path) -> None:
     """An engine that dies counts as arrived at both barriers: the other engine passes them at
     once instead of after their timeouts."""
