@@ -7,7 +7,8 @@
         [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]]
         [--draft-attention prism [vllm]] [--gdn-verify vllm [prism]]
         [--gdn-spec-kernel auto [triton]] [--engine-process 0 [1]]
-        [--profile-batches 1 [8]] [--side-by-side] [--out-dir benchmarks/results]
+        [--profile-batches 1 [8]] [--host-profile] [--side-by-side]
+        [--out-dir benchmarks/results]
 
 Each KV-cache dtype runs in its own process (one engine per process), with vLLM's defaults
 (torch.compile and CUDA graphs, up to 512 tokens as with vLLM's default ``max_num_seqs``;
@@ -70,6 +71,9 @@ prefilled. Prompts are random token ids, distinct per request.
   (span, own time and launches per step; own time: see :func:`own_time`) and the GPU-busy
   share: the union of kernel intervals over the step time measured without the profiler.
   (The first runs attributed one trace to decode by a wall-clock ratio.)
+* ``--host-profile``: cProfile of two generate() calls the same way, the host's Python time
+  per step (own-time total, the functions by cumulative and by own time): where a step's
+  host work goes when the GPU idles in it (the engine core in this process only).
 
 ``ceiling_frac`` is the bytes a step must move (the ternary weights but the embedding, plus
 the KV cache read for every request's context, plus each request's Gated DeltaNet state read
@@ -344,6 +348,57 @@ def _num_drafts(llm) -> int:
                      if m.name == "vllm:spec_decode_num_drafts"), 0))
 
 
+# functions a host profile lists, by cumulative and by own time
+HOST_TOP = 20
+
+
+def function_times(stats: dict) -> dict[str, tuple[float, float]]:
+    """{"file.py:function": (own seconds, cumulative seconds)} of a ``pstats.Stats.stats``
+    table (functions of one name in one file added up)."""
+    out: dict[str, tuple[float, float]] = {}
+    for (path, _, func), (_, _, own, cum, _) in stats.items():
+        key = f"{os.path.basename(path)}:{func}" if path != "~" else func
+        o, c = out.get(key, (0.0, 0.0))
+        out[key] = (o + own, c + cum)
+    return out
+
+
+def host_profile(times_a: dict[str, tuple[float, float]], times_b: dict[str, tuple[float, float]],
+                 steps: int) -> dict:
+    """Per step, the host's Python time of the longer profiled call minus the shorter one's
+    (the prefill and the first token cancel out): the total own time and the ``HOST_TOP``
+    functions by cumulative and by own time, in ms."""
+    diff = {k: tuple(max(0.0, x - y) * 1e3 / steps for x, y in zip(v, times_a.get(k, (0.0, 0.0))))
+            for k, v in times_b.items()}
+
+    def top(i: int) -> list[dict]:
+        rows = sorted(diff.items(), key=lambda kv: -kv[1][i])[:HOST_TOP]
+        return [{"function": k, "own_ms": round(v[0], 4), "cum_ms": round(v[1], 4)}
+                for k, v in rows]
+
+    return {"host_ms_per_step": round(sum(v[0] for v in diff.values()), 4),
+            "host_top_cumulative": top(1), "host_top_own": top(0)}
+
+
+def _host_profile(llm, prompts, steps: int, counter: Callable[[], int] | None = None) -> dict:
+    """cProfile of two generate() calls of 1 + steps/2 and 1 + steps tokens, as
+    :func:`host_profile` (the engine core runs in this thread: VLLM_ENABLE_V1_MULTIPROCESSING
+    is 0). The profiler slows Python, so its times are shares, not the step's."""
+    import cProfile
+    import pstats
+
+    times, counts = [], []
+    for n in (1 + steps // 2, 1 + steps):
+        c0 = counter() if counter else 0
+        prof = cProfile.Profile()
+        prof.enable()
+        _generate(llm, prompts, n)
+        prof.disable()
+        counts.append((counter() - c0) if counter else n - 1)
+        times.append(function_times(pstats.Stats(prof).stats))
+    return host_profile(times[0], times[1], max(counts[1] - counts[0], 1))
+
+
 def _verify_record(llm, args: argparse.Namespace, base: dict, vocab: int) -> dict:
     """Batch-1 step time while every step verifies k + 1 tokens (see the module docstring)."""
     k = args.spec_k[0]
@@ -363,6 +418,8 @@ def _verify_record(llm, args: argparse.Namespace, base: dict, vocab: int) -> dic
            "tokens_per_step": step / statistics.median(per_token)}
     if args.profile:  # the verify step by kernel family (target and drafter together)
         rec.update(_profile(llm, prompts, args.steps, step, counter=lambda: _num_drafts(llm)))
+    if args.host_profile:
+        rec.update(_host_profile(llm, prompts, args.steps, counter=lambda: _num_drafts(llm)))
     return rec
 
 
@@ -391,8 +448,8 @@ def run_engine(args: argparse.Namespace) -> None:
     """All measurements of one KV dtype (called in the child process), taken in this
     engine's turn (``--turn-lock``), printed as one ``RECORDS`` line."""
     llm = _engine(args)
-    if _engine_process():  # the torch profiler here would not see the engine core's kernels
-        args.profile = False
+    if _engine_process():  # neither profiler here would see the engine core's work
+        args.profile = args.host_profile = False
     if args.turn_lock:  # side by side: warm up together, then measure one at a time
         _warm_up(llm, args)
         _barrier(args.turn_lock, args.engines)
@@ -507,6 +564,8 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
                "ms_per_step": step * 1e3, "tok_s": b / step}
         if args.profile and b in args.profile_batches:
             rec.update(_profile(llm, prompts, steps, step))
+        if args.host_profile and b in args.profile_batches:
+            rec.update(_host_profile(llm, prompts, steps))
         records.append(rec)
         print(json.dumps(rec), flush=True)
     if args.long_context:
@@ -666,6 +725,15 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
             lines += [f"| `{t['name']}` | {t['family']} | {t['us']:.1f} | "
                       f"{t['own_us'] if 'own_us' in t else ''} | {t['launches']:.1f} |"
                       for t in r["top_kernels_per_step"]]
+    for r in (r for r in merged if "host_top_cumulative" in r):
+        step_kind = ("decode step" if r["kind"] == "decode"
+                     else f"{r['kind']} step of {r.get('q_tokens', 1)} tokens")
+        lines += ["", f"Host Python of a batch-{r['batch']} {step_kind} ({r['kv']}, "
+                  f"{r.get('pq2_kernel', 'auto')}, context {r['context']}), cProfile: "
+                  f"{r['host_ms_per_step']:.2f} ms own time a step (under the profiler)", "",
+                  "| function | cumulative ms per step | own ms per step |", "|---|---|---|"]
+        lines += [f"| `{t['function']}` | {t['cum_ms']:.3f} | {t['own_ms']:.3f} |"
+                  for t in r["host_top_cumulative"]]
     md = path.with_suffix(".md")
     md.write_text("\n".join(lines) + "\n")
     return path
@@ -685,6 +753,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-profile", dest="profile", action="store_false")
     p.add_argument("--profile-batches", type=int, nargs="+", default=[1],
                    help="the batch sizes whose decode step is profiled by kernel family")
+    p.add_argument("--host-profile", action="store_true",
+                   help="also profile the host's Python per step (cProfile; the verify step "
+                   "and the --profile-batches decode steps; engine core in this process only)")
     p.add_argument("--tp", type=int, nargs="+", default=[1],
                    help="tensor_parallel_size; several: one engine each, in the same run")
     p.add_argument("--spec-k", type=int, nargs="*", default=[],

@@ -311,3 +311,44 @@ def test_plain_engines_keep_vllms_graph_sizes() -> None:
     assert [bench_decode._max_num_seqs(a) for a, _ in kids] == [256, 1]
     big = _children(["m.gguf", "--kv", "auto", "--batches", "1", "512"])[0][0]
     assert bench_decode._max_num_seqs(big) == 512
+
+
+def test_host_profile_is_the_longer_calls_excess_per_step() -> None:
+    """Per step, the host functions' time of the longer profiled call minus the shorter one's
+    (prefill and first token cancel out), ranked by cumulative and by own time."""
+    a = {"core.py:step": (0.010, 0.100), "runner.py:prepare": (0.020, 0.030),
+         "llm.py:generate": (0.001, 0.200)}
+    b = {"core.py:step": (0.030, 0.500), "runner.py:prepare": (0.100, 0.130),
+         "llm.py:generate": (0.001, 0.700), "sampler.py:sample": (0.040, 0.040)}
+    out = bench_decode.host_profile(a, b, steps=4)
+    assert out["host_ms_per_step"] == 35.0  # (20 + 80 + 0 + 40) ms / 4
+    assert [t["function"] for t in out["host_top_cumulative"]][:2] == ["llm.py:generate",
+                                                                       "core.py:step"]
+    assert out["host_top_cumulative"][0]["cum_ms"] == 125.0  # (700 - 200) / 4
+    assert out["host_top_own"][0] == {"function": "runner.py:prepare", "own_ms": 20.0,
+                                      "cum_ms": 25.0}
+
+
+def test_function_times_read_a_cprofile_table() -> None:
+    """function_times reads a real cProfile table: a function's own and cumulative time, its
+    callee's time inside its cumulative time only."""
+    import cProfile
+    import pstats
+
+    def inner() -> float:
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.03:
+            pass
+        return t
+
+    def outer() -> float:
+        return inner()
+
+    prof = cProfile.Profile()
+    prof.enable()
+    outer()
+    prof.disable()
+    times = bench_decode.function_times(pstats.Stats(prof).stats)
+    own_in, cum_in = times["test_bench_decode_runs.py:inner"]
+    own_out, cum_out = times["test_bench_decode_runs.py:outer"]
+    assert cum_in >= 0.025 and cum_out >= cum_in and own_out < 0.01
