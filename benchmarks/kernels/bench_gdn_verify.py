@@ -8,7 +8,8 @@ vLLM 0.32's two kernels for it, on the 27B model's heads (16 key, 48 value heads
 * ``vllm_triton_path``: vLLM's Triton path as its layer runs it: contiguous copies of q, k,
   v, a and b, ``fused_sigmoid_gating_delta_rule_update``, the output copied into the layer's
   buffer; ``vllm_triton_kernel``: that kernel alone on copies made beforehand;
-* ``prism BV/warps/stages``: ours in each launch configuration of the sweep, reading the
+* ``prism BV/warps/prefetch``: ours in each launch configuration of the sweep (value rows a
+  program, warps, the next token's loads issued before a token's work or after), reading the
   convolution's output rows and a, b in place and writing the layer's buffer.
 
 Timing: CUDA events around replays of a CUDA graph of many calls, each on its own state pool
@@ -45,10 +46,10 @@ from vllm_prism.kernels.gdn_verify import gdn_verify_problem, launch_gdn_verify 
 SHAPE = (16, 48, 128)
 TOKENS = 6
 SEQUENCES = [1, 8]
-# the launch configurations of the sweep: value rows a program, warps, pipelining stages
+# the launch configurations of the sweep: value rows a program, warps, next token's loads ahead
 BLOCK_VS = [16, 32, 64]
 WARPS = [2, 4, 8]
-STAGES = [1, 2, 3]
+PREFETCHES = [1, 0]
 L2_MULTIPLE = 3
 
 
@@ -84,10 +85,10 @@ class Step:
         return (q.contiguous().view(1, rows, h, d), k.contiguous().view(1, rows, h, d),
                 v.contiguous().view(1, rows, hv, d))
 
-    def prism(self, block_v: int, warps: int, stages: int) -> None:
+    def prism(self, block_v: int, warps: int, prefetch: int) -> None:
         launch_gdn_verify(self.qkv, self.a, self.b, self.A_log, self.dt_bias, self.state,
                           self.indices, self.accepted, self.cu, self.out, self.h, self.d,
-                          self.d, block_v=block_v, num_warps=warps, num_stages=stages)
+                          self.d, block_v=block_v, num_warps=warps, prefetch=bool(prefetch))
 
     def vllm_triton_kernel(self) -> torch.Tensor:
         from vllm.third_party.flash_linear_attention.ops.fused_sigmoid_gating import \
@@ -131,8 +132,8 @@ def _has_vllm_cuda() -> bool:
 
 def _configs(cpu: bool) -> list[tuple[int, int, int]]:
     if cpu:
-        return [(16, 4, 1), (32, 4, 3)]
-    return list(itertools.product(BLOCK_VS, WARPS, STAGES))
+        return [(16, 4, 1), (32, 4, 0)]
+    return list(itertools.product(BLOCK_VS, WARPS, PREFETCHES))
 
 
 def _rel(x: torch.Tensor, y: torch.Tensor) -> float:
@@ -181,14 +182,14 @@ def run(shape: tuple[int, int, int], tokens: int, sequences: list[int], cpu: boo
                 recs.append(dict(base, kernel=name, us=timed(fn)))
             except RuntimeError as e:  # a staging artefact must not cost the sweep
                 print(f"{name}: {e}", file=sys.stderr, flush=True)
-        for bv, warps, stages in _configs(cpu):
+        for bv, warps, prefetch in _configs(cpu):
             if bv > d:
                 continue
             check.state.copy_(saved)
-            check.prism(bv, warps, stages)
+            check.prism(bv, warps, prefetch)
             err = _rel(check.out, ref)
-            us = timed(lambda s, c=(bv, warps, stages): s.prism(*c))
-            recs.append(dict(base, kernel=f"prism {bv}/{warps}/{stages}", us=us, err=err))
+            us = timed(lambda s, c=(bv, warps, prefetch): s.prism(*c))
+            recs.append(dict(base, kernel=f"prism {bv}/{warps}/{prefetch}", us=us, err=err))
         cuda_us = next((r["us"] for r in recs if r["kernel"] == "vllm_cuda"), float("nan"))
         for r in recs:
             r["vs_vllm_cuda"] = round(cuda_us / r["us"], 3)
@@ -209,7 +210,7 @@ def write(res: dict, out: Path, slug: str) -> Path:
              f"{s['tokens']} tokens a sequence, fp32 state pool. Read bandwidth measured in the "
              f"same run: {res['read_gbps']:.0f} GB/s. Times: median per call in CUDA graphs, "
              "each call on its own state pool (past 3x the L2). `vllm_cuda` also runs the "
-             "gated RMSNorm. `prism BV/warps/stages`: our kernel's launch configuration; "
+             "gated RMSNorm. `prism BV/warps/prefetch`: our kernel's launch configuration; "
              "`err`: relative L2 difference from vLLM's Triton kernel's outputs.", "",
              "| sequences | kernel | us | vs_vllm_cuda | bw_frac | err |",
              "|---|---|---|---|---|---|"]

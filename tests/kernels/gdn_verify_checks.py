@@ -6,7 +6,9 @@ object: case -> {"ref_out", "ref_state"}: relative L2 errors of the output rows 
 stored states against an fp64 recurrence written from the model's equations;
 {"vllm_out", "vllm_state"}: the same against vLLM's Triton verification kernel
 (``fused_sigmoid_gating_delta_rule_update``, on the contiguous copies vLLM makes);
-"untouched": whether the rows and slots a padded sequence owns were left as they were.
+"untouched": whether the rows and slots a padded sequence owns were left as they were;
+"no_prefetch_same": whether the launch without the next token's loads ahead gives the same
+bits.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ if __name__ == "__main__":  # the GPU test imports run() in its own process: lea
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from vllm_prism.kernels.gdn_verify import gdn_verify  # noqa: E402
+from vllm_prism.kernels.gdn_verify import gdn_verify, launch_gdn_verify  # noqa: E402
 
 # (key heads, value heads, head size, tokens per sequence, accepted per sequence, slots of
 # a sequence's row that are the null slot 0: a padded sequence has them all)
@@ -115,6 +117,11 @@ def run_case(h, hv, d, lens, accepted, nulls, g, device: str = "cpu") -> dict:
         x.to(device) for x in (qkv, a, b, A_log, dt_bias, state, indices, acc, cu, out))
     mine = state.clone()
     gdn_verify(qkv, a, b, A_log, dt_bias, mine, indices, acc, cu, out, h, d, d)
+    # the launch without the next token's loads ahead: the same arithmetic, the same bits
+    out_np, mine_np = torch.full_like(out, SENTINEL), state.clone()
+    launch_gdn_verify(qkv, a, b, A_log, dt_bias, mine_np, indices, acc, cu, out_np, h, d, d,
+                      prefetch=False)
+    same = torch.equal(out_np, out) and torch.equal(mine_np, mine)
     v_out, v_state = vllm_kernel(qkv, a, b, A_log, dt_bias, state, indices, acc, cu, h, d)
     qkv, a, b, A_log, dt_bias, state, indices, acc, cu, out, mine, v_out, v_state = (
         x.cpu() for x in (qkv, a, b, A_log, dt_bias, state, indices, acc, cu, out, mine, v_out,
@@ -130,7 +137,8 @@ def run_case(h, hv, d, lens, accepted, nulls, g, device: str = "cpu") -> dict:
             "vllm_out": rel(out[live], v_out[live]),
             "vllm_state": rel(mine[stored], v_state[stored]),
             "untouched": bool((out[~live] == SENTINEL).all())
-            and torch.equal(mine[others], state[others])}
+            and torch.equal(mine[others], state[others]),
+            "no_prefetch_same": same}
 
 
 def run(device: str = "cpu") -> dict:

@@ -152,13 +152,15 @@ def test_dequantize_kernel_compiles_to_wide_accesses() -> None:
     assert stores and all(".v4." in line for line in stores), stores[:4]
 
 
+@pytest.mark.parametrize("prefetch", [0, 1])
 @pytest.mark.parametrize("state", ["*fp32", "*bf16"])
 @pytest.mark.parametrize("dims", [(16, 48, 128), (2, 4, 64)])
-def test_gdn_verify_compiles_for_sm90(dims: tuple[int, int, int], state: str) -> None:
+def test_gdn_verify_compiles_for_sm90(dims: tuple[int, int, int], state: str,
+                                      prefetch: int) -> None:
     """The verification step's Gated DeltaNet kernel (kernels/gdn_verify.py): the 27B model's
-    heads and the tiny model's, fp32 and bf16 state pools; its dynamic token loop and the
-    stores of each token's state must get through the GPU compiler, with the launch's
-    software pipelining."""
+    heads and the tiny model's, fp32 and bf16 state pools, with and without the next token's
+    loads ahead; its dynamic token loop and the stores of each token's state must get through
+    the GPU compiler."""
     from vllm_prism.kernels import gdn_verify
 
     h, hv, d = dims
@@ -169,6 +171,6 @@ def test_gdn_verify_compiles_for_sm90(dims: tuple[int, int, int], state: str) ->
            "scale": "fp32"}
     ptx = _ptx(gdn_verify._gdn_verify_kernel, sig,
                dict(H=h, HV=hv, K=d, V=d, BV=gdn_verify.BLOCK_V,
-                    THRESHOLD=gdn_verify.SOFTPLUS_THRESHOLD),
-               num_warps=gdn_verify.NUM_WARPS, num_stages=gdn_verify.NUM_STAGES)
+                    THRESHOLD=gdn_verify.SOFTPLUS_THRESHOLD, PREFETCH=prefetch),
+               num_warps=gdn_verify.NUM_WARPS)
     assert "st.global" in ptx

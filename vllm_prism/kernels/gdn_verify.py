@@ -13,8 +13,9 @@ layer's output buffer: ~580 us of copies a 6-token step of the 27B model on the 
 (benchmarks/results/e2e_h200_notes.md, fifteenth session). This kernel reads q, k and v from
 the convolution's output rows, a and b where the projection left them, and writes the
 layer's output buffer; one program per (sequence, value head, ``BV`` value rows) holds its
-slice of the state in fp32 registers across the tokens and reads each token's inputs in a
-loop the compiler pipelines (the structure of vLLM's Triton kernel, without its copies).
+slice of the state in fp32 registers across the tokens and reads each token's inputs in its
+loop, the next token's before this token's work (the structure of vLLM's Triton kernel,
+without its copies, with that prefetch).
 A first design that loaded every token's inputs at once and picked each token's out of the
 tile with a reduction ran 1.30 ms a step on the H200, against vLLM's fused CUDA kernel's
 0.75 ms (benchmarks/results/e2e_h200_notes.md, sixteenth session).
@@ -30,11 +31,12 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-# value rows of the state per program, warps and software-pipelining stages of its token
-# loop (vLLM's Triton kernel: 32, 4, 3); benchmarks/kernels/bench_gdn_verify.py times others
+# value rows of the state per program, its warps (vLLM's Triton kernel: 32, 4), and whether
+# the next token's loads go out before a token's work; benchmarks/kernels/bench_gdn_verify.py
+# times the others
 BLOCK_V = 32
 NUM_WARPS = 4
-NUM_STAGES = 3
+PREFETCH = True
 # softplus(x) = x above this (as torch.nn.functional.softplus's default threshold)
 SOFTPLUS_THRESHOLD = 20.0
 
@@ -46,7 +48,8 @@ if HAS_TRITON:
                            state, state_stride, indices, indices_stride, num_accepted,
                            cu_seqlens, out, out_stride, scale,
                            H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                           BV: tl.constexpr, THRESHOLD: tl.constexpr):
+                           BV: tl.constexpr, THRESHOLD: tl.constexpr,
+                           PREFETCH: tl.constexpr):
         i_v = tl.program_id(0)
         i_nh = tl.program_id(1)
         i_n = i_nh // HV
@@ -66,7 +69,9 @@ if HAS_TRITON:
             bias = tl.load(dt_bias + i_hv).to(tl.float32)
             # token t's q, k, v in the convolution's output row bos + t, a and b where the
             # projection left them, its output row in the layer's buffer: each pointer moves
-            # one row a token (a loop the compiler pipelines, its loads ahead of the state)
+            # one row a token. The loads of token t + 1 are issued before token t's work with
+            # PREFETCH (Triton does not pipeline this loop: its loads feed no dot), after it
+            # without.
             p_q = qkv + bos * qkv_stride + i_h * K + o_k
             p_k = p_q + H * K
             p_v = qkv + bos * qkv_stride + 2 * H * K + i_hv * V + o_v
@@ -74,13 +79,30 @@ if HAS_TRITON:
             p_b = b + bos * b_stride + i_hv
             p_o = out + bos * out_stride + i_hv * V + o_v
             p_slot = indices + i_n * indices_stride
-            for _ in range(0, n_tok):
-                q = tl.load(p_q).to(tl.float32)
-                k = tl.load(p_k).to(tl.float32)
-                v = tl.load(p_v).to(tl.float32)
-                x = tl.load(p_a).to(tl.float32) + bias
+            q_n = tl.load(p_q)
+            k_n = tl.load(p_k)
+            v_n = tl.load(p_v)
+            a_n = tl.load(p_a)
+            b_n = tl.load(p_b)
+            slot_n = tl.load(p_slot)
+            for t in range(0, n_tok):
+                q = q_n.to(tl.float32)
+                k = k_n.to(tl.float32)
+                v = v_n.to(tl.float32)
+                x = a_n.to(tl.float32) + bias
+                beta = tl.sigmoid(b_n.to(tl.float32))
+                slot = slot_n.to(tl.int64)
+                # 1 while a next token follows: the pointers stay on the last row after it
+                # (its reload is never used), so no load needs a mask
+                nxt = (t + 1 < n_tok).to(tl.int64)
+                if PREFETCH:
+                    q_n = tl.load(p_q + nxt * qkv_stride)
+                    k_n = tl.load(p_k + nxt * qkv_stride)
+                    v_n = tl.load(p_v + nxt * qkv_stride)
+                    a_n = tl.load(p_a + nxt * a_stride)
+                    b_n = tl.load(p_b + nxt * b_stride)
+                    slot_n = tl.load(p_slot + nxt)
                 softplus = tl.where(x <= THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
-                beta = tl.sigmoid(tl.load(p_b).to(tl.float32))
                 # the order of vLLM's kernel: normalize, then scale
                 q = q * tl.rsqrt(tl.sum(q * q) + 1e-6)
                 k = k * tl.rsqrt(tl.sum(k * k) + 1e-6)
@@ -89,16 +111,22 @@ if HAS_TRITON:
                 u = (v - tl.sum(s * k[None, :], 1)) * beta
                 s = s + u[:, None] * k[None, :]
                 tl.store(p_o, tl.sum(s * q[None, :], 1).to(out.dtype.element_ty))
-                slot = tl.load(p_slot).to(tl.int64)
                 if slot > 0:
                     tl.store(state + slot * state_stride + tile, s.to(state.dtype.element_ty))
-                p_q += qkv_stride
-                p_k += qkv_stride
-                p_v += qkv_stride
-                p_a += a_stride
-                p_b += b_stride
+                p_q += nxt * qkv_stride
+                p_k += nxt * qkv_stride
+                p_v += nxt * qkv_stride
+                p_a += nxt * a_stride
+                p_b += nxt * b_stride
                 p_o += out_stride
-                p_slot += 1
+                p_slot += nxt
+                if not PREFETCH:
+                    q_n = tl.load(p_q)
+                    k_n = tl.load(p_k)
+                    v_n = tl.load(p_v)
+                    a_n = tl.load(p_a)
+                    b_n = tl.load(p_b)
+                    slot_n = tl.load(p_slot)
 
 
 def gdn_verify_problem(qkv: torch.Tensor, state: torch.Tensor, indices: torch.Tensor,
@@ -150,10 +178,10 @@ def launch_gdn_verify(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log
                       num_accepted: torch.Tensor, cu_seqlens: torch.Tensor, out: torch.Tensor,
                       num_k_heads: int, head_k_dim: int, head_v_dim: int, *,
                       block_v: int | None = None, num_warps: int | None = None,
-                      num_stages: int | None = None) -> None:
+                      prefetch: bool | None = None) -> None:
     """:func:`gdn_verify` without its check, for a caller that has run
     :func:`gdn_verify_problem` on the call already. ``block_v`` (a power of two), ``num_warps``
-    and ``num_stages`` override the launch configuration (the benchmark's sweep)."""
+    and ``prefetch`` override the launch configuration (the benchmark's sweep)."""
     heads = out.size(1)
     sequences = cu_seqlens.numel() - 1
     block_v = min(block_v or BLOCK_V, head_v_dim)
@@ -163,5 +191,5 @@ def launch_gdn_verify(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log
         state, state.stride(0), indices, indices.stride(0), num_accepted, cu_seqlens,
         out, out.stride(0), head_k_dim ** -0.5,
         H=num_k_heads, HV=heads, K=head_k_dim, V=head_v_dim, BV=block_v,
-        THRESHOLD=SOFTPLUS_THRESHOLD, num_warps=num_warps or NUM_WARPS,
-        num_stages=num_stages or NUM_STAGES)
+        THRESHOLD=SOFTPLUS_THRESHOLD, PREFETCH=PREFETCH if prefetch is None else prefetch,
+        num_warps=num_warps or NUM_WARPS)
