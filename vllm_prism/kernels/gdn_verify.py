@@ -44,6 +44,12 @@ SOFTPLUS_THRESHOLD = 20.0
 if HAS_TRITON:
 
     @triton.jit
+    def _token_inputs(p_q, p_k, p_v, p_a, p_b, p_slot):
+        """One token's q, k, v, a, b and state slot, as stored."""
+        return (tl.load(p_q), tl.load(p_k), tl.load(p_v), tl.load(p_a), tl.load(p_b),
+                tl.load(p_slot))
+
+    @triton.jit
     def _gdn_verify_kernel(qkv, qkv_stride, a, a_stride, b, b_stride, A_log, dt_bias,
                            state, state_stride, indices, indices_stride, num_accepted,
                            cu_seqlens, out, out_stride, scale,
@@ -79,12 +85,7 @@ if HAS_TRITON:
             p_b = b + bos * b_stride + i_hv
             p_o = out + bos * out_stride + i_hv * V + o_v
             p_slot = indices + i_n * indices_stride
-            q_n = tl.load(p_q)
-            k_n = tl.load(p_k)
-            v_n = tl.load(p_v)
-            a_n = tl.load(p_a)
-            b_n = tl.load(p_b)
-            slot_n = tl.load(p_slot)
+            q_n, k_n, v_n, a_n, b_n, slot_n = _token_inputs(p_q, p_k, p_v, p_a, p_b, p_slot)
             for t in range(0, n_tok):
                 q = q_n.to(tl.float32)
                 k = k_n.to(tl.float32)
@@ -96,12 +97,9 @@ if HAS_TRITON:
                 # (its reload is never used), so no load needs a mask
                 nxt = (t + 1 < n_tok).to(tl.int64)
                 if PREFETCH:
-                    q_n = tl.load(p_q + nxt * qkv_stride)
-                    k_n = tl.load(p_k + nxt * qkv_stride)
-                    v_n = tl.load(p_v + nxt * qkv_stride)
-                    a_n = tl.load(p_a + nxt * a_stride)
-                    b_n = tl.load(p_b + nxt * b_stride)
-                    slot_n = tl.load(p_slot + nxt)
+                    q_n, k_n, v_n, a_n, b_n, slot_n = _token_inputs(
+                        p_q + nxt * qkv_stride, p_k + nxt * qkv_stride, p_v + nxt * qkv_stride,
+                        p_a + nxt * a_stride, p_b + nxt * b_stride, p_slot + nxt)
                 softplus = tl.where(x <= THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
                 # the order of vLLM's kernel: normalize, then scale
                 q = q * tl.rsqrt(tl.sum(q * q) + 1e-6)
@@ -121,12 +119,8 @@ if HAS_TRITON:
                 p_o += out_stride
                 p_slot += nxt
                 if not PREFETCH:
-                    q_n = tl.load(p_q)
-                    k_n = tl.load(p_k)
-                    v_n = tl.load(p_v)
-                    a_n = tl.load(p_a)
-                    b_n = tl.load(p_b)
-                    slot_n = tl.load(p_slot)
+                    q_n, k_n, v_n, a_n, b_n, slot_n = _token_inputs(p_q, p_k, p_v, p_a, p_b,
+                                                                    p_slot)
 
 
 def gdn_verify_problem(qkv: torch.Tensor, state: torch.Tensor, indices: torch.Tensor,
