@@ -93,13 +93,18 @@ if HAS_TRITON:
                 x = a_n.to(tl.float32) + bias
                 beta = tl.sigmoid(b_n.to(tl.float32))
                 slot = slot_n.to(tl.int64)
-                # 1 while a next token follows: the pointers stay on the last row after it
+                # the pointers move to the next token's row, or stay on the last row after it
                 # (its reload is never used), so no load needs a mask
                 nxt = (t + 1 < n_tok).to(tl.int64)
+                p_q += nxt * qkv_stride
+                p_k += nxt * qkv_stride
+                p_v += nxt * qkv_stride
+                p_a += nxt * a_stride
+                p_b += nxt * b_stride
+                p_slot += nxt
                 if PREFETCH:
-                    q_n, k_n, v_n, a_n, b_n, slot_n = _token_inputs(
-                        p_q + nxt * qkv_stride, p_k + nxt * qkv_stride, p_v + nxt * qkv_stride,
-                        p_a + nxt * a_stride, p_b + nxt * b_stride, p_slot + nxt)
+                    q_n, k_n, v_n, a_n, b_n, slot_n = _token_inputs(p_q, p_k, p_v, p_a, p_b,
+                                                                    p_slot)
                 softplus = tl.where(x <= THRESHOLD, tl.log(1.0 + tl.exp(x)), x)
                 # the order of vLLM's kernel: normalize, then scale
                 q = q * tl.rsqrt(tl.sum(q * q) + 1e-6)
@@ -109,15 +114,9 @@ if HAS_TRITON:
                 u = (v - tl.sum(s * k[None, :], 1)) * beta
                 s = s + u[:, None] * k[None, :]
                 tl.store(p_o, tl.sum(s * q[None, :], 1).to(out.dtype.element_ty))
+                p_o += out_stride
                 if slot > 0:
                     tl.store(state + slot * state_stride + tile, s.to(state.dtype.element_ty))
-                p_q += nxt * qkv_stride
-                p_k += nxt * qkv_stride
-                p_v += nxt * qkv_stride
-                p_a += nxt * a_stride
-                p_b += nxt * b_stride
-                p_o += out_stride
-                p_slot += nxt
                 if not PREFETCH:
                     q_n, k_n, v_n, a_n, b_n, slot_n = _token_inputs(p_q, p_k, p_v, p_a, p_b,
                                                                     p_slot)
