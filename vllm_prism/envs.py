@@ -58,13 +58,12 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # speculative config that names an attention_backend wins.
     "VLLM_PRISM_DRAFT_ATTENTION": lambda: os.getenv("VLLM_PRISM_DRAFT_ATTENTION",
                                                     "prism").strip().lower(),
-    # The Gated DeltaNet of Bonsai's speculative verification steps on CUDA: "vllm" (default)
-    # vLLM's choice (VLLM_GDN_DECODE_KERNEL: its fused CUDA kernel, one program per value
-    # head, where the layer allows); "prism" the kernel of kernels/gdn_verify.py, which reads
-    # q, k, v, a and b in place and writes the layer's output buffer (vLLM's Triton path
-    # copies them: ~580 us a 6-token step of the 27B model on the H200). Read when the model
-    # is built.
-    "VLLM_PRISM_GDN_VERIFY": lambda: os.getenv("VLLM_PRISM_GDN_VERIFY", "vllm").strip().lower(),
+    # The Gated DeltaNet of Bonsai's speculative verification steps on CUDA: "prism" (default)
+    # the kernel of kernels/gdn_verify.py, which reads q, k, v, a and b in place and writes
+    # the layer's output buffer (364 us a 6-token step of the 27B model on the H200 against
+    # 746 us for vLLM's fused CUDA kernel; vLLM's Triton path also copies its inputs, ~580
+    # us); "vllm" leaves it to vLLM (VLLM_GDN_DECODE_KERNEL). Read when the model is built.
+    "VLLM_PRISM_GDN_VERIFY": lambda: os.getenv("VLLM_PRISM_GDN_VERIFY", "prism").strip().lower(),
     # Patches to vLLM (vllm_prism/patches) not to apply, by name, comma-separated: to measure
     # what one changes, or to rule it out. Empty (default): every patch for this vLLM.
     "VLLM_PRISM_DISABLED_PATCHES": lambda: [x.strip() for x in os.getenv(
@@ -77,7 +76,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "VLLM_PRISM_DENSE_GEMV": ("auto", "torch", "triton"),
     "VLLM_PRISM_DRAFT_ATTENTION": ("prism", "vllm"),
-    "VLLM_PRISM_GDN_VERIFY": ("vllm", "prism"),
+    "VLLM_PRISM_GDN_VERIFY": ("prism", "vllm"),
 }
 
 

@@ -5,7 +5,7 @@
         [--prefill 512 4096] [--tp 1 [2]] [--spec-k 3 5 7 [--drafter DIR]] [--pdl 0 [1]]
         [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
         [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]]
-        [--draft-attention prism [vllm]] [--gdn-verify vllm [prism]]
+        [--draft-attention prism [vllm]] [--gdn-verify prism [vllm]]
         [--gdn-spec-kernel auto [triton]] [--engine-process 0 [1]]
         [--profile-batches 1 [8]] [--host-profile] [--side-by-side]
         [--out-dir benchmarks/results]
@@ -46,9 +46,9 @@ prefilled. Prompts are random token ids, distinct per request.
   the engines with a drafter only: a plain engine has no drafter, so it runs once.
 * ``--attn-kernel auto triton`` likewise with ``VLLM_PRISM_ATTN_KERNEL`` (the CUDA C++ INT8
   decode attention against the Triton split-KV kernel); records carry ``attn_kernel``.
-* ``--gdn-verify vllm prism`` likewise with ``VLLM_PRISM_GDN_VERIFY`` (the Gated DeltaNet
-  recurrence of a verification step: vLLM's choice, or vllm-prism's kernel reading its
-  inputs in place), for the engines with a drafter only.
+* ``--gdn-verify prism vllm`` likewise with ``VLLM_PRISM_GDN_VERIFY`` (the Gated DeltaNet
+  recurrence of a verification step: vllm-prism's kernel reading its inputs in place, or
+  vLLM's choice), for the engines with a drafter only.
 * ``--gdn-spec-kernel auto triton`` likewise with vLLM's ``VLLM_GDN_DECODE_KERNEL`` (the
   Gated DeltaNet of a verification step: ``auto`` leaves it unset, vLLM's choice, its fused
   CUDA kernel with one program per value head where the layer allows; ``cuda`` or
@@ -791,8 +791,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gdn-verify", nargs="+", default=[_default("VLLM_PRISM_GDN_VERIFY")],
                    choices=envs.CHOICES["VLLM_PRISM_GDN_VERIFY"],
                    help="VLLM_PRISM_GDN_VERIFY for the engines with a drafter, each in turn "
-                   "(the Gated DeltaNet recurrence of a verification step: vLLM's choice, or "
-                   "vllm-prism's kernel reading its inputs in place)")
+                   "(the Gated DeltaNet recurrence of a verification step: vllm-prism's kernel "
+                   "reading its inputs in place, or vLLM's choice)")
     p.add_argument("--gdn-spec-kernel", nargs="+", default=["auto"],
                    choices=["auto", "cuda", "triton"],
                    help="vLLM's VLLM_GDN_DECODE_KERNEL for the engines with a drafter, each in "

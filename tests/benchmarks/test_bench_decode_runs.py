@@ -94,7 +94,7 @@ def test_the_gdn_spec_kernel_switch_varies_only_the_engines_with_a_drafter(monke
 
 def test_the_gdn_verify_switch_varies_only_the_engines_with_a_drafter(monkeypatch) -> None:
     """``--gdn-verify vllm prism``: each DFlash engine gets each value, the plain engine the
-    default alone; a DFlash engine's label names the value other than the default."""
+    first alone; a DFlash engine's label names the value other than the default."""
     kids = _children(["m.gguf", "--kv", "int8_per_token_head", "--spec-k", "5",
                       "--gdn-verify", "vllm", "prism"])
     assert [(a.spec_k, env["VLLM_PRISM_GDN_VERIFY"]) for a, env in kids] == [
@@ -102,8 +102,8 @@ def test_the_gdn_verify_switch_varies_only_the_engines_with_a_drafter(monkeypatc
     for name in ("VLLM_PRISM_PQ2_KERNEL", "VLLM_PRISM_GEMV_TUNING", "VLLM_PRISM_DENSE_GEMV",
                  "VLLM_PRISM_DRAFT_ATTENTION", "VLLM_GDN_DECODE_KERNEL"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("VLLM_PRISM_GDN_VERIFY", "prism")
-    assert bench_decode._kernel_label(drafter=True) == "auto [gdn verify prism]"
+    monkeypatch.setenv("VLLM_PRISM_GDN_VERIFY", "vllm")
+    assert bench_decode._kernel_label(drafter=True) == "auto [gdn verify vllm]"
     assert bench_decode._kernel_label(drafter=False) == "auto"
 
 

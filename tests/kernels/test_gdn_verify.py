@@ -79,14 +79,19 @@ def _gdn_layer(monkeypatch, picked: str, speculative: bool, cuda: bool = True):
 
 
 @pytest.mark.parametrize("switch, speculative, cuda, prism", [
+    (None, True, True, True),  # the default
     ("prism", True, True, True),
-    ("vllm", True, True, False),  # the default: vLLM's choice stands
+    ("vllm", True, True, False),  # vLLM's choice stands
     ("prism", False, True, False),  # no drafter, no verification steps
     ("prism", True, False, False),  # the CPU forward has its own core
 ])
-def test_the_switch_routes_verification_steps(monkeypatch, switch: str, speculative: bool,
-                                              cuda: bool, prism: bool) -> None:
-    monkeypatch.setenv("VLLM_PRISM_GDN_VERIFY", switch)
+def test_the_switch_routes_verification_steps(monkeypatch, switch: str | None,
+                                              speculative: bool, cuda: bool,
+                                              prism: bool) -> None:
+    if switch is None:
+        monkeypatch.delenv("VLLM_PRISM_GDN_VERIFY", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_PRISM_GDN_VERIFY", switch)
     layer = _gdn_layer(monkeypatch, "cuda", speculative, cuda)
     assert layer.prism_verify == prism
     # vLLM's fused verification branch (forward_add_norm's too) is off where the prism core

@@ -114,8 +114,8 @@ class BonsaiGatedDeltaNet(QwenGatedDeltaNetAttention):
         # the platform forward vLLM picked, whose core op forward_add_norm calls (or None)
         self.prism_core = ("cuda" if self._forward_method == self.forward_cuda else
                            "cpu" if self._forward_method == self.forward_cpu else None)
-        # verification steps on kernels/gdn_verify.py (VLLM_PRISM_GDN_VERIFY=prism): vLLM's
-        # fused branch off, so that its core op reaches _forward_core
+        # verification steps on kernels/gdn_verify.py (VLLM_PRISM_GDN_VERIFY=prism, the
+        # default): vLLM's fused branch off, so that its core op reaches _forward_core
         self.prism_verify = (envs.VLLM_PRISM_GDN_VERIFY == "prism"
                              and self.speculative_config is not None
                              and self.prism_core == "cuda" and not self.gqa_interleaved_layout)
