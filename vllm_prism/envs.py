@@ -43,12 +43,12 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # split (programs per row's K). Empty (default): the tuned defaults.
     "VLLM_PRISM_GEMV_TUNING": lambda: os.getenv("VLLM_PRISM_GEMV_TUNING", "").strip().lower(),
     # The float projections Bonsai keeps (the Gated DeltaNet's in_proj_ba) on CUDA: "auto"
-    # (default) the one-launch small-M GEMV of kernels/dense_gemv.py for M <= AUTO_M (2) rows,
-    # F.linear above (1.9-2.3x F.linear at M = 1..2 on the H200, slower from M = 4;
-    # 0.17 ms off a 32K batch-1 step through vLLM); "torch" F.linear always, as vLLM runs
-    # them (cuBLAS: a split-K GEMM and a reduction at decode sizes); "triton" the GEMV for
-    # every M <= 16 (without PDL above M = 2). Read per call inside the op
-    # vllm_prism::dense_linear; it changes no traced graph.
+    # (default) the one-launch small-M GEMV of kernels/dense_gemv.py for M <= AUTO_M (8) rows,
+    # F.linear above (1.9-2.3x F.linear at M = 1..2 on the H200, 1.1x at 6..8, slower at 16;
+    # 0.17 ms off a 32K batch-1 step and 0.15 ms of kernels off a 6-token verification step
+    # through vLLM); "torch" F.linear always, as vLLM runs them (cuBLAS: a split-K GEMM and a
+    # reduction at decode sizes); "triton" the GEMV for every M <= 16 (without PDL above
+    # M = 2). Read per call inside the op vllm_prism::dense_linear; it changes no traced graph.
     "VLLM_PRISM_DENSE_GEMV": lambda: os.getenv("VLLM_PRISM_DENSE_GEMV", "auto").strip().lower(),
     # A drafter's attention backend (DFlash, EAGLE) on CUDA with an INT8 KV cache: "prism"
     # (default) the PRISM backend (the draft blocks on its split-KV path: a 32K-context

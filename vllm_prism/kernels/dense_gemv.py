@@ -16,8 +16,12 @@ The op choosing it (``vllm_prism::dense_linear``, :mod:`vllm_prism._custom_ops`)
 where ``VLLM_PRISM_DENSE_GEMV`` picks it for the call's M (``auto``, the default: M <=
 ``AUTO_M``) and :func:`small_m_problem` finds nothing against it; ``F.linear`` otherwise.
 On the H200 (benchmarks/results/dense_gemv_h200.md) it takes 3.2 / 2.7 us at M = 1 / 2
-against cuBLAS's 6.3, and loses from M = 4 (7.2 against 6.4 us with PDL: one program per
-output row re-reads the activation rows).
+against cuBLAS's 6.3, 5.6 against 6.4 us at M = 6 and 8 (launched without PDL: with it 7.2
+at M = 4, slower than cuBLAS), and loses at M = 16 (8.2 against 6.5 us: one program per
+output row re-reads the activation rows). Through vLLM, a 6-token verification step of the
+27B model: 282 us a step against 435 us for cuBLAS's GEMM, its split-K reduction and the two
+launches ``halves`` and ``clear`` spare (benchmarks/results/e2e_h200_notes.md, seventeenth
+session).
 
 Two options serve vLLM's Gated DeltaNet, which splits ``in_proj_ba``'s output into ``b`` and
 ``a``, copies each to a contiguous tensor and zero-fills its core's output buffer, three
@@ -40,7 +44,7 @@ __all__ = ["AUTO_M", "MAX_M", "MAX_N", "PDL_MAX_M", "launches_with_pdl", "small_
            "small_m_problem"]
 
 MAX_M = 16  # rows of x a call takes (decode, small batches, speculative verification)
-AUTO_M = 2  # rows up to which the default (VLLM_PRISM_DENSE_GEMV=auto) takes it
+AUTO_M = 8  # rows up to which the default (VLLM_PRISM_DENSE_GEMV=auto) takes it
 # rows up to which it launches with programmatic dependent launch (where use_pdl allows):
 # from M = 4 it was slower with it on the H200 (M = 6: 8.29 against 5.57 us; F.linear 6.37;
 # benchmarks/results/dense_gemv_h200.md), so VLLM_PRISM_DENSE_GEMV=triton launches it
