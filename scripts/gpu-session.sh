@@ -8,6 +8,8 @@
 #   bash scripts/gpu-session.sh gdnbench ARGS  verification-step Gated DeltaNet kernels, ours in
 #        a launch sweep against vLLM's (bench_gdn_verify.py ARGS)
 #   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
+#   bash scripts/gpu-session.sh startup ARGS  two engine starts of the 27B-shaped file in a row,
+#        Triton's compiles and autotuning by kernel (bench_startup.py ARGS)
 #   bash scripts/gpu-session.sh gemv-sweep [SHAPES [MS]]  configurations of the CUDA C++ GEMV against a
 #        same-size streaming-read probe (benchmarks/kernels/pq2_gemv_sweep.cu, no torch)
 #   bash scripts/gpu-session.sh ptq1mem      weight memory of the 27B-shaped PQ2_0 and PTQ1_0 files
@@ -115,6 +117,16 @@ case $stage in
     timeout $(limit 560) python3 benchmarks/e2e/bench_decode.py $B27 --kv "$kv" "$@" 2>&1 \
       | tee "$OUT/bench-$kv.log" | grep -v "^INFO\|^DEBUG\|^WARNING"
     cp benchmarks/results/e2e_*.json benchmarks/results/e2e_*.md "$OUT"/ 2>/dev/null
+    ;;
+  startup)  # where an engine's start goes (bench_startup.py ARGS): two starts in a row, the
+    # second with the first's Triton, autotuning and compile caches ($OUT/startup_h200-N.*)
+    shift
+    wait_b27 || exit 1
+    for n in 1 2; do
+      timeout $(limit 560) python3 benchmarks/e2e/bench_startup.py $B27 --gpu "h200-$n" \
+        --out "$OUT" "$@" > "$OUT/startup-$n.log" 2>&1
+      grep -E "took|ready in|^\| " "$OUT/startup-$n.log" | grep -v "^(EngineCore" | head -60
+    done
     ;;
   kbench)
     shift

@@ -61,7 +61,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # The Gated DeltaNet of Bonsai's speculative verification steps on CUDA: "prism" (default)
     # the kernel of kernels/gdn_verify.py, which reads q, k, v, a and b in place and writes
     # the layer's output buffer (364 us a 6-token step of the 27B model on the H200 against
-    # 746 us for vLLM's fused CUDA kernel; vLLM's Triton path also copies its inputs, ~580
+    # 744 us for vLLM's fused CUDA kernel; vLLM's Triton path also copies its inputs, ~580
     # us); "vllm" leaves it to vLLM (VLLM_GDN_DECODE_KERNEL). Read when the model is built.
     "VLLM_PRISM_GDN_VERIFY": lambda: os.getenv("VLLM_PRISM_GDN_VERIFY", "prism").strip().lower(),
     # Patches to vLLM (vllm_prism/patches) not to apply, by name, comma-separated: to measure

@@ -33,8 +33,9 @@ if HAS_TRITON:
 
 # value rows of the state per program, its warps (vLLM's Triton kernel: 32, 4), and whether
 # the next token's loads go out before a token's work: the fastest of the sweep of
-# benchmarks/kernels/bench_gdn_verify.py on the H200 (12.2 us a 1-token step of the 27B
-# model's 48 heads against 13.9 us at 32 rows and 4 warps, 19.8 us for vLLM's CUDA kernel)
+# benchmarks/kernels/bench_gdn_verify.py on the H200 (12.0 us for one sequence's 6 tokens
+# of the 27B model's 48 heads against 13.8 us at 32 rows and 4 warps, 19.9 us for vLLM's
+# CUDA kernel)
 BLOCK_V = 16
 NUM_WARPS = 2
 PREFETCH = True
