@@ -39,7 +39,7 @@ prefilled. Prompts are random token ids, distinct per request.
   ``--gemv-tuning 'depth=2,scales=1' split=4`` likewise with ``VLLM_PRISM_GEMV_TUNING`` (the
   int8 GEMV's tile overrides, shown in brackets after the kernel).
 * ``--dense-gemv auto torch triton`` likewise with ``VLLM_PRISM_DENSE_GEMV`` (the float
-  projections, ``in_proj_ba``: the small-M Triton GEMV at M <= 2, ``F.linear``, or the GEMV
+  projections, ``in_proj_ba``: the small-M Triton GEMV at M <= 8, ``F.linear``, or the GEMV
   at every M <= 16; a value other than auto is shown in the kernel label).
 * ``--draft-attention prism vllm`` likewise with ``VLLM_PRISM_DRAFT_ATTENTION`` (a DFlash
   drafter's attention with an INT8 KV cache: the PRISM backend, or vLLM's own choice), for
@@ -58,6 +58,10 @@ prefilled. Prompts are random token ids, distinct per request.
   every step's host work (scheduling, input preparation, sampling, output processing) runs
   serially with the GPU; ``1`` gives the core its own process, as ``vllm serve`` does
   (labelled ``[engine process]``, not profiled).
+* Each of these switches exported in the benchmark's environment (``VLLM_PRISM_DENSE_GEMV=
+  triton python benchmarks/e2e/bench_decode.py ...``) is its option's default: every engine
+  runs with it unless the option names values. (Until 2026-12-03 the options' own defaults
+  overrode it.)
 * ``--side-by-side`` starts every engine of the run at once, each with ``--gpu-memory`` over
   the number of engines (their compiles and CUDA-graph captures overlap: a cold start of the
   27B-shaped file takes about 4 minutes); each warms up (one short generation per prompt
@@ -780,7 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dense-gemv", nargs="+", default=[_default("VLLM_PRISM_DENSE_GEMV")],
                    choices=envs.CHOICES["VLLM_PRISM_DENSE_GEMV"],
                    help="VLLM_PRISM_DENSE_GEMV for the engines, each in turn (the float "
-                   "projections: auto, the small-M Triton GEMV at M <= 2; torch, F.linear; "
+                   "projections: auto, the small-M Triton GEMV at M <= 8; torch, F.linear; "
                    "triton, the GEMV at every M <= 16)")
     p.add_argument("--draft-attention", nargs="+",
                    default=[_default("VLLM_PRISM_DRAFT_ATTENTION")],
@@ -816,7 +820,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--turn-lock", help=argparse.SUPPRESS)
     p.add_argument("--engines", type=int, default=1, help=argparse.SUPPRESS)
+    _defaults_from_environment(p)
     return p
+
+
+def _defaults_from_environment(p: argparse.ArgumentParser) -> None:
+    """A switch of ENGINE_SWITCHES set in this process's environment is its option's default
+    (every engine runs with it unless the option names values), as someone who exports it
+    expects; SystemExit naming the variable where the option refuses its value."""
+    actions = {a.dest: a for a in p._actions}
+    for dest, name, _ in ENGINE_SWITCHES:
+        raw = os.environ.get(name)
+        if raw is None:
+            continue
+        action = actions[dest]
+        try:
+            value = action.type(raw.strip()) if action.type else raw.strip().lower()
+        except ValueError:
+            value = None
+        if value is None or (action.choices is not None and value not in action.choices):
+            raise SystemExit(f"bench_decode: {name}={raw!r} in the environment is not a value "
+                             f"of {action.option_strings[0]}: use one of {action.choices}")
+        p.set_defaults(**{dest: [value]})
 
 
 # The switches each engine of a run can take, in label order: (option dest, environment

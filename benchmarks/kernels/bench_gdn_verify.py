@@ -159,8 +159,8 @@ def run(shape: tuple[int, int, int], tokens: int, sequences: list[int], cpu: boo
         state_bytes = n * (1 + tokens) * hv * d * d * 4
         copies = 1 if cpu else max(2, min(64, math.ceil(L2_MULTIPLE * l2 / state_bytes)))
         steps = [Step(h, hv, d, n, tokens, dev, g) for _ in range(copies)]
-        problem = gdn_verify_problem(steps[0].qkv, steps[0].state, steps[0].indices,
-                                     steps[0].out, h, d, d)
+        problem = gdn_verify_problem(steps[0].qkv, steps[0].a, steps[0].b, steps[0].state,
+                                     steps[0].indices, steps[0].out, h, d, d)
         if problem is not None:
             raise SystemExit(f"bench_gdn_verify: {problem}")
 

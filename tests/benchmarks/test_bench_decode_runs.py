@@ -352,3 +352,20 @@ def test_function_times_read_a_cprofile_table() -> None:
     own_in, cum_in = times["test_bench_decode_runs.py:inner"]
     own_out, cum_out = times["test_bench_decode_runs.py:outer"]
     assert cum_in >= 0.025 and cum_out >= cum_in and own_out < 0.01
+
+
+def test_a_switch_exported_in_the_environment_is_the_default(monkeypatch) -> None:
+    """``VLLM_PRISM_DENSE_GEMV=triton bench_decode ...`` runs every engine with it (its option
+    named no value); ``--dense-gemv`` on the command line still wins; the int option --pdl
+    takes its value as a number; a value the option refuses stops the run naming the
+    variable."""
+    monkeypatch.setenv("VLLM_PRISM_DENSE_GEMV", "triton")
+    monkeypatch.setenv("VLLM_PRISM_PDL", "0")
+    kids = _children(["m.gguf", "--kv", "auto", "int8_per_token_head"])
+    assert [(env["VLLM_PRISM_DENSE_GEMV"], env["VLLM_PRISM_PDL"]) for _, env in kids] == [
+        ("triton", "0"), ("triton", "0")]
+    kids = _children(["m.gguf", "--kv", "auto", "--dense-gemv", "auto", "torch"])
+    assert [env["VLLM_PRISM_DENSE_GEMV"] for _, env in kids] == ["auto", "torch"]
+    monkeypatch.setenv("VLLM_PRISM_DENSE_GEMV", "fast")
+    with pytest.raises(SystemExit, match="VLLM_PRISM_DENSE_GEMV='fast' in the environment"):
+        bench_decode.build_parser()

@@ -115,3 +115,8 @@ def test_refusals_name_the_problem() -> None:
     with pytest.raises(ValueError, match="the state pool"):
         gdn_verify(qkv, qkv, qkv, qkv, qkv, state[:, :2], idx, idx, idx,
                    torch.zeros(2, 4, 64), 2, 64, 64)
+    gates = torch.zeros(2, 8)
+    for a, b in ((gates[:, ::2], gates[:, :4]), (gates[:, :4], gates[:1, :4])):
+        with pytest.raises(ValueError, match=r"the gate input (a|b) .* not \[2 tokens, 4 heads\]"):
+            gdn_verify(qkv, a, b, qkv, qkv, state, idx, idx, idx, torch.zeros(2, 4, 64),
+                       2, 64, 64)

@@ -124,9 +124,9 @@ if HAS_TRITON:
                                                                     p_slot)
 
 
-def gdn_verify_problem(qkv: torch.Tensor, state: torch.Tensor, indices: torch.Tensor,
-                       out: torch.Tensor, num_k_heads: int, head_k_dim: int,
-                       head_v_dim: int) -> str | None:
+def gdn_verify_problem(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                       state: torch.Tensor, indices: torch.Tensor, out: torch.Tensor,
+                       num_k_heads: int, head_k_dim: int, head_v_dim: int) -> str | None:
     """Why :func:`gdn_verify` cannot take this call (None: it can)."""
     hv = out.size(1) if out.dim() == 3 else 0
     if out.dim() != 3 or out.size(2) != head_v_dim or out.stride(2) != 1 \
@@ -146,6 +146,10 @@ def gdn_verify_problem(qkv: torch.Tensor, state: torch.Tensor, indices: torch.Te
                f"{head_k_dim}] contiguous slots"
     if indices.dim() != 2:
         return f"the state indices {tuple(indices.shape)} are not [sequences, tokens]"
+    for name, g in (("a", a), ("b", b)):  # the kernel steps their rows, reads columns densely
+        if g.dim() != 2 or tuple(g.shape) != (qkv.size(0), hv) or g.stride(1) != 1:
+            return (f"the gate input {name} {tuple(g.shape)} (strides {tuple(g.stride())}) is "
+                    f"not [{qkv.size(0)} tokens, {hv} heads] with unit column stride")
     if not triton_can_run(out.device):
         return f"Triton cannot run on {out.device} here"
     return None
@@ -161,7 +165,8 @@ def gdn_verify(qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch
     skipped). ``qkv`` is the convolution's output rows ``[q | k | v]``, ``a`` and ``b`` are
     ``[tokens, HV]`` (any row stride), ``cu_seqlens`` has one entry more than sequences.
     ValueError where :func:`gdn_verify_problem` says it cannot."""
-    problem = gdn_verify_problem(qkv, state, indices, out, num_k_heads, head_k_dim, head_v_dim)
+    problem = gdn_verify_problem(qkv, a, b, state, indices, out, num_k_heads, head_k_dim,
+                                 head_v_dim)
     if problem is not None:
         raise ValueError(f"gdn_verify: {problem}")
     launch_gdn_verify(qkv, a, b, A_log, dt_bias, state, indices, num_accepted, cu_seqlens, out,

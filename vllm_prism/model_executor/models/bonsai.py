@@ -184,7 +184,7 @@ class BonsaiGatedDeltaNet(QwenGatedDeltaNetAttention):
             return super()._forward_core(mixed_qkv=mixed_qkv, b=b, a=a,
                                          core_attn_out=core_attn_out)
         heads = self.num_k_heads // self.tp_size
-        problem = gdn_verify_problem(mixed_qkv, self.kv_cache[1],
+        problem = gdn_verify_problem(mixed_qkv, a, b, self.kv_cache[1],
                                      meta.spec_state_indices_tensor, core_attn_out, heads,
                                      self.head_k_dim, self.head_v_dim)
         if problem is not None:
