@@ -234,7 +234,7 @@ def test_profile_divides_by_the_steps_the_counter_saw(monkeypatch) -> None:
     out = bench_decode._profile(None, [], 8, 1e-3, counter=lambda: next(counts))
     assert out["kernel_us_per_step"] == {"pq2_linear": 32.0}  # (240 - 80) / (8 - 3)
     assert out["busy_us_per_step"] == 40.0 and out["kernels_per_step"] == 4.0
-    assert out["traced_step_us"] == 50.0  # the median interval of the once-a-step "fill"
+    assert out["traced_step_us"] == 52.5  # "fill"'s launches after its first: (250 - 40) / 4
     assert out["top_kernels_per_step"] == [  # by name: (200 - 80) / 5 us, (25 - 10) / 5 launches
         {"name": "pq2_gemv", "family": "pq2_linear", "us": 24.0, "launches": 3.0,
          "own_us": 20.0},
@@ -246,15 +246,18 @@ def test_profile_divides_by_the_steps_the_counter_saw(monkeypatch) -> None:
     assert "traced_step_us" not in plain  # no kernel launched once a step there
 
 
-def test_traced_step_is_the_median_interval_of_a_once_a_step_kernel() -> None:
+def test_traced_step_is_the_mean_interval_of_a_once_a_step_kernel() -> None:
     """The step period of a profiled call: from the starts of a kernel launched once a step
-    (a late first step, the prefill's launch, do not move the median), not from kernels
-    launched more or less often."""
+    on average, after its first launch (the prefill's: a late first step does not enter),
+    not from kernels launched more or less often; a kernel launched twice in one step and
+    not in the next gives the mean period, where the median interval would be 10."""
     starts = {"a [1,1,1]": [0.0, 900.0, 1000.0, 1100.0, 1200.0, 1310.0],
               "b": [float(i) for i in range(40)], "c [2,1,1]": [5.0, 1005.0, 1105.0]}
     assert bench_decode.traced_step_us({"a [1,1,1]": 1.0, "b": 8.0, "c [2,1,1]": 0.5},
-                                       starts) == 100.0
+                                       starts) == 102.5
     assert bench_decode.traced_step_us({"b": 8.0}, starts) is None
+    pairs = {"d": [0.0, 100.0, 110.0, 300.0, 310.0, 500.0, 510.0]}
+    assert bench_decode.traced_step_us({"d": 1.0}, pairs) == 82.0  # (510 - 100) / 5
 
 
 def test_own_time_gives_each_instant_to_the_earliest_running_kernel() -> None:
