@@ -20,7 +20,7 @@ against cuBLAS's 6.3, 5.6 against 6.4 us at M = 6 and 8 (launched without PDL: w
 at M = 4, slower than cuBLAS), and loses at M = 16 (8.2 against 6.5 us: one program per
 output row re-reads the activation rows). Through vLLM, a 6-token verification step of the
 27B model: 282 us a step against 435 us for cuBLAS's GEMM, its split-K reduction and the two
-launches ``halves`` and ``clear`` spare (benchmarks/results/e2e_h200_notes.md, seventeenth
+launches ``halves`` and ``clear`` spare (benchmarks/results/e2e_h200_notes.md, eighteenth
 session).
 
 Two options serve vLLM's Gated DeltaNet, which splits ``in_proj_ba``'s output into ``b`` and
