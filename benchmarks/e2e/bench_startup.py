@@ -52,25 +52,22 @@ def instrument_triton() -> tuple[KernelTimes, KernelTimes]:
     from triton.runtime.jit import JITFunction
 
     compiles, tuning = KernelTimes(), KernelTimes()
-    do_compile, bench = JITFunction._do_compile, Autotuner._bench
-
-    def timed_compile(self, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return do_compile(self, *args, **kwargs)
-        finally:
-            compiles.add(_kernel_name(self), time.perf_counter() - start)
-
-    def timed_bench(self, *args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return bench(self, *args, **kwargs)
-        finally:
-            tuning.add(_kernel_name(self), time.perf_counter() - start)
-
-    JITFunction._do_compile = timed_compile
-    Autotuner._bench = timed_bench
+    JITFunction._do_compile = _timed(JITFunction._do_compile, compiles)
+    Autotuner._bench = _timed(Autotuner._bench, tuning)
     return compiles, tuning
+
+
+def _timed(method, times: KernelTimes):
+    """``method`` (of a kernel object) adding each call's seconds to ``times`` by kernel."""
+
+    def timed(self, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            times.add(_kernel_name(self), time.perf_counter() - start)
+
+    return timed
 
 
 def start_engine(args: argparse.Namespace) -> float:
