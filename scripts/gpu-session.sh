@@ -10,6 +10,8 @@
 #   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
 #   bash scripts/gpu-session.sh startup ARGS  two engine starts of the 27B-shaped file in a row,
 #        Triton's compiles and autotuning by kernel (bench_startup.py ARGS)
+#   bash scripts/gpu-session.sh small-sweep [SHAPES [MS [default]]]  mma_lean geometries against the
+#        small-batch kernels and the GEMV (benchmarks/kernels/pq2_small_sweep.cu, no torch)
 #   bash scripts/gpu-session.sh gemv-sweep [SHAPES [MS]]  configurations of the CUDA C++ GEMV against a
 #        same-size streaming-read probe (benchmarks/kernels/pq2_gemv_sweep.cu, no torch)
 #   bash scripts/gpu-session.sh ptq1mem      weight memory of the 27B-shaped PQ2_0 and PTQ1_0 files
@@ -96,6 +98,17 @@ fi
 wait_b27() {  # until the file is written, or PRISM_DEADLINE is near
   while [ ! -f $B27 ]; do sleep 2; [ "$(limit 560)" -gt 1 ] || { tail -3 /tmp/b27.log; return 1; }; done
 }
+# benchmarks/kernels/pq2_small_sweep.cu and the kernels it links, compiled side by side
+small_sweep_build() {
+  local d=/tmp/small-sweep.o f pids=()
+  mkdir -p $d
+  for f in benchmarks/kernels/pq2_small_sweep.cu csrc/pq2/mma_small.cu csrc/pq2/mma_bulk.cu \
+           csrc/pq2/mma_lean.cu csrc/pq2/gemv_int8.cu; do
+    nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc -c "$f" -o "$d/$(basename "$f").o" & pids+=($!)
+  done
+  for f in "${pids[@]}"; do wait "$f" || return 1; done
+  nvcc -arch=sm_90a $d/*.o -o "$1"
+}
 case $stage in
   build)  # the install above is all: PRISM_BUILD=cuda bash scripts/gpu-session.sh build
     cat "$OUT/install.log" 2>/dev/null | tail -20
@@ -142,6 +155,11 @@ case $stage in
     nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc benchmarks/kernels/pq2_gemv_sweep.cu -o /tmp/gemv-sweep \
       && timeout $(limit 560) /tmp/gemv-sweep "${2:-12288x5120,34816x5120,5120x6144,5120x17408}" "${3:-1,2,3,4}" \
       | tee "$OUT/gemv_sweep.jsonl" | grep summary
+    ;;
+  small-sweep)  # mma_lean's geometries against the small-batch kernels and the GEMV (no torch)
+    small_sweep_build /tmp/small-sweep \
+      && timeout $(limit 560) /tmp/small-sweep "${2:-34816x5120,16384x5120,12288x5120,5120x17408,5120x6144,248320x5120}" \
+        "${3:-1,2,4,6,8}" ${4:-} | tee "$OUT/small_sweep.jsonl" | grep summary
     ;;
   ncu)  # what bounds each PQ2 kernel (Nsight Compute); ARGS go to profile_pq2_ncu.py
     shift

@@ -595,9 +595,10 @@ int pq2_mma_small_rows(int n, int k, int m, int sm_count, int smem_max) {
 cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream,
                                  int variant) {
   if (p.n <= 0 || p.m <= 0) return cudaSuccess;
-  if (p.m > kPq2SmallMaxM || p.k % 128 != 0 || variant < 0 || variant > 5) {
+  if (p.m > kPq2SmallMaxM || p.k % 128 != 0 || variant < 0 || variant > 6) {
     return cudaErrorInvalidValue;
   }
+  if (variant == 6) return pq2_mma_lean_launch(p, sm_count, stream);
   // 16-byte cp.async of code rows, 4-byte ones of scale pairs, 4-byte activation loads
   if (reinterpret_cast<uintptr_t>(p.codes) % 16 || (p.stride_c * 4) % 16 ||
       reinterpret_cast<uintptr_t>(p.scales) % 4 || p.stride_s % 2 ||

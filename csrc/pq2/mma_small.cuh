@@ -28,12 +28,28 @@ constexpr int kPq2SmallMaxM = 16;
 // read through a ring of shared-memory stages (mma_bulk.cu; xq as for 2; p.workspace of
 // pq2_mma_bulk_workspace_floats floats and p.counters, zero, one a 16-row tile). 5: 2's warps
 // in resident CTAs that walk the matrix, each warp's next loads issued before it computes
-// (mma_small.cu, PERSIST; xq as for 2; slices of up to 5 groups a pass).
+// (mma_small.cu, PERSIST; xq as for 2; slices of up to 5 groups a pass). 6: M <= 8, 2's
+// loads in short passes at the GEMV's occupancy (mma_lean.cu; see its requirements below).
 cudaError_t pq2_mma_small_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream,
                                  int variant = 0);
 
 // Variant 4 (mma_bulk.cu): its launch, and the fp32 workspace it needs.
 cudaError_t pq2_mma_bulk_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream);
 int pq2_mma_bulk_workspace_floats(int n, int k, int sm_count);
+
+// Variant 6 (mma_lean.cu): M = 1..8, K % 512 == 0, scales 8-byte aligned with a row stride
+// that is a multiple of 4, xq as for 2. Its geometry: `ks` warps split a 16-row tile's K
+// (whole units of four 128-groups each), `tiles` tiles a CTA, the registers capped at `regs`
+// (96 with the prefetch, or 128), `prefetch`: the next unit's loads before the current one's
+// compute.
+constexpr int kPq2LeanMaxM = 8;
+struct LeanConfig {
+  int ks = 1, tiles = 1, regs = 96;
+  bool prefetch = true;
+};
+LeanConfig pq2_mma_lean_default_config(int n, int k, int sm_count);
+cudaError_t pq2_mma_lean_launch_config(const Pq2LinearParams& p, const LeanConfig& cfg,
+                                       cudaStream_t stream);
+cudaError_t pq2_mma_lean_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream);
 
 }  // namespace vllm_prism

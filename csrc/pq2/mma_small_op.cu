@@ -1,5 +1,6 @@
 // The torch op around the small-batch int8 tensor-core PQ2 kernels (mma_small.cu, and
-// mma_bulk.cu as variant 4): checks, output, workspace, launch on the current stream.
+// mma_bulk.cu as variant 4, mma_lean.cu as variant 6): checks, output, workspace, launch on
+// the current stream.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -19,9 +20,16 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
               " outside 1..", vllm_prism::kPq2SmallMaxM);
   TORCH_CHECK(k % 128 == 0, "pq2_mma_small_int8: K = ", k, " is not a multiple of 128");
   TORCH_CHECK(n < (int64_t{1} << 31), "pq2_mma_small_int8: too many rows");
-  TORCH_CHECK(variant >= 0 && variant <= 5, "pq2_mma_small_int8: variant ", variant,
+  TORCH_CHECK(variant >= 0 && variant <= 6, "pq2_mma_small_int8: variant ", variant,
               " (0: loads, then compute; 1: pipelined; 2, 3: streamed into registers; 4: every "
-              "multiprocessor's share in flight; 5: streamed by resident CTAs)");
+              "multiprocessor's share in flight; 5: streamed by resident CTAs; 6: streamed at "
+              "the GEMV's occupancy)");
+  TORCH_CHECK(variant != 6 || (m <= vllm_prism::kPq2LeanMaxM && k % 512 == 0 &&
+                               reinterpret_cast<uintptr_t>(scales.data_ptr()) % 8 == 0 &&
+                               scales.stride(0) % 4 == 0 && xq.stride(0) % 16 == 0),
+              "pq2_mma_small_int8: variant 6 takes M <= ", vllm_prism::kPq2LeanMaxM,
+              ", K a multiple of 512, scales 8-byte aligned with a row stride that is a "
+              "multiple of 4 and xq rows 16-byte aligned; got M = ", m, ", K = ", k);
   TORCH_CHECK(variant < 2 || reinterpret_cast<uintptr_t>(xq.data_ptr()) % 16 == 0,
               "pq2_mma_small_int8: variants 2 to 5 read the activation 16 bytes at a time: xq "
               "needs a 16-byte aligned start");

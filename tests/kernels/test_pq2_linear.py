@@ -33,9 +33,10 @@ M_FULL = list(range(1, 17)) + [24, 32, 48, 64, 128, 512, 2048]
 TOL = {"gemv_a16": 4e-3, "mma_a16": 8e-3, "gemm_a16": 8e-3, "gemv_a8": 3e-2, "mma_a8": 3e-2,
        "gemm_a8": 3e-2, "ptq1_gemv": 4e-3, "mma_cuda": 3e-2, "gemv_cuda": 3e-2, "gemm_dq": 1e-2,
        "mma_small_cuda": 3e-2, "mma_small_pipe_cuda": 3e-2, "mma_stream_cuda": 3e-2,
-       "mma_bulk_cuda": 3e-2, "mma_persist_cuda": 3e-2}
+       "mma_bulk_cuda": 3e-2, "mma_persist_cuda": 3e-2, "mma_lean_cuda": 3e-2}
 A8 = {"gemv_a8", "mma_a8", "gemm_a8", "mma_cuda", "gemv_cuda", "mma_small_cuda",
-      "mma_small_pipe_cuda", "mma_stream_cuda", "mma_bulk_cuda", "mma_persist_cuda"}
+      "mma_small_pipe_cuda", "mma_stream_cuda", "mma_bulk_cuda", "mma_persist_cuda",
+      "mma_lean_cuda"}
 
 
 def kernels_for(m: int, n: int = 0) -> list[str]:
@@ -227,7 +228,8 @@ def test_gemv_cuda_several_rows(shape: tuple[int, int], m: int) -> None:
                                          ("mma_small_cuda", 1000, 6144, 6),
                                          ("mma_stream_cuda", 1000, 6144, 11),
                                          ("mma_bulk_cuda", 1000, 6144, 11),
-                                         ("mma_persist_cuda", 1000, 17408, 6)])
+                                         ("mma_persist_cuda", 1000, 17408, 6),
+                                         ("mma_lean_cuda", 1000, 6144, 6)])
 def test_cuda_kernel_bias_fp16(name: str, n: int, k: int, m: int) -> None:
     """fp16 activations, outputs and bias through the CUDA C++ kernels that take them."""
     _need_mma_cuda(name)
@@ -332,6 +334,23 @@ def test_mma_persist_cuda(shape: tuple[int, int], m: int) -> None:
     multiprocessors (40x128, 24x1280), a last unit past N (17000x1024, 300, 40, 24 rows);
     one and two token tiles."""
     kern, base, act, w = _small_variant_case("mma_persist_cuda", shape, m)
+    y, y0 = (k.run(act, w, None, torch.float32) for k in (kern, base))
+    assert rel_err(y, y0) < 1e-6
+    assert torch.equal(kern.run(act, w, None, torch.float32), y)
+
+
+@pytest.mark.parametrize("m", [1, 2, 6, 8])
+@pytest.mark.parametrize("shape", [(12288, 5120), (34816, 5120), (5120, 6144), (5120, 17408),
+                                   (300, 2560), (17000, 1024), (40, 512), (24, 9216)],
+                         ids=lambda s: f"{s[0]}x{s[1]}")
+def test_mma_lean_cuda(shape: tuple[int, int], m: int) -> None:
+    """The short-pass small-batch kernel (op variant 6): against the exact and the integer
+    reference, equal to mma_small_cuda's sums to within fp32 rounding, and twice in a row bit
+    for bit. The shapes give one unit of four groups a warp (K = 5120: 10 warps a tile;
+    6144: 12; 2560: 5; 1024: 2; 512: 1) and several (K = 9216 and 17408: 16 warps a tile,
+    two or three units each, the next one prefetched), rows past N (300, 17000, 40, 24
+    rows); M = 1..8 in one token tile."""
+    kern, base, act, w = _small_variant_case("mma_lean_cuda", shape, m)
     y, y0 = (k.run(act, w, None, torch.float32) for k in (kern, base))
     assert rel_err(y, y0) < 1e-6
     assert torch.equal(kern.run(act, w, None, torch.float32), y)

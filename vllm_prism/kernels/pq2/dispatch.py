@@ -63,6 +63,9 @@ MMA_SMALL_AUTO_M = (3, 8)
 MMA_STREAM_AUTO_M = (2, 8)
 MMA_STREAM_AUTO_MIN_K = 6144
 MMA_STREAM_AUTO_M2_MIN_K = 8193
+# The automatic range of the short-pass small-batch kernel (mma_lean_cuda), first in the
+# order where K % 512 == 0 (MmaLeanCudaA8Kernel).
+MMA_LEAN_AUTO_M = (2, 8)
 # The rows the CUDA C++ GEMV (gemv_cuda) takes, and its automatic range (GemvCudaA8Kernel).
 GEMV_CUDA_MAX_M = 4
 GEMV_CUDA_AUTO_M = (1, 2)
@@ -617,6 +620,35 @@ class MmaPersistCudaA8Kernel(MmaSmallCudaA8Kernel):
     variant = 5
 
 
+class MmaLeanCudaA8Kernel(MmaSmallCudaA8Kernel):
+    """M = 1..8: ``mma_stream_cuda``'s loads (8 bytes of codes a lane per row and 128-group,
+    the MMA's k permuted within each group) on the GEMV's recipe (op variant 6,
+    csrc/pq2/mma_lean.cu): a warp's pass is one unit of four groups (the four groups' fp16
+    scales of a row in one 8-byte load), the next unit's loads issued before the current
+    one's compute, its registers capped at 96 so that 21 warps stay resident on a
+    multiprocessor, and the K-split warps of a tile add their partial sums in shared memory
+    in K order; the geometry is the one that keeps the most warps resident in one wave of
+    CTAs. Written after Nsight Compute put ``mma_stream_cuda`` at 22-30 % of the H200's DRAM
+    throughput at M = 6 with 16 warps a multiprocessor (125 registers) whose load and compute
+    phases stay locked. Needs K % 512 == 0. The automatic choice for M in
+    ``MMA_LEAN_AUTO_M`` (2..8): on the H200 (benchmarks/results/pq2_small_sweep_h200.md,
+    kernels alone) 1.02-1.35x the best of the other small-batch kernels at M = 2..8 on every
+    layer shape and 1.19x on the LM head at M = 6, and at M = 2 faster than the GEMV; at
+    M = 1 the GEMV stays faster on K = 5120."""
+
+    name = "mma_lean_cuda"
+    variant = 6
+    auto_min_m, auto_max_m = MMA_LEAN_AUTO_M
+
+    @classmethod
+    def can_implement(cls, c):
+        if not 1 <= c.m <= 8:
+            return False, f"M = {c.m} outside 1..8"
+        if c.k % 512:
+            return False, f"K = {c.k} is not a multiple of 512"
+        return _pq2_only(c)
+
+
 class TorchKernel(PQ2LinearKernel):
     """Exact reference: transform in fp32, dense dequantized weight, one matmul. Any device."""
 
@@ -656,13 +688,14 @@ class TorchKernel(PQ2LinearKernel):
 # stay for the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the
 # pipelined small-batch variant (mma_small_pipe_cuda), the equal-share one (mma_bulk_cuda), the
 # resident streaming one (mma_persist_cuda) and the GEMV with the producer in its launch
-# (gemv_fused_cuda) only where named.
+# (gemv_fused_cuda) only where named. Since 2026-12-03 the short-pass small-batch kernel
+# (mma_lean_cuda) comes first at M = 2..8 where K % 512 == 0 (every Bonsai layer shape).
 KERNELS: list[type[PQ2LinearKernel]] = [
-    PTQ1GemvKernel, MmaStreamCudaA8Kernel, GemvCudaA8Kernel, MmaSmallCudaA8Kernel, GemvA8Kernel,
-    GemvA16Kernel,
+    PTQ1GemvKernel, MmaLeanCudaA8Kernel, MmaStreamCudaA8Kernel, GemvCudaA8Kernel,
+    MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel,
     GemmDqKernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel, GemmA16Kernel,
-    MmaSmallPipeCudaA8Kernel, MmaBulkCudaA8Kernel, MmaPersistCudaA8Kernel, GemvFusedCudaKernel,
-    TorchKernel,
+    MmaSmallPipeCudaA8Kernel, MmaBulkCudaA8Kernel, MmaPersistCudaA8Kernel,
+    GemvFusedCudaKernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 

@@ -1,0 +1,403 @@
+// Geometry sweep of the small-batch tensor-core PQ2 kernel mma_lean (csrc/pq2/mma_lean.cu,
+// op variant 6 of pq2_mma_small_int8) against the library's other small-batch kernels and the
+// GEMV, outside torch.
+//
+// For each N x K shape and M: every mma_lean configuration (K-split warps a tile, tiles a CTA,
+// register cap, prefetch of the next unit), the automatic kernels' variants of today
+// (mma_small_cuda: variant 0, mma_stream_cuda: 2 and 3) and, for M <= 4, the GEMV, each checked
+// against a host reference of the formula in pq2_params.cuh on a sample of rows (relative
+// error below 1e-4), then timed inside a CUDA graph of back-to-back launches over copies of
+// the weights that together exceed three times the L2 (every launch reads DRAM), with and
+// without programmatic dependent launch. A streaming-read probe of the same bytes gives the
+// ceiling of one kernel reading that much; the probe on 2 GiB gives the sustained bandwidth.
+//
+// Build and run on the GPU machine (`bash scripts/gpu-session.sh small-sweep` does both):
+//   nvcc -O3 -std=c++17 -arch=sm_90a -Icsrc benchmarks/kernels/pq2_small_sweep.cu \
+//     csrc/pq2/mma_small.cu csrc/pq2/mma_bulk.cu csrc/pq2/mma_lean.cu csrc/pq2/gemv_int8.cu \
+//     -o small-sweep
+//   ./small-sweep 34816x5120,5120x17408 1,2,4,6,8 > small_sweep.jsonl
+// Output: one JSON object per line (shape, M, kernel, config, us, us_pdl, fraction of the
+// sustained bandwidth and of the probe, error), then a summary line per shape and M.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "pq2/gemv_int8.cuh"
+#include "pq2/mma_small.cuh"
+
+using vllm_prism::LeanConfig;
+using vllm_prism::Pq2LinearParams;
+
+#define CHECK(x)                                                                     \
+  do {                                                                               \
+    cudaError_t e_ = (x);                                                            \
+    if (e_ != cudaSuccess) {                                                         \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x,                 \
+                   cudaGetErrorString(e_));                                          \
+      std::exit(1);                                                                  \
+    }                                                                                \
+  } while (0)
+
+namespace {
+
+constexpr int64_t kL2Bytes = 50LL << 20;
+
+__device__ __forceinline__ uint32_t mix(uint64_t i, uint32_t seed) {
+  uint64_t z = i * 0x9E3779B97F4A7C15ull + seed;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<uint32_t>(z ^ (z >> 31));
+}
+
+__global__ void fill_words(uint32_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = mix(i, seed);
+}
+
+// fp16 scales in [2^-9, 2^-6)
+__global__ void fill_scales(__half* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = __float2half(
+        ldexpf(1.f + (mix(i, seed) & 1023) / 1024.f, -9 + int(mix(i, seed + 1) % 3)));
+}
+
+// Streaming read of `n16` 16-byte words, four loads in flight per thread per iteration; the
+// XOR is stored only if it hits a value random data never gives.
+__global__ void read_probe(const uint4* p, int64_t n16, unsigned* sink) {
+  uint32_t acc = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  for (; i + 3 * stride < n16; i += 4 * stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(v[j].x), "=r"(v[j].y), "=r"(v[j].z), "=r"(v[j].w)
+                   : "l"(p + i + j * stride));
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+  }
+  for (; i < n16; i += stride) {
+    const uint4 v = p[i];
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x9E3779B9u) *sink = acc;
+}
+
+float half_to_float(uint16_t h) {
+  __half x;
+  std::memcpy(&x, &h, 2);
+  return __half2float(x);
+}
+
+struct Shape {
+  int n, k;
+};
+
+std::vector<Shape> parse_shapes(const char* s) {
+  std::vector<Shape> out;
+  std::string str(s);
+  size_t pos = 0;
+  while (pos < str.size()) {
+    size_t end = str.find(',', pos);
+    if (end == std::string::npos) end = str.size();
+    const std::string item = str.substr(pos, end - pos);
+    const size_t x = item.find('x');
+    out.push_back({std::atoi(item.substr(0, x).c_str()), std::atoi(item.substr(x + 1).c_str())});
+    pos = end + 1;
+  }
+  return out;
+}
+
+std::vector<int> parse_ints(const char* s) {
+  std::vector<int> out;
+  for (const char* q = s; *q;) {
+    out.push_back(std::atoi(q));
+    while (*q && *q != ',') ++q;
+    if (*q == ',') ++q;
+  }
+  return out;
+}
+
+// Median of `reps` replays of a graph of `calls` launches made by `launch(i)`, us per launch.
+double time_graph(int calls, const std::function<cudaError_t(int)>& launch, cudaStream_t s,
+                  int reps = 9) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < calls; ++i) CHECK(launch(i));
+  CHECK(cudaStreamEndCapture(s, &g));
+  CHECK(cudaGraphInstantiate(&ge, g, 0));
+  for (int w = 0; w < 2; ++w) CHECK(cudaGraphLaunch(ge, s));
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int r = 0; r < reps; ++r) {
+    CHECK(cudaEventRecord(a, s));
+    CHECK(cudaGraphLaunch(ge, s));
+    CHECK(cudaEventRecord(b, s));
+    CHECK(cudaEventSynchronize(b));
+    float t = 0;
+    CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CHECK(cudaGraphExecDestroy(ge));
+  CHECK(cudaGraphDestroy(g));
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  return 1000.0 * ms[ms.size() / 2] / calls;
+}
+
+// A candidate: its name and how it launches on given parameters.
+struct Candidate {
+  std::string kernel, config;
+  std::function<cudaError_t(const Pq2LinearParams&, cudaStream_t)> launch;
+};
+
+std::vector<Candidate> candidates(int n, int k, int m, int sms, bool lean_default_only) {
+  std::vector<Candidate> out;
+  if (m <= vllm_prism::kPq2GemvMaxM) {
+    out.push_back({"gemv_cuda", "default", [sms](const Pq2LinearParams& p, cudaStream_t s) {
+                     return vllm_prism::pq2_gemv_int8_launch(p, sms, s);
+                   }});
+  }
+  const char* names[] = {"mma_small_cuda", "", "mma_stream_cuda", "mma_stream_cuda:3"};
+  for (int v : {0, 2, 3}) {
+    out.push_back({names[v], "variant " + std::to_string(v),
+                   [sms, v](const Pq2LinearParams& p, cudaStream_t s) {
+                     return vllm_prism::pq2_mma_small_launch(p, sms, s, v);
+                   }});
+  }
+  if (m > vllm_prism::kPq2LeanMaxM || k % 512 != 0) return out;
+  const int units = k / 512;
+  std::vector<LeanConfig> cfgs;
+  cfgs.push_back(vllm_prism::pq2_mma_lean_default_config(n, k, sms));
+  if (!lean_default_only) {
+    // 96 registers with the prefetch at K-slice counts 1..8 and at units / d, 1 and 2 tiles a
+    // CTA; 128 registers with and without the prefetch at the default geometry
+    std::vector<int> ks_set;
+    for (int ks = 1; ks <= 8 && ks <= units; ++ks) ks_set.push_back(ks);
+    for (int d : {1, 2, 3})
+      for (int ks : {(units + d - 1) / d}) {
+        if (ks <= 16 && std::find(ks_set.begin(), ks_set.end(), ks) == ks_set.end())
+          ks_set.push_back(ks);
+      }
+    for (int ks : ks_set)
+      for (int tiles : {1, 2}) {
+        if (ks * tiles > 32) continue;
+        LeanConfig c;
+        c.ks = ks;
+        c.tiles = tiles;
+        c.regs = 96;
+        c.prefetch = true;
+        cfgs.push_back(c);
+      }
+    for (int pre : {0, 1}) {
+      LeanConfig c = cfgs[0];
+      c.regs = 128;
+      c.prefetch = pre;
+      cfgs.push_back(c);
+    }
+  }
+  for (size_t i = 0; i < cfgs.size(); ++i) {
+    const LeanConfig c = cfgs[i];
+    char name[96];
+    std::snprintf(name, sizeof name, "%sks%d t%d r%d p%d", i == 0 ? "default " : "", c.ks,
+                  c.tiles, c.regs, int(c.prefetch));
+    out.push_back({"mma_lean_cuda", name, [c](const Pq2LinearParams& p, cudaStream_t s) {
+                     return vllm_prism::pq2_mma_lean_launch_config(p, c, s);
+                   }});
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* shapes_arg = argc > 1 ? argv[1] : "34816x5120,16384x5120,5120x17408,5120x6144";
+  const std::vector<int> ms = parse_ints(argc > 2 ? argv[2] : "1,2,4,6,8");
+  const bool lean_default_only = argc > 3 && std::string(argv[3]) == "default";
+  int dev = 0, sms = 0;
+  CHECK(cudaSetDevice(dev));
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, dev));
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  unsigned* sink;
+  CHECK(cudaMalloc(&sink, 4));
+
+  // Sustained read bandwidth: the probe on 2 GiB.
+  const int64_t big = 2LL << 30;
+  uint4* bigbuf;
+  CHECK(cudaMalloc(&bigbuf, big));
+  fill_words<<<4 * sms, 256, 0, s>>>(reinterpret_cast<uint32_t*>(bigbuf), big / 4, 7);
+  const double big_us = time_graph(
+      4, [&](int) { read_probe<<<sms * 8, 512, 0, s>>>(bigbuf, big / 16, sink);
+                    return cudaGetLastError(); }, s);
+  CHECK(cudaFree(bigbuf));
+  const double sustained = big / big_us / 1e3;  // GB/s
+  std::printf("{\"gpu\": \"%s\", \"sms\": %d, \"read_gbps\": %.0f}\n", prop.name, sms, sustained);
+  std::fflush(stdout);
+
+  for (const Shape sh : parse_shapes(shapes_arg)) {
+    const int n = sh.n, k = sh.k, g128 = k / 128, gpad = (g128 + 7) / 8 * 8;
+    const int64_t code_bytes = int64_t(n) * k / 4, scale_bytes = int64_t(n) * gpad * 2;
+    const int64_t slab = (code_bytes + scale_bytes + 255) / 256 * 256;
+    const int copies = static_cast<int>(std::min<int64_t>(64, std::max<int64_t>(
+        2, (3 * kL2Bytes + slab - 1) / slab + 1)));
+    const int mmax = *std::max_element(ms.begin(), ms.end());
+    char* slabs;
+    CHECK(cudaMalloc(&slabs, slab * copies));
+    fill_words<<<4 * sms, 256, 0, s>>>(reinterpret_cast<uint32_t*>(slabs), slab * copies / 4, 11);
+    for (int c = 0; c < copies; ++c)
+      fill_scales<<<4 * sms, 256, 0, s>>>(reinterpret_cast<__half*>(slabs + c * slab + code_bytes),
+                                           int64_t(n) * gpad, 13 + c);
+    // activations: int8 [mmax, K], fp32 scales and int32 sums [mmax, G]
+    std::vector<int8_t> hx(int64_t(mmax) * k);
+    std::vector<float> hsx(int64_t(mmax) * g128);
+    std::vector<int32_t> hq(int64_t(mmax) * g128, 0);
+    uint32_t r = 12345;
+    for (auto& v : hx) { r = r * 1664525u + 1013904223u; v = int8_t(int(r >> 24) % 255 - 127); }
+    for (auto& v : hsx) { r = r * 1664525u + 1013904223u; v = 0.001f + (r >> 8) * 1e-10f; }
+    for (int m = 0; m < mmax; ++m)
+      for (int e = 0; e < k; ++e) hq[int64_t(m) * g128 + e / 128] += hx[int64_t(m) * k + e];
+    int8_t* dx;
+    float *dsx, *dout;
+    int32_t* dq;
+    CHECK(cudaMalloc(&dx, hx.size()));
+    CHECK(cudaMalloc(&dsx, 4 * hsx.size()));
+    CHECK(cudaMalloc(&dq, 4 * hq.size()));
+    CHECK(cudaMalloc(&dout, 4 * int64_t(n) * mmax * copies));
+    CHECK(cudaMemcpy(dx, hx.data(), hx.size(), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dsx, hsx.data(), 4 * hsx.size(), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dq, hq.data(), 4 * hq.size(), cudaMemcpyHostToDevice));
+    CHECK(cudaStreamSynchronize(s));
+
+    // host reference of copy 0 on a sample of rows (every 7th, the last 40), every token
+    std::vector<uint32_t> hc(code_bytes / 4);
+    std::vector<uint16_t> hs(int64_t(n) * gpad);
+    CHECK(cudaMemcpy(hc.data(), slabs, code_bytes, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(hs.data(), slabs + code_bytes, scale_bytes, cudaMemcpyDeviceToHost));
+    std::vector<int> sample;
+    for (int row = 0; row < n; ++row)
+      if (row % 7 == 0 || row >= n - 40) sample.push_back(row);
+    std::vector<double> ref(sample.size() * mmax);
+    double ref_max = 0;
+    std::vector<int8_t> val(k);
+    for (size_t si = 0; si < sample.size(); ++si) {
+      const int row = sample[si];
+      for (int idx = 0; idx < k; ++idx) {
+        const int w = idx / 16, q = (idx % 16) / 4, b = idx % 4;
+        val[idx] = int8_t(((hc[int64_t(row) * (k / 16) + w] >> (8 * b + 2 * q)) & 3) - 1);
+      }
+      for (int m = 0; m < mmax; ++m) {
+        double y = 0;
+        for (int g = 0; g < g128; ++g) {
+          int64_t dot = 0;
+          for (int e = g * 128; e < g * 128 + 128; ++e) dot += int64_t(val[e]) * hx[int64_t(m) * k + e];
+          y += double(dot) * half_to_float(hs[int64_t(row) * gpad + g]) * hsx[int64_t(m) * g128 + g];
+        }
+        ref[si * mmax + m] = y;
+        ref_max = std::max(ref_max, std::fabs(y));
+      }
+    }
+
+    const int calls = copies * std::max(1, (64 + copies - 1) / copies);
+    const double probe_us = time_graph(
+        calls, [&](int i) {
+          read_probe<<<sms * 8, 512, 0, s>>>(
+              reinterpret_cast<const uint4*>(slabs + (i % copies) * slab),
+              (code_bytes + scale_bytes) / 16, sink);
+          return cudaGetLastError(); }, s);
+    for (const int m : ms) {
+      auto params = [&](int c, bool pdl) {
+        Pq2LinearParams p{};
+        p.codes = reinterpret_cast<const int32_t*>(slabs + c * slab);
+        p.scales = reinterpret_cast<const uint16_t*>(slabs + c * slab + code_bytes);
+        p.xq = dx;
+        p.sx = dsx;
+        p.qsum = dq;
+        p.out = dout + int64_t(n) * mmax * c;
+        p.out_dtype = 0;
+        p.m = m;
+        p.n = n;
+        p.k = k;
+        p.stride_c = k / 16;
+        p.stride_s = gpad;
+        p.stride_x = k;
+        p.stride_g = g128;
+        p.stride_o = n;
+        p.split = 1;
+        p.pdl = pdl;
+        return p;
+      };
+      const double bytes = double(code_bytes) + double(n) * g128 * 2 + m * (k + 8.0 * g128);
+      struct Best { double us = 1e30; std::string name; } best_lean, best_other;
+      double lean_default_us = 0;
+      for (const Candidate& cand : candidates(n, k, m, sms, lean_default_only)) {
+        CHECK(cudaMemsetAsync(dout, 0xff, 4 * int64_t(n) * m, s));
+        const cudaError_t err0 = cand.launch(params(0, false), s);
+        if (err0 != cudaSuccess) {
+          (void)cudaGetLastError();
+          std::printf("{\"shape\": \"%dx%d\", \"M\": %d, \"kernel\": \"%s\", \"config\": \"%s\", "
+                      "\"error\": \"%s\"}\n", n, k, m, cand.kernel.c_str(), cand.config.c_str(),
+                      cudaGetErrorString(err0));
+          continue;
+        }
+        std::vector<float> out(int64_t(n) * m);
+        CHECK(cudaMemcpyAsync(out.data(), dout, 4 * out.size(), cudaMemcpyDeviceToHost, s));
+        CHECK(cudaStreamSynchronize(s));
+        double err = 0;
+        for (size_t si = 0; si < sample.size(); ++si)
+          for (int mm = 0; mm < m; ++mm) {
+            const float o = out[int64_t(mm) * n + sample[si]];
+            err = std::max(err, std::isfinite(o) ? std::fabs(o - ref[si * mmax + mm]) / ref_max
+                                                 : 1e9);
+          }
+        double us[2];
+        for (int pdl = 0; pdl < 2; ++pdl)
+          us[pdl] = time_graph(calls, [&](int i) {
+            return cand.launch(params(i % copies, pdl), s); }, s);
+        const bool ok = err < 1e-4;
+        std::printf("{\"shape\": \"%dx%d\", \"M\": %d, \"kernel\": \"%s\", \"config\": \"%s\", "
+                    "\"us\": %.2f, \"us_pdl\": %.2f, \"bw_frac\": %.3f, \"vs_probe\": %.3f, "
+                    "\"rel_err\": %.2e, \"ok\": %s}\n",
+                    n, k, m, cand.kernel.c_str(), cand.config.c_str(), us[0], us[1],
+                    bytes / us[0] / 1e3 / sustained, probe_us / us[0], err, ok ? "true" : "false");
+        std::fflush(stdout);
+        if (!ok) continue;
+        const double t = std::min(us[0], us[1]);
+        Best& b = cand.kernel == "mma_lean_cuda" ? best_lean : best_other;
+        if (t < b.us) { b.us = t; b.name = cand.kernel + " " + cand.config; }
+        if (cand.config.rfind("default", 0) == 0) lean_default_us = t;
+      }
+      std::printf("{\"shape\": \"%dx%d\", \"M\": %d, \"summary\": true, \"bytes\": %.0f, "
+                  "\"copies\": %d, \"probe_us\": %.2f, \"probe_frac\": %.3f, "
+                  "\"best_other\": \"%s\", \"best_other_us\": %.2f, \"best_lean\": \"%s\", "
+                  "\"best_lean_us\": %.2f, \"lean_default_us\": %.2f, \"lean_vs_other\": %.3f}\n",
+                  n, k, m, bytes, copies, probe_us, bytes / probe_us / 1e3 / sustained,
+                  best_other.name.c_str(), best_other.us, best_lean.name.c_str(), best_lean.us,
+                  lean_default_us, best_other.us / best_lean.us);
+      std::fflush(stdout);
+    }
+    CHECK(cudaFree(slabs));
+    CHECK(cudaFree(dx));
+    CHECK(cudaFree(dsx));
+    CHECK(cudaFree(dq));
+    CHECK(cudaFree(dout));
+  }
+  return 0;
+}
