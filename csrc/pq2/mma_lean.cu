@@ -168,36 +168,60 @@ LeanKernel lean_kernel(int regs, bool prefetch) {
   return nullptr;
 }
 
+// CTAs of `warps` warps that stay resident on a multiprocessor for the kernel of `regs`
+// registers (with the prefetch), from the occupancy calculator (CTAs of an odd warp count can
+// fit fewer than the register file suggests), read once per device.
+int lean_ctas_per_sm(int regs, int warps) {
+  static int cached[64][2][33] = {};
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64 || warps < 1 || warps > 32) {
+    return 0;
+  }
+  int& v = cached[dev][regs == 128][warps];
+  if (v == 0) {
+    int n = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, lean_kernel(regs, true), 32 * warps,
+                                                      warps * 4 * 32 * 4) != cudaSuccess) {
+      return 0;
+    }
+    v = n > 0 ? n : -1;
+  }
+  return v > 0 ? v : 0;
+}
+
 }  // namespace
 
-// The geometry timed best on the H200 (benchmarks/results/pq2_small_sweep_h200.md): 96
-// registers with the prefetch, and the (K slices, tiles a CTA) that keep the most warps
-// resident in a single wave of CTAs, with at least two units a warp (the sweep's winners on
-// every layer shape were single-wave ones: a second, partial wave costs more than the warps it
-// adds); where no geometry fits one wave (the LM head, 34816 rows), 2 slices and 2 tiles.
+// The geometry timed best on the H200 (benchmarks/results/pq2_small_sweep_h200.md): with the
+// prefetch, the register cap and the (K slices, tiles a CTA) that keep the most warps resident
+// in a single wave of CTAs, with at least two units a warp (every layer shape's winner in the
+// sweep was a single-wave one: a second, partial wave costs more than the warps it adds), 128
+// registers over 96 where both keep as many warps (its code stalls less); where nothing fits
+// one wave (the LM head), 96 registers, 2 slices and 2 tiles.
 LeanConfig pq2_mma_lean_default_config(int n, int k, int sm_count) {
   const int units = k / (128 * kLeanUnit), tiles = (n + 15) / 16;
-  constexpr int kRegs = 96;
-  const int warps_per_sm = 65536 / (kRegs * 32);
   LeanConfig best;
-  best.regs = kRegs;
+  best.regs = 96;
   best.prefetch = true;
   best.ks = units < 2 ? units : 2;
   best.tiles = 2;
   double best_active = 0;
-  for (int ks = 1; ks <= units && ks <= 16; ++ks) {
-    if (units < 2 * ks && ks > 1) break;  // at least two units a warp
-    for (int t = 1; t <= 2; ++t) {
-      const int w = ks * t, per_sm = warps_per_sm / w;
-      if (per_sm < 1) continue;
-      const int64_t slots = static_cast<int64_t>(per_sm < 32 ? per_sm : 32) * sm_count;
-      const int64_t grid = (tiles + t - 1) / t;
-      if (grid > slots) continue;  // more than one wave
-      const double active = static_cast<double>(grid) * w / sm_count;  // warps a multiprocessor
-      if (active > best_active + 1e-9 || (active > best_active - 1e-9 && t > best.tiles)) {
-        best_active = active;
-        best.ks = ks;
-        best.tiles = t;
+  for (int regs : {96, 128}) {
+    for (int ks = 1; ks <= units && ks <= 16; ++ks) {
+      if (units < 2 * ks && ks > 1) break;  // at least two units a warp
+      for (int t = 1; t <= 2; ++t) {
+        const int w = ks * t;
+        const int64_t slots = static_cast<int64_t>(lean_ctas_per_sm(regs, w)) * sm_count;
+        const int64_t grid = (tiles + t - 1) / t;
+        if (grid > slots) continue;  // more than one wave (or none fits)
+        const double active = static_cast<double>(grid) * w / sm_count;  // warps an SM
+        const bool tie = active > best_active - 1e-9 && active < best_active + 1e-9;
+        if (active > best_active + 1e-9 ||
+            (tie && (regs > best.regs || (regs == best.regs && t > best.tiles)))) {
+          best_active = active;
+          best.regs = regs;
+          best.ks = ks;
+          best.tiles = t;
+        }
       }
     }
   }
