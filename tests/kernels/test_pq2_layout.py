@@ -135,9 +135,10 @@ def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
     """Where vllm_prism._C holds the CUDA C++ kernels (pretended here), the automatic choice
     takes the CUDA C++ GEMV (gemv_cuda) for M = 1..2 (the GEMV with the producer in its
     launch, gemv_fused_cuda, only where named), mma_small_cuda for M = 3..8, but the
-    streaming mma_stream_cuda for M = 3..8 from K = 6144 and for M = 2 past K = 8192, and
-    ahead of both the short-pass mma_lean_cuda for M = 2..8 where K % 512 == 0 (K = 6144
-    here; not 256 or 8448), mma_cuda past it up to M = 511 and gemm_dq from M = 512 (bf16
+    streaming mma_stream_cuda for M = 3..8 from K = 6144 and for M = 2 past K = 8192 (ahead
+    of both, once in the automatic choice, the short-pass mma_lean_cuda for M = 2..8 where
+    K % 512 == 0: K = 6144 here, not 8448), mma_cuda past it up to M = 511 and gemm_dq from
+    M = 512 (bf16
     activations; fp32 ones stay on the int8 kernels); naming a kernel runs it at any M it can
     take (mma_bulk_cuda and mma_persist_cuda, never automatic, up to 16), and the GEMV refuses
     M > 4 and activations too long for its shared memory; with_variant gives a small-batch
@@ -161,8 +162,15 @@ def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
                     "mma_cuda"]
         raw, _, _ = random_ternary(16, 6144, "PQ2_0", gen)
         mid_k = PQ2Weight.from_raw(raw, random_signs(6144, gen), 128)
+        assert [dispatch.select_kernel(m, mid_k, torch.bfloat16).name for m in (2, 3, 8)] \
+            == ["gemv_cuda", "mma_stream_cuda", "mma_stream_cuda"]
+        monkeypatch.setattr(dispatch.MmaLeanCudaA8Kernel, "in_auto", True)  # once timed
+        dispatch._select.cache_clear()
         assert [dispatch.select_kernel(m, mid_k, torch.bfloat16).name for m in (1, 2, 3, 8, 9)] \
             == ["gemv_cuda"] + ["mma_lean_cuda"] * 3 + ["mma_cuda"]
+        assert dispatch.select_kernel(5, long_k, torch.bfloat16).name == "mma_stream_cuda"
+        monkeypatch.setattr(dispatch.MmaLeanCudaA8Kernel, "in_auto", False)
+        dispatch._select.cache_clear()
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_fused_cuda")
         assert dispatch.select_kernel(1, w, torch.bfloat16).name == "gemv_fused_cuda"
         assert dispatch.select_kernel(1, w, torch.float32).name == "gemv_cuda"  # 16-bit x only
