@@ -346,10 +346,11 @@ def test_mma_persist_cuda(shape: tuple[int, int], m: int) -> None:
 def test_mma_lean_cuda(shape: tuple[int, int], m: int) -> None:
     """The short-pass small-batch kernel (op variant 6): against the exact and the integer
     reference, equal to mma_small_cuda's sums to within fp32 rounding, and twice in a row bit
-    for bit. The shapes give one unit of four groups a warp (K = 5120: 10 warps a tile;
-    6144: 12; 2560: 5; 1024: 2; 512: 1) and several (K = 9216 and 17408: 16 warps a tile,
-    two or three units each, the next one prefetched), rows past N (300, 17000, 40, 24
-    rows); M = 1..8 in one token tile."""
+    for bit. The default geometry (pq2_mma_lean_default_config) gives these shapes one to ten
+    units of four groups a warp, the next one prefetched, one or two row tiles a CTA and 96 or
+    128 registers (the sweep, benchmarks/kernels/pq2_small_sweep.cu, checks every other
+    geometry against its host reference); rows past N (300, 17000, 40, 24 rows); M = 1..8 in
+    one token tile."""
     kern, base, act, w = _small_variant_case("mma_lean_cuda", shape, m)
     y, y0 = (k.run(act, w, None, torch.float32) for k in (kern, base))
     assert rel_err(y, y0) < 1e-6
