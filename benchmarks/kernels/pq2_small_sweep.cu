@@ -307,8 +307,10 @@ int main(int argc, char** argv) {
         double y = 0;
         for (int g = 0; g < g128; ++g) {
           int64_t dot = 0;
-          for (int e = g * 128; e < g * 128 + 128; ++e) dot += int64_t(val[e]) * hx[int64_t(m) * k + e];
-          y += double(dot) * half_to_float(hs[int64_t(row) * gpad + g]) * hsx[int64_t(m) * g128 + g];
+          for (int e = g * 128; e < g * 128 + 128; ++e)
+            dot += int64_t(val[e]) * hx[int64_t(m) * k + e];
+          y += double(dot) * half_to_float(hs[int64_t(row) * gpad + g]) *
+               hsx[int64_t(m) * g128 + g];
         }
         ref[si * mmax + m] = y;
         ref_max = std::max(ref_max, std::fabs(y));

@@ -111,7 +111,8 @@ __global__ void __maxnreg__(REGS)
   const int lo = slice * units / ks, hi = (slice + 1) * units / ks;
   const int row0 = (static_cast<int>(blockIdx.x) * tiles + warp / ks) * 16;
   const int r0 = min(row0 + g, p.n - 1), r1 = min(row0 + g + 8, p.n - 1);
-  const int code_row = 4 * static_cast<int>(p.stride_c), scale_row = 2 * static_cast<int>(p.stride_s);
+  const int code_row = 4 * static_cast<int>(p.stride_c);
+  const int scale_row = 2 * static_cast<int>(p.stride_s);
   const LeanRows rows{r0 * code_row + 8 * t, r1 * code_row + 8 * t, r0 * scale_row,
                       r1 * scale_row};
 
