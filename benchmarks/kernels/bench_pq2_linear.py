@@ -312,7 +312,7 @@ class _pdl_off:
 def candidates(m: int) -> list[str]:
     """Other kernels timed at this M (end to end, producer included)."""
     small = ["mma_small_cuda", "mma_small_pipe_cuda", "mma_stream_cuda", "mma_stream_cuda:3",
-             "mma_bulk_cuda", "mma_persist_cuda", "mma_lean_cuda"]
+             "mma_bulk_cuda", "mma_persist_cuda"] + (["mma_lean_cuda"] if m <= 8 else [])
     if m == 1:
         return ["gemv_a8", "gemv_a16", "gemv_cuda", "gemv_fused_cuda", "mma_cuda", *small]
     if m <= 8:

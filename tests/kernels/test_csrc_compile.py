@@ -137,26 +137,22 @@ def test_gemv_sweep_compiles(tmp_path: Path) -> None:
     assert (tmp_path / "sweep").is_file()
 
 
-@pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
-def test_small_sweep_compiles(tmp_path: Path) -> None:
+def test_small_sweep_compiles(op_objects, tmp_path: Path) -> None:
     """The small-batch kernels' geometry sweep (benchmarks/kernels/pq2_small_sweep.cu) still
-    builds and links against the kernels it calls (mma_small.cu, mma_bulk.cu, mma_lean.cu and
-    gemv_int8.cu, each its own translation unit, as scripts/gpu-session.sh small-sweep builds
-    it)."""
-    sources = ["benchmarks/kernels/pq2_small_sweep.cu", "csrc/pq2/mma_small.cu",
-               "csrc/pq2/mma_bulk.cu", "csrc/pq2/mma_lean.cu", "csrc/pq2/gemv_int8.cu"]
-
-    def compile_one(source: str) -> subprocess.CompletedProcess:
-        return subprocess.run([NVCC, "-c", "-std=c++17", "-O1", "-arch=sm_90",
-                               f"-I{ROOT / 'csrc'}", str(ROOT / source),
-                               "-o", str(tmp_path / (Path(source).name + ".o"))],
-                              capture_output=True, text=True, timeout=900)
-
-    with ThreadPoolExecutor(max_workers=max(1, os.cpu_count() or 1)) as pool:
-        results = list(pool.map(compile_one, sources))
-    for res in results:
-        assert res.returncode == 0, res.stderr[-4000:]
-    res = subprocess.run([NVCC, "-arch=sm_90", *map(str, sorted(tmp_path.glob("*.o"))),
+    builds and links against the kernels it calls (the objects of mma_small.cu, mma_bulk.cu,
+    mma_lean.cu and gemv_int8.cu compiled above, each its own translation unit, as
+    scripts/gpu-session.sh small-sweep builds it)."""
+    sweep = tmp_path / "sweep.o"
+    res = subprocess.run([NVCC, "-c", "-std=c++17", "-O1", "-arch=sm_90", f"-I{ROOT / 'csrc'}",
+                          str(ROOT / "benchmarks/kernels/pq2_small_sweep.cu"), "-o", str(sweep)],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-4000:]
+    kernels = ["csrc/pq2/mma_small.cu", "csrc/pq2/mma_bulk.cu", "csrc/pq2/mma_lean.cu",
+               "csrc/pq2/gemv_int8.cu"]
+    for source in kernels:
+        assert op_objects[source][0] == 0, op_objects[source][1][-4000:]
+    res = subprocess.run([NVCC, "-arch=sm_90", str(sweep),
+                          *(str(op_objects[source][2]) for source in kernels),
                           "-o", str(tmp_path / "small-sweep")],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]

@@ -646,11 +646,11 @@ class MmaLeanCudaA8Kernel(MmaSmallCudaA8Kernel):
 
     @classmethod
     def can_implement(cls, c):
-        if not 1 <= c.m <= 8:
+        if c.m > 8:
             return False, f"M = {c.m} outside 1..8"
         if c.k % 512:
             return False, f"K = {c.k} is not a multiple of 512"
-        return _pq2_only(c)
+        return super().can_implement(c)
 
 
 class TorchKernel(PQ2LinearKernel):
