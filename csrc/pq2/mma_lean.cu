@@ -21,6 +21,10 @@
 //     depend on timing.
 // The MMA's k index is permuted within each group as in STREAM (mma_group_permuted), so each
 // group is one exact int32 sum, offset by the activation's group sum and scaled in fp32.
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+
 #include "mma_small.cuh"
 
 #include "pq2_device.cuh"
@@ -263,8 +267,32 @@ cudaError_t pq2_mma_lean_launch_config(const Pq2LinearParams& p, const LeanConfi
   return cudaLaunchKernelEx(&lc, fn, p, cfg.ks);
 }
 
+namespace {
+
+// pq2_mma_lean_default_config per (device, N, K, multiprocessors), searched once: a model has a
+// handful of linear shapes, and eager or piecewise steps launch each many times a step.
+LeanConfig cached_default_config(int n, int k, int sm_count) {
+  static std::mutex mu;
+  static std::unordered_map<uint64_t, LeanConfig> cache;
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
+  const uint64_t key = (static_cast<uint64_t>(dev & 0xff) << 56) |
+                       (static_cast<uint64_t>(sm_count & 0xffff) << 40) |
+                       (static_cast<uint64_t>(static_cast<uint32_t>(n) & 0xfffff) << 20) |
+                       (static_cast<uint64_t>(static_cast<uint32_t>(k) & 0xfffff));
+  if (n >= (1 << 20) || k >= (1 << 20)) return pq2_mma_lean_default_config(n, k, sm_count);
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  const LeanConfig cfg = pq2_mma_lean_default_config(n, k, sm_count);
+  cache.emplace(key, cfg);
+  return cfg;
+}
+
+}  // namespace
+
 cudaError_t pq2_mma_lean_launch(const Pq2LinearParams& p, int sm_count, cudaStream_t stream) {
-  return pq2_mma_lean_launch_config(p, pq2_mma_lean_default_config(p.n, p.k, sm_count), stream);
+  return pq2_mma_lean_launch_config(p, cached_default_config(p.n, p.k, sm_count), stream);
 }
 
 }  // namespace vllm_prism

@@ -3,6 +3,7 @@ producer, argument checks and the kernel dispatch with its environment switch.""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -169,6 +170,15 @@ def test_auto_order_with_the_compiled_kernels(monkeypatch) -> None:
         assert [dispatch.select_kernel(m, mid_k, torch.bfloat16).name for m in (1, 2, 3, 8, 9)] \
             == ["gemv_cuda"] + ["mma_lean_cuda"] * 3 + ["mma_cuda"]
         assert dispatch.select_kernel(5, long_k, torch.bfloat16).name == "mma_stream_cuda"
+        # scales it cannot load four at a time (a view one fp16 into wider rows) go to the next
+        padded = torch.zeros(mid_k.scales.shape[0], mid_k.scales.shape[1] + 1,
+                             dtype=mid_k.scales.dtype)
+        padded[:, 1:] = mid_k.scales
+        odd = dataclasses.replace(mid_k, scales=padded[:, 1:])
+        assert dispatch.select_kernel(3, odd, torch.bfloat16).name == "mma_stream_cuda"
+        ok, why = dispatch.MmaLeanCudaA8Kernel.can_implement(
+            dispatch.PQ2LinearConfig.of(3, odd, torch.bfloat16))
+        assert not ok and "8-byte aligned" in why
         monkeypatch.setattr(dispatch.MmaLeanCudaA8Kernel, "in_auto", False)
         dispatch._select.cache_clear()
         monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemv_fused_cuda")

@@ -119,6 +119,9 @@ class PQ2LinearConfig:
     capability: tuple[int, int] | None
     hadamard_block: int | None = None
     prologue: PrologueFeatures = NO_PROLOGUE_FEATURES
+    # the scale plane takes loads of four fp16 scales (8-byte aligned, row stride % 4 == 0):
+    # the loader's planes always do, a view into foreign storage might not
+    scales_by_four: bool = True
 
     @classmethod
     def of(cls, m: int, w: Weight, dtype: torch.dtype,
@@ -126,7 +129,20 @@ class PQ2LinearConfig:
         return cls(m=m, n=w.n, k=w.k, dtype=dtype, fmt=w.fmt, device_type=w.device.type,
                    capability=device_capability(w.device),
                    hadamard_block=w.hadamard_block,
-                   prologue=PrologueFeatures.of(prologue, dtype))
+                   prologue=PrologueFeatures.of(prologue, dtype),
+                   scales_by_four=_scales_by_four(w))
+
+
+def _scales_by_four(w: Weight) -> bool:
+    """Whether ``w``'s scale plane can be read four fp16 scales (8 bytes) a load."""
+    scales = getattr(w, "scales", None)
+    if scales is None or scales.dim() != 2 or scales.element_size() != 2:
+        return False
+    try:
+        ptr = scales.data_ptr()
+    except RuntimeError:  # a fake tensor (tracing): the op checks again when it runs
+        return True
+    return ptr % 8 == 0 and scales.stride(0) % 4 == 0 and scales.stride(1) == 1
 
 
 def _triton_supported(capability: tuple[int, int] | None) -> tuple[bool, str]:
@@ -650,7 +666,11 @@ class MmaLeanCudaA8Kernel(MmaSmallCudaA8Kernel):
             return False, f"M = {c.m} outside 1..8"
         if c.k % 512:
             return False, f"K = {c.k} is not a multiple of 512"
-        return super().can_implement(c)
+        ok, why = super().can_implement(c)
+        if ok and not c.scales_by_four:
+            return False, ("the scale plane is not 8-byte aligned with a row stride that is a "
+                           "multiple of 4 (the kernel loads four scales at once)")
+        return ok, why
 
 
 class TorchKernel(PQ2LinearKernel):
