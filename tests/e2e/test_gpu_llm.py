@@ -50,8 +50,10 @@ BATCH_PREFIXES = ["", "Note: ", "Q: ", "Hello. "]
 SMALL_BATCH = 4
 # The long scored sequence: past dispatch.GEMM_DQ_AUTO_MIN_M tokens, in one prefill chunk.
 LONG_TOKENS = 640
-# The engine log's kernel choices (vllm_prism.kernels.pq2.dispatch logs each once).
-KERNEL_LOG = re.compile(r"PQ2 linear \S+ M=\d+ N=\d+ K=\d+ \S+: kernel (\w+)")
+# The engine log's kernel choices (vllm_prism.kernels.pq2.dispatch logs each once), the
+# automatic ones ("K=512 bfloat16: kernel ...") and those VLLM_PRISM_PQ2_KERNEL names
+# ("K=512: kernel ... (VLLM_PRISM_PQ2_KERNEL)").
+KERNEL_LOG = re.compile(r"PQ2 linear \S+ M=\d+ N=\d+ K=\d+(?: \S+)?: kernel (\w+)")
 
 
 def _llm_kwargs(mode: str, kv: str) -> dict:
@@ -162,6 +164,19 @@ def test_small_batches_run_the_small_batch_kernel(results: dict) -> None:
         pytest.skip("vllm_prism._C with pq2_mma_small_int8 is not built")
     kernels = _result(results, "default", "bf16")["kernels"]
     assert {"gemv_cuda", "mma_small_cuda", "mma_cuda"} <= set(kernels), kernels
+
+
+def test_named_kernels_run(results: dict) -> None:
+    """A run with ``VLLM_PRISM_PQ2_KERNEL`` naming kernels (an opt-in kernel checked against
+    transformers by the tests above) really ran each named kernel: the engine's log says so."""
+    from vllm_prism.kernels.pq2 import dispatch
+
+    named = [x.strip() for x in os.environ.get("VLLM_PRISM_PQ2_KERNEL", "").split(",")
+             if x.strip() in dispatch._BY_NAME]
+    if not named:
+        pytest.skip("VLLM_PRISM_PQ2_KERNEL names no kernel")
+    kernels = _result(results, "default", "bf16")["kernels"]
+    assert set(named) <= set(kernels), (named, kernels)
 
 
 @pytest.mark.parametrize("kv", list(KV))
