@@ -63,8 +63,8 @@ MMA_SMALL_AUTO_M = (3, 8)
 MMA_STREAM_AUTO_M = (2, 8)
 MMA_STREAM_AUTO_MIN_K = 6144
 MMA_STREAM_AUTO_M2_MIN_K = 8193
-# The automatic range the short-pass small-batch kernel (mma_lean_cuda) is to take where
-# K % 512 == 0, once timed through vLLM (MmaLeanCudaA8Kernel.in_auto).
+# The automatic range the short-pass small-batch kernel (mma_lean_cuda) would take where
+# K % 512 == 0 (MmaLeanCudaA8Kernel.in_auto: not while it is slower through vLLM).
 MMA_LEAN_AUTO_M = (2, 8)
 # The rows the CUDA C++ GEMV (gemv_cuda) takes, and its automatic range (GemvCudaA8Kernel).
 GEMV_CUDA_MAX_M = 4
@@ -646,14 +646,16 @@ class MmaLeanCudaA8Kernel(MmaSmallCudaA8Kernel):
     in K order; the geometry is the one that keeps the most warps resident in one wave of
     CTAs. Written after Nsight Compute put ``mma_stream_cuda`` at 22-30 % of the H200's DRAM
     throughput at M = 6 with 16 warps a multiprocessor (125 registers) whose load and compute
-    phases stay locked. Needs K % 512 == 0. To be the automatic choice for M in
-    ``MMA_LEAN_AUTO_M`` (2..8) once it has been timed through vLLM: on the H200
+    phases stay locked. Needs K % 512 == 0. Would be the automatic choice for M in
+    ``MMA_LEAN_AUTO_M`` (2..8): on the H200
     (benchmarks/results/pq2_small_sweep_h200.md, kernels alone) 1.05-1.34x the best of the
     other small-batch kernels at M = 2..8 on every layer shape (with its best geometry) and
     1.20x on the LM head at M = 6, at M = 2 faster than the GEMV, at M = 1 slower on
-    K = 5120; exact through the op on the H200 (tests/kernels/test_pq2_linear.py). Until the
-    end-to-end comparison has run (no device time was left the day it was written) it runs
-    only where ``VLLM_PRISM_PQ2_KERNEL`` names it."""
+    K = 5120; exact through the op on the H200 (tests/kernels/test_pq2_linear.py), and 1.27x
+    the automatic choice in a CUDA graph of torch-op linears with their producers at M = 6
+    (benchmarks/results/pq2_chain_h200_m6_lean.md). Through vLLM, though, it made a 6-token
+    verification step slower (8.91 against 8.08 ms, e2e_h200_notes.md), not yet explained,
+    so it runs only where ``VLLM_PRISM_PQ2_KERNEL`` names it."""
 
     name = "mma_lean_cuda"
     variant = 6
@@ -713,8 +715,8 @@ class TorchKernel(PQ2LinearKernel):
 # pipelined small-batch variant (mma_small_pipe_cuda), the equal-share one (mma_bulk_cuda), the
 # resident streaming one (mma_persist_cuda) and the GEMV with the producer in its launch
 # (gemv_fused_cuda) only where named; the short-pass small-batch kernel (mma_lean_cuda),
-# first in the order, joins the automatic choice at M = 2..8 where K % 512 == 0 once it has
-# been timed through vLLM.
+# first in the order, would take M = 2..8 where K % 512 == 0 (faster alone and in a chain of
+# torch-op linears, slower through vLLM so far).
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, MmaLeanCudaA8Kernel, MmaStreamCudaA8Kernel, GemvCudaA8Kernel,
     MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel,
