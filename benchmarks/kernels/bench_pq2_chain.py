@@ -6,7 +6,11 @@ for more rows: the small-batch kernels) (12288x5120, 5120x6144, 34816x5120, 5120
 of PQ2 weights), through the dispatcher's automatic choice (the activation producer + the
 CUDA C++ GEMV where ``vllm_prism._C`` is built), every layer with its own weights.
 ``--gap-us`` puts a spinning kernel after the input projection of each layer, standing in for
-the Gated DeltaNet's own kernels (about 15 us a layer at batch 1).
+the Gated DeltaNet's own kernels (about 15 us a layer at batch 1). ``--engine-like`` runs each
+linear as the Bonsai model does inside vLLM: weights with folded Hadamard signs (block 1024)
+and the producers' prologues (add-RMSNorm with the residual before the input projection and
+gate_up, the grouped gated norm before out_proj, SiLU-GLU before down), to tell whether a
+kernel's figure outside the engine survives the producers it meets there.
 
 Timing: a CUDA graph of all layers (weights past 3x the L2 in all), replayed; median
 microseconds a layer; ``bw_frac`` = weight bytes of a layer / time / the read bandwidth
@@ -34,33 +38,74 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import timing  # noqa: E402
-from vllm_prism.kernels.pq2.dispatch import pq2_linear, select_kernel  # noqa: E402
+from vllm_prism.kernels.pq2.dispatch import (TorchKernel, pq2_linear,  # noqa: E402
+                                              pq2_linear_fused, select_kernel)
+from vllm_prism.kernels.pq2.hadamard import Prologue  # noqa: E402
 from vllm_prism.kernels.pq2.layout import PQ2Weight  # noqa: E402
 
 SHAPES = [(12288, 5120), (5120, 6144), (34816, 5120), (5120, 17408)]  # (N, K) in step order
 
 
-def random_weight(n: int, k: int, g: torch.Generator, device: str) -> PQ2Weight:
+HADAMARD_BLOCK = 1024  # the Bonsai files' rotation block (../shared/spec/bonsai2-gguf.md),
+# or the largest power of two dividing a smaller K
+
+
+def random_weight(n: int, k: int, g: torch.Generator, device: str,
+                  signs: bool = False) -> PQ2Weight:
     codes = torch.randint(-2**31, 2**31 - 1, (n, k // 16), dtype=torch.int32, device=device,
                           generator=g)
     scales = (torch.rand(n, k // 128, device=device, generator=g) * 0.02).half()
-    return PQ2Weight.of_planes(codes, scales, None, None)
+    if not signs:
+        return PQ2Weight.of_planes(codes, scales, None, None)
+    s = torch.randint(0, 2, (k,), device=device, generator=g).float() * 2 - 1
+    return PQ2Weight.of_planes(codes, scales, s, min(HADAMARD_BLOCK, k & -k))
 
 
-def spin_cycles(us: float) -> int:
-    """GPU clock cycles of ``us`` microseconds at the device's reported clock."""
-    rate_khz = torch.cuda.get_device_properties(0).clock_rate  # kHz
-    return int(us * rate_khz / 1e3)
+def engine_prologues(shapes: list[tuple[int, int]], m: int,
+                     device: str) -> list[tuple[Prologue, int]]:
+    """Each linear of a layer (``SHAPES``' order) as the Bonsai model feeds it, with the width
+    of the x it reads: add-RMSNorm with the residual (the input projection), the grouped gated
+    norm of head dim 128 (out_proj), add-RMSNorm (gate_up), SiLU-GLU (down)."""
+    def bf16(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, device=device, dtype=torch.bfloat16)
+    out = []
+    for i, (_, k) in enumerate(shapes):
+        if i % 4 == 1:
+            out.append((Prologue(rms_weight=bf16(128), rms_group=128, gate=bf16(m, k)), k))
+        elif i % 4 == 3:
+            out.append((Prologue(glu=True), 2 * k))
+        else:
+            out.append((Prologue(residual=bf16(m, k), rms_weight=bf16(k), rms_offset=1.0), k))
+    return out
+
+
+def check_engine_like(layer: list[PQ2Weight], xs: dict[int, torch.Tensor],
+                      prologues: list[tuple[Prologue, int]]) -> float:
+    """The largest relative error of a layer's linears, each with its prologue, against the
+    torch reference (dequantized weight, fp32 producer): the engine-like path's wiring."""
+    worst = 0.0
+    for w, (pro, width) in zip(layer, prologues):
+        y = pq2_linear_fused(xs[width], w, None, pro)[0].float()
+        ref = TorchKernel.run(TorchKernel.make_activation(xs[width], w, pro), w, None,
+                              torch.float32)
+        worst = max(worst, ((y - ref).norm() / ref.norm().clamp_min(1e-30)).item())
+    return worst
 
 
 def time_chain(layers: list[list[PQ2Weight]], xs: dict[int, torch.Tensor], gap_cycles: int,
-               replays: int = 10) -> float:
-    """Median microseconds a layer of a graph of every layer (on the CPU, one eager pass)."""
+               replays: int = 10,
+               prologues: list[tuple[Prologue, int]] | None = None) -> float:
+    """Median microseconds a layer of a graph of every layer (on the CPU, one eager pass);
+    with ``prologues``, each linear of a layer through its prologue and x of its width."""
 
     def step() -> None:
         for ws in layers:
             for i, w in enumerate(ws):
-                pq2_linear(xs[w.k], w)
+                if prologues is None:
+                    pq2_linear(xs[w.k], w)
+                else:
+                    pro, width = prologues[i]
+                    pq2_linear_fused(xs[width], w, None, pro)
                 if i == 0 and gap_cycles:
                     torch.cuda._sleep(gap_cycles)
 
@@ -94,27 +139,38 @@ def main() -> None:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--m", type=int, default=1,
                     help="activation rows (1: decode; 6: a verification step of 5 drafts)")
+    ap.add_argument("--engine-like", action="store_true",
+                    help="folded Hadamard signs and the model's prologues on every linear")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="run the script on the CPU (TRITON_INTERPRET=1), two tiny layers")
     args = ap.parse_args()
     shapes, device = SHAPES, "cuda"
     if args.cpu_smoke:
         shapes, device, args.layers, args.gap_us = [(64, 256), (32, 384)], "cpu", 2, [0.0]
+        if args.engine_like:  # the four prologues, at tiny sizes
+            shapes = [(64, 256), (32, 384), (96, 256), (32, 128)]
     read_gbps = 1.0 if args.cpu_smoke else timing.read_bandwidth_gbps("cuda")
     g = torch.Generator(device=device).manual_seed(0)
-    layers = [[random_weight(n, k, g, device) for n, k in shapes] for _ in range(args.layers)]
-    xs = {k: torch.randn(args.m, k, device=device, dtype=torch.bfloat16)
-          for k in {k for _, k in shapes}}
+    engine = args.engine_like
+    layers = [[random_weight(n, k, g, device, engine) for n, k in shapes]
+              for _ in range(args.layers)]
+    prologues = engine_prologues(shapes, args.m, device) if engine else None
+    widths = {w for _, w in prologues} if engine else {k for _, k in shapes}
+    xs = {k: torch.randn(args.m, k, device=device, dtype=torch.bfloat16) for k in widths}
     layer_bytes = sum(w.codes.numel() * 4 + w.scales.numel() * 2 for w in layers[0])
     kernels = sorted({select_kernel(args.m, w, torch.bfloat16).name for w in layers[0]})
     res = {"gpu": "cpu" if args.cpu_smoke else torch.cuda.get_device_name(),
            "command": "python " + " ".join(sys.argv),
            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
            "read_gbps": read_gbps, "layers": args.layers, "m": args.m,
+           "engine_like": engine,
            "layer_bytes": layer_bytes,
            "kernels": kernels, "records": []}
+    if engine:
+        res["check_rel_err"] = check_engine_like(layers[0], xs, prologues)
+        print(json.dumps({"check_rel_err": res["check_rel_err"]}), flush=True)
     for gap in args.gap_us:
-        us = time_chain(layers, xs, spin_cycles(gap) if gap else 0)
+        us = time_chain(layers, xs, spin_cycles(gap) if gap else 0, prologues=prologues)
         rec = {"gap_us": gap, "us_per_layer": round(us, 2),
                "bw_frac": round(layer_bytes / (us * 1e-6) / (read_gbps * 1e9), 3)}
         res["records"].append(rec)
@@ -122,12 +178,15 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     slug = "cpu-smoke" if args.cpu_smoke else timing.gpu_slug()
-    path = out / f"pq2_chain_{slug}{'' if args.m == 1 else f'_m{args.m}'}.json"
+    path = out / (f"pq2_chain_{slug}{'' if args.m == 1 else f'_m{args.m}'}"
+                  f"{'_engine' if engine else ''}.json")
     path.write_text(json.dumps(res, indent=1) + "\n")
     lines = [f"# PQ2 linears of a decode step in sequence ({res['gpu']}, {res['date']})", "",
              f"Command: `{res['command']}`", "",
              f"{args.layers} layers of {layer_bytes / 1e6:.1f} MB (the four Gated DeltaNet-layer "
-             f"linears of the 27B model at M = {args.m}, kernels {', '.join(kernels)}); read "
+             f"linears of the 27B model at M = {args.m}"
+             f"{', signs and prologues as in the engine' if engine else ''}, kernels "
+             f"{', '.join(kernels)}); read "
              f"bandwidth {read_gbps:.0f} GB/s in the same run.", "",
              "| gap after the input projection (us) | us a layer | bw_frac |",
              "|---|---|---|"]
