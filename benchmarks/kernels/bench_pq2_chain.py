@@ -92,6 +92,12 @@ def check_engine_like(layer: list[PQ2Weight], xs: dict[int, torch.Tensor],
     return worst
 
 
+def spin_cycles(us: float) -> int:
+    """GPU clock cycles of ``us`` microseconds at the device's reported clock."""
+    rate_khz = torch.cuda.get_device_properties(0).clock_rate  # kHz
+    return int(us * rate_khz / 1e3)
+
+
 def time_chain(layers: list[list[PQ2Weight]], xs: dict[int, torch.Tensor], gap_cycles: int,
                replays: int = 10,
                prologues: list[tuple[Prologue, int]] | None = None) -> float:
