@@ -17,9 +17,14 @@ prefilled. Prompts are random token ids, distinct per request.
 
 * decode: a batch of B requests with a C-token prompt each generates 1 + T tokens; the step
   time is read from vLLM's per-request timestamps (engine-core monotonic clock): the request
-  admitted last decodes its T tokens while the whole batch decodes, so ``(last_token_ts -
-  first_token_ts) / T`` of that request is the step time with no prefill in it; aggregate
-  tok/s is ``B / step``. (Timing ``t(1 + T) - t(1)`` of two generate() calls, the first
+  admitted last decodes its T tokens while the whole batch decodes (the others generate
+  as many tokens more as they can have decoded while the later prompts were prefilled:
+  until 2026-12-03 they generated 1 + T too and ended first, so the window's end ran below
+  B), so ``(last_token_ts - first_token_ts) / T`` of that request is the step time with no
+  prefill in it; aggregate tok/s is ``B / step``. ``full_batch_frac`` is the share of that
+  window in which all B requests were decoding (below 0.95 a warning: e.g. 8 requests of
+  32K tokens do not fit the side-by-side engines' 8 GiB INT8 cache, so the last one starts
+  after another ended). (Timing ``t(1 + T) - t(1)`` of two generate() calls, the first
   method, let the variance of a 32K-64K-token prefill swamp the decode time at large B.)
 * prefill: one request of P tokens generating one token: ``P / t``.
 * verify (``--spec-k 3 5 7``): one engine per k with a DFlash drafter (``--drafter DIR``, or
@@ -68,6 +73,11 @@ prefilled. Prompts are random token ids, distinct per request.
   length it measures: the first call compiles the prefill paths' Triton kernels), waits for
   the others to be warm, then measures in its turn (a file lock), and exits only once every
   engine has measured, so no engine's timing shares the GPU with another's work or shutdown.
+* ``--rounds N`` (side by side) measures every engine N times, in start order in even rounds
+  and in reverse order in odd ones; each record is its round of median step time, with all
+  rounds' times as ``rounds_ms``. (2026-12-03: the one engine measured right after the
+  engines' concurrent warm-ups was 10 % slower than its A/B partner measured last, and
+  which engine measures first had followed which warmed first.)
 * profile (batch 1, or each of ``--profile-batches``; first context): torch-profiler traces
   of two generate() calls of T/2 and T decode steps, whose difference gives per decode step
   the kernel time by family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise,
@@ -170,16 +180,20 @@ def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(n)]
 
 
-def _generate(llm, prompts, max_tokens: int):
+def _generate(llm, prompts, max_tokens: int | list[int]):
+    """(seconds, outputs) of one generate() call; ``max_tokens`` for every prompt or one
+    count each."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    sp = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, temperature=0,
-                        ignore_eos=True, detokenize=False)
+    counts = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+    sps = [SamplingParams(max_tokens=n, min_tokens=n, temperature=0, ignore_eos=True,
+                          detokenize=False) for n in counts]
     t0 = time.perf_counter()
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sps,
+                        use_tqdm=False)
     dt = time.perf_counter() - t0
-    assert all(len(o.outputs[0].token_ids) == max_tokens for o in outs)
+    assert all(len(o.outputs[0].token_ids) == n for o, n in zip(outs, counts))
     return dt, outs
 
 
@@ -187,14 +201,40 @@ def _timed(llm, prompts, max_tokens: int) -> float:
     return _generate(llm, prompts, max_tokens)[0]
 
 
-def _decode_step_s(llm, prompts, steps: int, reps: int = 3) -> float:
-    """Median decode step time of the last-admitted request (see the module docstring)."""
-    per_step = []
+def head_start_steps(batch: int, context: int, tokens_per_step: int = 8192) -> int:
+    """Decode steps the first requests of a batch can take before the last one's first
+    token, at most: the steps that prefill the others' prompts, and a margin."""
+    return -(-(batch - 1) * context // tokens_per_step) + 4 if batch > 1 else 0
+
+
+def full_batch_fraction(metrics: list) -> float:
+    """The share of the last-admitted request's decode window during which every request of
+    the batch was still decoding (1: the whole window at the full batch; less where the
+    others ended first, e.g. when the KV cache held fewer requests than the batch)."""
+    last = max(metrics, key=lambda m: m.first_token_ts)
+    window = last.last_token_ts - last.first_token_ts
+    if window <= 0:
+        return 1.0
+    end = min(m.last_token_ts for m in metrics)
+    return min(1.0, max(0.0, (end - last.first_token_ts) / window))
+
+
+def _decode_step_s(llm, prompts, steps: int, reps: int = 3,
+                   context: int = 0) -> tuple[float, float]:
+    """(median decode step time of the last-admitted request, the smallest
+    :func:`full_batch_fraction` of the reps) (see the module docstring). The other requests
+    generate ``head_start_steps`` tokens more, so that they are still decoding throughout the
+    last one's window."""
+    extra = head_start_steps(len(prompts), context)
+    counts = [1 + steps + extra] * (len(prompts) - 1) + [1 + steps]
+    per_step, fracs = [], []
     for _ in range(reps):
-        _, outs = _generate(llm, prompts, 1 + steps)
-        last = max((o.metrics for o in outs), key=lambda m: m.first_token_ts)
+        _, outs = _generate(llm, prompts, counts)
+        metrics = [o.metrics for o in outs]
+        last = max(metrics, key=lambda m: m.first_token_ts)
         per_step.append((last.last_token_ts - last.first_token_ts) / steps)
-    return statistics.median(per_step)
+        fracs.append(full_batch_fraction(metrics))
+    return statistics.median(per_step), min(fracs)
 
 
 def short_kernel_name(name: str, width: int = 80) -> str:
@@ -451,17 +491,57 @@ def _measure_turn(lock: str | None) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def turn_slot(index: int, engines: int, rnd: int) -> int:
+    """Where engine ``index`` measures in round ``rnd``: in start order in even rounds, in
+    reverse order in odd ones (so that with two rounds every engine measures once early and
+    once late: the first turn after the warm-ups is not the same for all)."""
+    return index if rnd % 2 == 0 else engines - 1 - index
+
+
+def _wait_turn(lock: str, slot: int, timeout_s: float | None = None) -> None:
+    """Wait until ``slot`` turns have been taken (the lines of ``lock``.turns), or
+    ``timeout_s`` (default ``EXIT_WAIT_S``) passed: an engine that failed must not hold the
+    others (its parent also counts its turns as taken)."""
+    path = Path(f"{lock}.turns")
+    end = time.monotonic() + (EXIT_WAIT_S if timeout_s is None else timeout_s)
+    while time.monotonic() < end and (
+            len(path.read_text().splitlines()) if path.exists() else 0) < slot:
+        time.sleep(0.5)
+
+
+def median_round(rounds: list[list[dict]]) -> list[dict]:
+    """One record per measurement: of each measurement's rounds the one with the median
+    step time (the lower middle of an even count), with every round's step time as
+    ``rounds_ms``."""
+    out = []
+    for recs in zip(*rounds):
+        ms = [r["ms_per_step"] for r in recs]
+        pick = sorted(recs, key=lambda r: r["ms_per_step"])[(len(recs) - 1) // 2]
+        out.append({**pick, "rounds_ms": ms} if len(recs) > 1 else pick)
+    return out
+
+
 def run_engine(args: argparse.Namespace) -> None:
     """All measurements of one KV dtype (called in the child process), taken in this
-    engine's turn (``--turn-lock``), printed as one ``RECORDS`` line."""
+    engine's turns (``--turn-lock``; ``--rounds`` of them, the order reversed every other
+    round), printed as one ``RECORDS`` line."""
     llm = _engine(args)
     if _engine_process():  # neither profiler here would see the engine core's work
         args.profile = args.host_profile = False
     if args.turn_lock:  # side by side: warm up together, then measure one at a time
         _warm_up(llm, args)
         _barrier(args.turn_lock, args.engines)
-    with _measure_turn(args.turn_lock):
-        print("RECORDS " + json.dumps(_measure(llm, args)), flush=True)
+    rounds = []
+    for rnd in range(args.rounds):
+        if args.turn_lock and args.rounds > 1:
+            _wait_turn(args.turn_lock,
+                       rnd * args.engines + turn_slot(args.engine_index, args.engines, rnd))
+        with _measure_turn(args.turn_lock):
+            rounds.append(_measure(llm, args))
+            if args.turn_lock:
+                _arrive(args.turn_lock, "turns", f"{os.getpid()} {rnd}")
+        args.profile = args.host_profile = False  # the first round's profile is the one
+    print("RECORDS " + json.dumps(median_round(rounds)), flush=True)
     if args.turn_lock:
         # Leave only when every engine has measured: an engine's exit (seconds of host and GPU
         # work) disturbed the one measuring after it (2026-12-01: the same verify step 10.5
@@ -532,6 +612,10 @@ def _engine(args: argparse.Namespace):
     return llm
 
 
+# A decode record whose batch decoded together for less of its window is flagged (a
+# warning line; the record keeps ``full_batch_frac``).
+FULL_BATCH_MIN = 0.95
+
 # At least vLLM's default max_num_seqs on smaller GPUs (1024 on an H200): from 256 on, vLLM
 # captures CUDA graphs up to 512 tokens (2 x max_num_seqs, at most 512), so a 512-token
 # prefill replays piecewise graphs as it does for a user. (Until 2026-12-01 the plain engines
@@ -566,9 +650,15 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
         _progress("decode", b, args.context)
         prompts = _prompts(b, args.context, vocab, seed=b)
         steps = args.steps if b <= 8 else max(16, args.steps // 2)
-        step = _decode_step_s(llm, prompts, steps, reps=3 if b <= 8 else 1)
+        step, frac = _decode_step_s(llm, prompts, steps, reps=3 if b <= 8 else 1,
+                                    context=args.context)
         rec = {**base, "kind": "decode", "batch": b, "context": args.context,
-               "ms_per_step": step * 1e3, "tok_s": b / step}
+               "ms_per_step": step * 1e3, "tok_s": b / step, "full_batch_frac": frac}
+        if frac < FULL_BATCH_MIN:
+            print(json.dumps({"warning": f"batch {b} at {args.context} tokens: the whole "
+                              f"batch decoded together for {frac:.0%} of the measured "
+                              "steps (the KV cache holds fewer requests? raise "
+                              "--kv-cache-gib or lower --context)"}), flush=True)
         if args.profile and b in args.profile_batches:
             rec.update(_profile(llm, prompts, steps, step))
         if args.host_profile and b in args.profile_batches:
@@ -578,7 +668,7 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
     if args.long_context:
         _progress("decode", 1, args.long_context)
         prompts = _prompts(1, args.long_context, vocab, seed=99)
-        step = _decode_step_s(llm, prompts, args.steps, reps=1)
+        step, _ = _decode_step_s(llm, prompts, args.steps, reps=1)
         rec = {**base, "kind": "decode", "batch": 1, "context": args.long_context,
                "ms_per_step": step * 1e3, "tok_s": 1 / step}
         records.append(rec)
@@ -823,6 +913,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--turn-lock", help=argparse.SUPPRESS)
     p.add_argument("--engines", type=int, default=1, help=argparse.SUPPRESS)
+    p.add_argument("--engine-index", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--rounds", type=int, default=1,
+                   help="measure every engine this many times (side by side: in start order, "
+                   "then in reverse, alternating), each record the round of median step time "
+                   "with all rounds' as rounds_ms: an A/B whose order could matter")
     _defaults_from_environment(p)
     return p
 
@@ -885,10 +980,11 @@ def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,
                   v == getattr(args, dest)[0] for (dest, _, _), v in zip(ENGINE_SWITCHES, values)
                   if dest in SPEC_ONLY_SWITCHES)]
     out = []
-    for *values, (kv, more) in combos:
+    for index, (*values, (kv, more)) in enumerate(combos):
         cmd = [sys.executable, __file__, "--child", *argv, "--kv", kv, *more]
         if lock:  # vLLM's free-memory profiling would count the other engines' growth
             cmd += ["--turn-lock", lock, "--engines", str(len(combos)),
+                    "--engine-index", str(index),
                     "--gpu-memory", f"{args.gpu_memory / len(combos):.3f}",
                     "--kv-cache-gib", str(args.kv_cache_gib)]
         env = {**os.environ, **{name: str(v) for (_, name, _), v in zip(ENGINE_SWITCHES, values)}}
@@ -925,7 +1021,7 @@ def main() -> None:
     children = engine_runs(args, sys.argv[1:], drafter, lock)
     path = None
     with ThreadPoolExecutor(max_workers=len(children) if lock else 1) as pool:
-        futures = {pool.submit(_run_child, cmd, env, label, lock): label
+        futures = {pool.submit(_run_child, cmd, env, label, lock, args.rounds): label
                    for cmd, env, label in children}
         for fut in as_completed(futures):
             label = futures[fut]
@@ -954,11 +1050,12 @@ STARTUP_LINE = re.compile(r"\b(took|takes)\b|compil|cache", re.IGNORECASE)
 
 
 def _run_child(cmd: list[str], env: dict[str, str], label: str,
-               lock: str | None = None) -> tuple[int, list[str]]:
+               lock: str | None = None, rounds: int = 1) -> tuple[int, list[str]]:
     """Run one engine's child process; echo each measurement as it comes (with the seconds
     since the start, so a run cut off shows how far it got) and return its exit status and
     RECORDS lines. A child that fails counts as arrived at the side-by-side barriers of
-    ``lock``, so the other engines do not wait a barrier's timeout for it."""
+    ``lock`` and as having taken its ``rounds`` measuring turns (with more than one round),
+    so the other engines do not wait a timeout for it."""
     t0 = time.perf_counter()
     print(f"[{0:6.1f} s] engine {label}: starting", file=sys.stderr, flush=True)
     lines = []
@@ -976,6 +1073,8 @@ def _run_child(cmd: list[str], env: dict[str, str], label: str,
     if returncode and lock:
         for stage in ("ready", "done"):
             _arrive(lock, stage, f"failed {proc.pid}")
+        for rnd in range(rounds if rounds > 1 else 0):
+            _arrive(lock, "turns", f"failed {proc.pid} {rnd}")
     return returncode, lines
 
 

@@ -372,3 +372,81 @@ def test_a_switch_exported_in_the_environment_is_the_default(monkeypatch) -> Non
     monkeypatch.setenv("VLLM_PRISM_DENSE_GEMV", "fast")
     with pytest.raises(SystemExit, match="VLLM_PRISM_DENSE_GEMV='fast' in the environment"):
         bench_decode.build_parser()
+
+
+class _Metrics:
+    def __init__(self, first: float, last: float) -> None:
+        self.first_token_ts, self.last_token_ts = first, last
+
+
+class _Out:
+    def __init__(self, first: float, last: float) -> None:
+        self.metrics = _Metrics(first, last)
+
+
+def test_a_batch_decodes_together_through_the_last_requests_window(monkeypatch) -> None:
+    """The decode step of a batch: the requests admitted before the last generate the steps
+    of their head start more (the prompts prefilled after theirs, 8192 tokens a step, and 4),
+    so that the whole batch decodes through the last request's window; the step is that
+    window over T, and ``full_batch_frac`` says how much of the window had the whole batch
+    (less when the others ended first, as when the KV cache holds fewer requests)."""
+    assert bench_decode.head_start_steps(1, 32768) == 0
+    assert bench_decode.head_start_steps(8, 32768) == 7 * 4 + 4
+    assert bench_decode.head_start_steps(8, 1000) == 1 + 4
+    calls = []
+
+    def fake_generate(llm, prompts, counts):
+        calls.append(counts)
+        # request 0 decodes 0.0 .. 3.0 s, the last one 1.0 .. 2.0: together throughout
+        return 0.0, [_Out(0.0, 3.0), _Out(0.5, 2.5), _Out(1.0, 2.0)]
+    monkeypatch.setattr(bench_decode, "_generate", fake_generate)
+    step, frac = bench_decode._decode_step_s(None, [[1], [2], [3]], 10, reps=1, context=8192)
+    assert calls == [[1 + 10 + 6, 1 + 10 + 6, 1 + 10]]  # 2 prompts of 8192 + 4
+    assert step == 0.1 and frac == 1.0
+    # the first request ended a quarter into the last one's window
+    metrics = [_Metrics(0.0, 1.25), _Metrics(0.5, 2.5), _Metrics(1.0, 2.0)]
+    assert bench_decode.full_batch_fraction(metrics) == 0.25
+    # it ended before the last one started (the cache held two of three)
+    assert bench_decode.full_batch_fraction([_Metrics(0.0, 0.9), _Metrics(1.0, 2.0)]) == 0.0
+
+
+def test_rounds_alternate_the_measuring_order_and_keep_the_median() -> None:
+    """``--rounds``: engine i of N measures i-th in even rounds and (N-1-i)-th in odd ones, so
+    the first turn after the warm-ups is not always the same engine's; each record is the
+    round of median step time (the lower middle of two), with every round's time; each child
+    gets its index."""
+    assert [bench_decode.turn_slot(i, 3, 0) for i in range(3)] == [0, 1, 2]
+    assert [bench_decode.turn_slot(i, 3, 1) for i in range(3)] == [2, 1, 0]
+    rounds = [[{"kind": "verify", "ms_per_step": 9.0, "tag": 0},
+               {"kind": "decode", "ms_per_step": 5.0, "tag": 0}],
+              [{"kind": "verify", "ms_per_step": 8.0, "tag": 1},
+               {"kind": "decode", "ms_per_step": 5.5, "tag": 1}],
+              [{"kind": "verify", "ms_per_step": 8.5, "tag": 2},
+               {"kind": "decode", "ms_per_step": 5.2, "tag": 2}]]
+    out = bench_decode.median_round(rounds)
+    assert [(r["tag"], r["rounds_ms"]) for r in out] == [(2, [9.0, 8.0, 8.5]),
+                                                         (2, [5.0, 5.5, 5.2])]
+    assert bench_decode.median_round(rounds[:2])[0]["tag"] == 1  # 8.0 of (9.0, 8.0)
+    assert bench_decode.median_round(rounds[:1]) == rounds[0]  # one round: unchanged
+    kids = _children(["m.gguf", "--kv", "auto", "--side-by-side", "--pq2-kernel", "auto",
+                      "mma_lean_cuda,auto",
+                      "--rounds", "2"], lock="/tmp/turn")
+    assert [(a.engine_index, a.engines, a.rounds) for a, _ in kids] == [(0, 2, 2), (1, 2, 2)]
+
+
+def test_turns_wait_for_the_slots_before_and_a_failed_engine_takes_its_turns(tmp_path) -> None:
+    """An engine waits for the turns before its slot (lines of the turns file); a child that
+    dies counts as having taken its turns, so the others do not wait out the timeout."""
+    lock = str(tmp_path / "turn")
+    t0 = time.monotonic()
+    bench_decode._wait_turn(lock, 0, timeout_s=30.0)  # the first slot: at once
+    assert time.monotonic() - t0 < 5
+    t0 = time.monotonic()
+    bench_decode._wait_turn(lock, 1, timeout_s=1.0)  # nobody took a turn: the timeout
+    assert time.monotonic() - t0 >= 1.0
+    code, _ = bench_decode._run_child([sys.executable, "-c", "raise SystemExit(3)"],
+                                      dict(os.environ), "dies", lock, rounds=2)
+    assert code == 3
+    t0 = time.monotonic()
+    bench_decode._wait_turn(lock, 2, timeout_s=30.0)
+    assert time.monotonic() - t0 < 5
