@@ -64,7 +64,7 @@ MMA_STREAM_AUTO_M = (2, 8)
 MMA_STREAM_AUTO_MIN_K = 6144
 MMA_STREAM_AUTO_M2_MIN_K = 8193
 # The automatic range the short-pass small-batch kernel (mma_lean_cuda) would take where
-# K % 512 == 0 (MmaLeanCudaA8Kernel.in_auto: not while it is slower through vLLM).
+# K % 512 == 0 (MmaLeanCudaA8Kernel.in_auto: once a clean A/B through vLLM confirms it).
 MMA_LEAN_AUTO_M = (2, 8)
 # The rows the CUDA C++ GEMV (gemv_cuda) takes, and its automatic range (GemvCudaA8Kernel).
 GEMV_CUDA_MAX_M = 4
@@ -653,9 +653,10 @@ class MmaLeanCudaA8Kernel(MmaSmallCudaA8Kernel):
     1.20x on the LM head at M = 6, at M = 2 faster than the GEMV, at M = 1 slower on
     K = 5120; exact through the op on the H200 (tests/kernels/test_pq2_linear.py), and 1.27x
     the automatic choice in a CUDA graph of torch-op linears with their producers at M = 6
-    (benchmarks/results/pq2_chain_h200_m6_lean.md). Through vLLM, though, it made a 6-token
-    verification step slower (8.91 against 8.08 ms, e2e_h200_notes.md), not yet explained,
-    so it runs only where ``VLLM_PRISM_PQ2_KERNEL`` names it."""
+    (benchmarks/results/pq2_chain_h200_m6_lean.md). Its one A/B through vLLM so far, a 6-token
+    verification step at 8.91 against 8.08 ms, was confounded by the measuring order
+    (e2e_h200_notes.md), so until a clean one it runs only where ``VLLM_PRISM_PQ2_KERNEL``
+    names it."""
 
     name = "mma_lean_cuda"
     variant = 6
@@ -716,7 +717,7 @@ class TorchKernel(PQ2LinearKernel):
 # resident streaming one (mma_persist_cuda) and the GEMV with the producer in its launch
 # (gemv_fused_cuda) only where named; the short-pass small-batch kernel (mma_lean_cuda),
 # first in the order, would take M = 2..8 where K % 512 == 0 (faster alone and in a chain of
-# torch-op linears, slower through vLLM so far).
+# torch-op linears; one confounded A/B through vLLM so far).
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, MmaLeanCudaA8Kernel, MmaStreamCudaA8Kernel, GemvCudaA8Kernel,
     MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel,
