@@ -10,6 +10,9 @@
 #   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
 #   bash scripts/gpu-session.sh startup ARGS  two engine starts of the 27B-shaped file in a row,
 #        Triton's compiles and autotuning by kernel (bench_startup.py ARGS)
+#   bash scripts/gpu-session.sh chain ARGS  a layer's PQ2 linears in sequence through the torch op
+#        (bench_pq2_chain.py ARGS, e.g. --m 6 --engine-like) once per kernel choice of
+#        CHAIN_KERNELS (default "auto mma_lean_cuda,auto"), results under $OUT/chain-*/
 #   bash scripts/gpu-session.sh small-sweep [SHAPES [MS [default]]]  mma_lean geometries against the
 #        small-batch kernels and the GEMV (benchmarks/kernels/pq2_small_sweep.cu, no torch)
 #   bash scripts/gpu-session.sh gemv-sweep [SHAPES [MS]]  configurations of the CUDA C++ GEMV against a
@@ -155,6 +158,14 @@ case $stage in
     nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc benchmarks/kernels/pq2_gemv_sweep.cu -o /tmp/gemv-sweep \
       && timeout $(limit 560) /tmp/gemv-sweep "${2:-12288x5120,34816x5120,5120x6144,5120x17408}" "${3:-1,2,3,4}" \
       | tee "$OUT/gemv_sweep.jsonl" | grep summary
+    ;;
+  chain)  # bench_pq2_chain.py ARGS once per VLLM_PRISM_PQ2_KERNEL of $CHAIN_KERNELS
+    shift
+    for k in ${CHAIN_KERNELS:-auto mma_lean_cuda,auto}; do
+      echo "== VLLM_PRISM_PQ2_KERNEL=$k"
+      VLLM_PRISM_PQ2_KERNEL=$k timeout $(limit 150) python3 benchmarks/kernels/bench_pq2_chain.py \
+        "$@" --out "$OUT/chain-${k%%,*}" 2>&1 | grep "gap_us\|check_rel_err\|linears of"
+    done
     ;;
   small-sweep)  # mma_lean's geometries against the small-batch kernels and the GEMV (no torch)
     small_sweep_build /tmp/small-sweep \
