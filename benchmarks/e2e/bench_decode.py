@@ -512,12 +512,12 @@ def _wait_turn(lock: str, slot: int, timeout_s: float | None = None) -> None:
 def median_round(rounds: list[list[dict]]) -> list[dict]:
     """One record per measurement: of each measurement's rounds the one with the median
     step time (the lower middle of an even count), with every round's step time as
-    ``rounds_ms``."""
+    ``rounds_ms``, and what only the first round has (its profile) kept."""
     out = []
     for recs in zip(*rounds):
         ms = [r["ms_per_step"] for r in recs]
         pick = sorted(recs, key=lambda r: r["ms_per_step"])[(len(recs) - 1) // 2]
-        out.append({**pick, "rounds_ms": ms} if len(recs) > 1 else pick)
+        out.append({**recs[0], **pick, "rounds_ms": ms} if len(recs) > 1 else pick)
     return out
 
 

@@ -427,6 +427,8 @@ def test_rounds_alternate_the_measuring_order_and_keep_the_median() -> None:
     assert [(r["tag"], r["rounds_ms"]) for r in out] == [(2, [9.0, 8.0, 8.5]),
                                                          (2, [5.0, 5.5, 5.2])]
     assert bench_decode.median_round(rounds[:2])[0]["tag"] == 1  # 8.0 of (9.0, 8.0)
+    rounds[0][0]["kernel_us_per_step"] = {"pq2_linear": 1.0}  # the first round's profile
+    assert bench_decode.median_round(rounds)[0]["kernel_us_per_step"] == {"pq2_linear": 1.0}
     assert bench_decode.median_round(rounds[:1]) == rounds[0]  # one round: unchanged
     kids = _children(["m.gguf", "--kv", "auto", "--side-by-side", "--pq2-kernel", "auto",
                       "mma_lean_cuda,auto",

@@ -654,8 +654,8 @@ class MmaLeanCudaA8Kernel(MmaSmallCudaA8Kernel):
     K = 5120; exact through the op on the H200 (tests/kernels/test_pq2_linear.py), and 1.27x
     the automatic choice in a CUDA graph of torch-op linears with their producers at M = 6
     (benchmarks/results/pq2_chain_h200_m6_lean.md). Its one A/B through vLLM so far, a 6-token
-    verification step at 8.91 against 8.08 ms, was confounded by the measuring order
-    (e2e_h200_notes.md), so until a clean one it runs only where ``VLLM_PRISM_PQ2_KERNEL``
+    verification step at 8.91 against 8.08 ms, did not vary the measuring order
+    (e2e_h200_notes.md), so until a second one it runs only where ``VLLM_PRISM_PQ2_KERNEL``
     names it."""
 
     name = "mma_lean_cuda"
@@ -717,7 +717,7 @@ class TorchKernel(PQ2LinearKernel):
 # resident streaming one (mma_persist_cuda) and the GEMV with the producer in its launch
 # (gemv_fused_cuda) only where named; the short-pass small-batch kernel (mma_lean_cuda),
 # first in the order, would take M = 2..8 where K % 512 == 0 (faster alone and in a chain of
-# torch-op linears; one confounded A/B through vLLM so far).
+# torch-op linears; slower in its one A/B through vLLM so far, order not varied).
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, MmaLeanCudaA8Kernel, MmaStreamCudaA8Kernel, GemvCudaA8Kernel,
     MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel,
