@@ -521,6 +521,23 @@ def median_round(rounds: list[list[dict]]) -> list[dict]:
     return out
 
 
+def measure_rounds(llm, args: argparse.Namespace) -> list[dict]:
+    """This engine's records over ``args.rounds`` measuring turns (side by side: each round's
+    turn at this engine's :func:`turn_slot`), one record per measurement
+    (:func:`median_round`); the profilers run in the first round only."""
+    rounds = []
+    for rnd in range(args.rounds):
+        if args.turn_lock and args.rounds > 1:
+            _wait_turn(args.turn_lock,
+                       rnd * args.engines + turn_slot(args.engine_index, args.engines, rnd))
+        with _measure_turn(args.turn_lock):
+            rounds.append(_measure(llm, args))
+            if args.turn_lock:
+                _arrive(args.turn_lock, "turns", f"{os.getpid()} {args.engine_index} {rnd}")
+        args.profile = args.host_profile = False  # the first round's profile is the one
+    return median_round(rounds)
+
+
 def run_engine(args: argparse.Namespace) -> None:
     """All measurements of one KV dtype (called in the child process), taken in this
     engine's turns (``--turn-lock``; ``--rounds`` of them, the order reversed every other
@@ -531,17 +548,7 @@ def run_engine(args: argparse.Namespace) -> None:
     if args.turn_lock:  # side by side: warm up together, then measure one at a time
         _warm_up(llm, args)
         _barrier(args.turn_lock, args.engines)
-    rounds = []
-    for rnd in range(args.rounds):
-        if args.turn_lock and args.rounds > 1:
-            _wait_turn(args.turn_lock,
-                       rnd * args.engines + turn_slot(args.engine_index, args.engines, rnd))
-        with _measure_turn(args.turn_lock):
-            rounds.append(_measure(llm, args))
-            if args.turn_lock:
-                _arrive(args.turn_lock, "turns", f"{os.getpid()} {rnd}")
-        args.profile = args.host_profile = False  # the first round's profile is the one
-    print("RECORDS " + json.dumps(median_round(rounds)), flush=True)
+    print("RECORDS " + json.dumps(measure_rounds(llm, args)), flush=True)
     if args.turn_lock:
         # Leave only when every engine has measured: an engine's exit (seconds of host and GPU
         # work) disturbed the one measuring after it (2026-12-01: the same verify step 10.5

@@ -452,3 +452,38 @@ def test_turns_wait_for_the_slots_before_and_a_failed_engine_takes_its_turns(tmp
     t0 = time.monotonic()
     bench_decode._wait_turn(lock, 2, timeout_s=30.0)
     assert time.monotonic() - t0 < 5
+
+
+def test_two_engines_measure_in_turn_order_then_reversed(monkeypatch, tmp_path) -> None:
+    """Two side-by-side engines of a ``--rounds 2`` run (threads here): engine 0 measures
+    first in round 0 and engine 1 first in round 1, never both at once, and each returns its
+    rounds' median records."""
+    import argparse
+    import threading
+
+    lock = str(tmp_path / "turn")
+    order, busy = [], []
+
+    def fake_measure(llm, args):
+        busy.append(args.engine_index)
+        assert len(busy) == 1, busy  # the turn lock: one engine measures at a time
+        order.append(args.engine_index)
+        time.sleep(0.2)
+        busy.pop()
+        return [{"kind": "decode", "ms_per_step": 5.0 + len(order), "engine": args.engine_index}]
+    monkeypatch.setattr(bench_decode, "_measure", fake_measure)
+    results = {}
+
+    def engine(index: int) -> None:
+        args = argparse.Namespace(rounds=2, turn_lock=lock, engines=2, engine_index=index,
+                                  profile=True, host_profile=False)
+        if index == 0:
+            time.sleep(0.3)  # engine 1 is ready first, yet waits for its slot
+        results[index] = bench_decode.measure_rounds(None, args)
+    threads = [threading.Thread(target=engine, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert order == [0, 1, 1, 0]
+    assert results[0][0]["rounds_ms"] == [6.0, 9.0] and results[1][0]["rounds_ms"] == [7.0, 8.0]
