@@ -75,9 +75,9 @@ prefilled. Prompts are random token ids, distinct per request.
   engine has measured, so no engine's timing shares the GPU with another's work or shutdown.
 * ``--rounds N`` (side by side) measures every engine N times, in start order in even rounds
   and in reverse order in odd ones; each record is its round of median step time, with all
-  rounds' times as ``rounds_ms``. (2026-12-03: the one engine measured right after the
-  engines' concurrent warm-ups was 10 % slower than its A/B partner measured last, and
-  which engine measures first had followed which warmed first.)
+  rounds' times as ``rounds_ms``. (2026-12-03: an A/B whose engine measured right after the
+  engines' concurrent warm-ups was 10 % slower than its partner measured last; which engine
+  measures first had followed which warmed first, so the order was never varied.)
 * profile (batch 1, or each of ``--profile-batches``; first context): torch-profiler traces
   of two generate() calls of T/2 and T decode steps, whose difference gives per decode step
   the kernel time by family (PQ2 linears, attention, Gated DeltaNet, norms/element-wise,
@@ -502,11 +502,7 @@ def _wait_turn(lock: str, slot: int, timeout_s: float | None = None) -> None:
     """Wait until ``slot`` turns have been taken (the lines of ``lock``.turns), or
     ``timeout_s`` (default ``EXIT_WAIT_S``) passed: an engine that failed must not hold the
     others (its parent also counts its turns as taken)."""
-    path = Path(f"{lock}.turns")
-    end = time.monotonic() + (EXIT_WAIT_S if timeout_s is None else timeout_s)
-    while time.monotonic() < end and (
-            len(path.read_text().splitlines()) if path.exists() else 0) < slot:
-        time.sleep(0.5)
+    _wait_lines(Path(f"{lock}.turns"), slot, EXIT_WAIT_S if timeout_s is None else timeout_s)
 
 
 def median_round(rounds: list[list[dict]]) -> list[dict]:
@@ -591,9 +587,15 @@ def _barrier(lock: str, engines: int, timeout_s: float = 240.0, stage: str = "re
     "ready", warmed up; "done", measured), or ``timeout_s`` passed (an engine that failed
     must not hold the others)."""
     _arrive(lock, stage, str(os.getpid()))
-    path = Path(f"{lock}.{stage}")
+    _wait_lines(Path(f"{lock}.{stage}"), engines, timeout_s)
+
+
+def _wait_lines(path: Path, count: int, timeout_s: float) -> None:
+    """Wait until the file ``path`` has ``count`` lines (a missing file has none), or
+    ``timeout_s`` passed."""
     end = time.monotonic() + timeout_s
-    while time.monotonic() < end and len(path.read_text().splitlines()) < engines:
+    while time.monotonic() < end and (
+            len(path.read_text().splitlines()) if path.exists() else 0) < count:
         time.sleep(0.5)
 
 
@@ -1061,8 +1063,8 @@ def _run_child(cmd: list[str], env: dict[str, str], label: str,
     """Run one engine's child process; echo each measurement as it comes (with the seconds
     since the start, so a run cut off shows how far it got) and return its exit status and
     RECORDS lines. A child that fails counts as arrived at the side-by-side barriers of
-    ``lock`` and as having taken its ``rounds`` measuring turns (with more than one round),
-    so the other engines do not wait a timeout for it."""
+    ``lock`` and as having taken its ``rounds`` measuring turns, so the other engines do not
+    wait a timeout for it."""
     t0 = time.perf_counter()
     print(f"[{0:6.1f} s] engine {label}: starting", file=sys.stderr, flush=True)
     lines = []
@@ -1080,7 +1082,7 @@ def _run_child(cmd: list[str], env: dict[str, str], label: str,
     if returncode and lock:
         for stage in ("ready", "done"):
             _arrive(lock, stage, f"failed {proc.pid}")
-        for rnd in range(rounds if rounds > 1 else 0):
+        for rnd in range(rounds):
             _arrive(lock, "turns", f"failed {proc.pid} {rnd}")
     return returncode, lines
 

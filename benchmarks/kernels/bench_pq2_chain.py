@@ -38,9 +38,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import timing  # noqa: E402
-from vllm_prism.kernels.pq2.dispatch import (TorchKernel, pq2_linear,  # noqa: E402
-                                              pq2_linear_fused, select_kernel)
-from vllm_prism.kernels.pq2.hadamard import Prologue  # noqa: E402
+from vllm_prism.kernels.pq2.dispatch import (TorchKernel, pq2_linear_fused,  # noqa: E402
+                                              select_kernel)
+from vllm_prism.kernels.pq2.hadamard import NO_PROLOGUE, Prologue  # noqa: E402
 from vllm_prism.kernels.pq2.layout import PQ2Weight  # noqa: E402
 
 SHAPES = [(12288, 5120), (5120, 6144), (34816, 5120), (5120, 17408)]  # (N, K) in step order
@@ -59,6 +59,11 @@ def random_weight(n: int, k: int, g: torch.Generator, device: str,
         return PQ2Weight.of_planes(codes, scales, None, None)
     s = torch.randint(0, 2, (k,), device=device, generator=g).float() * 2 - 1
     return PQ2Weight.of_planes(codes, scales, s, min(HADAMARD_BLOCK, k & -k))
+
+
+def plain_prologues(shapes: list[tuple[int, int]]) -> list[tuple[Prologue, int]]:
+    """Each linear of a layer with no prologue, reading x of its K."""
+    return [(NO_PROLOGUE, k) for _, k in shapes]
 
 
 def engine_prologues(shapes: list[tuple[int, int]], m: int,
@@ -99,19 +104,14 @@ def spin_cycles(us: float) -> int:
 
 
 def time_chain(layers: list[list[PQ2Weight]], xs: dict[int, torch.Tensor], gap_cycles: int,
-               replays: int = 10,
-               prologues: list[tuple[Prologue, int]] | None = None) -> float:
-    """Median microseconds a layer of a graph of every layer (on the CPU, one eager pass);
-    with ``prologues``, each linear of a layer through its prologue and x of its width."""
+               prologues: list[tuple[Prologue, int]], replays: int = 10) -> float:
+    """Median microseconds a layer of a graph of every layer (on the CPU, one eager pass),
+    each linear of a layer through its prologue and x of its width."""
 
     def step() -> None:
         for ws in layers:
-            for i, w in enumerate(ws):
-                if prologues is None:
-                    pq2_linear(xs[w.k], w)
-                else:
-                    pro, width = prologues[i]
-                    pq2_linear_fused(xs[width], w, None, pro)
+            for i, (w, (pro, width)) in enumerate(zip(ws, prologues)):
+                pq2_linear_fused(xs[width], w, None, pro)
                 if i == 0 and gap_cycles:
                     torch.cuda._sleep(gap_cycles)
 
@@ -160,9 +160,9 @@ def main() -> None:
     engine = args.engine_like
     layers = [[random_weight(n, k, g, device, engine) for n, k in shapes]
               for _ in range(args.layers)]
-    prologues = engine_prologues(shapes, args.m, device) if engine else None
-    widths = {w for _, w in prologues} if engine else {k for _, k in shapes}
-    xs = {k: torch.randn(args.m, k, device=device, dtype=torch.bfloat16) for k in widths}
+    prologues = engine_prologues(shapes, args.m, device) if engine else plain_prologues(shapes)
+    xs = {w: torch.randn(args.m, w, device=device, dtype=torch.bfloat16)
+          for w in {w for _, w in prologues}}
     layer_bytes = sum(w.codes.numel() * 4 + w.scales.numel() * 2 for w in layers[0])
     kernels = sorted({select_kernel(args.m, w, torch.bfloat16).name for w in layers[0]})
     res = {"gpu": "cpu" if args.cpu_smoke else torch.cuda.get_device_name(),
@@ -176,7 +176,7 @@ def main() -> None:
         res["check_rel_err"] = check_engine_like(layers[0], xs, prologues)
         print(json.dumps({"check_rel_err": res["check_rel_err"]}), flush=True)
     for gap in args.gap_us:
-        us = time_chain(layers, xs, spin_cycles(gap) if gap else 0, prologues=prologues)
+        us = time_chain(layers, xs, spin_cycles(gap) if gap else 0, prologues)
         rec = {"gap_us": gap, "us_per_layer": round(us, 2),
                "bw_frac": round(layer_bytes / (us * 1e-6) / (read_gbps * 1e9), 3)}
         res["records"].append(rec)

@@ -68,17 +68,11 @@ std::vector<GemvConfig> configs_for(int n, int k, int m) {
 int main(int argc, char** argv) {
   const char* shapes_arg = argc > 1 ? argv[1] : "12288x5120,34816x5120,5120x6144,5120x17408";
   const std::vector<int> ms = parse_ints(argc > 2 ? argv[2] : "1,2,4");
-  int dev = 0, sms = 0;
-  CHECK(cudaSetDevice(dev));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, dev));
-  cudaStream_t s;
-  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  unsigned* sink;
-  CHECK(cudaMalloc(&sink, 4));
-  const double sustained = sustained_read_gbps(sms, s, sink);  // GB/s
-  std::printf("{\"gpu\": \"%s\", \"sms\": %d, \"read_gbps\": %.0f}\n", prop.name, sms, sustained);
+  const SweepDevice device;
+  const int sms = device.sms;
+  cudaStream_t s = device.s;
+  unsigned* sink = device.sink;
+  const double sustained = device.read_gbps;  // GB/s
 
   for (const Shape sh : parse_shapes(shapes_arg)) {
     const int n = sh.n, k = sh.k;
@@ -86,16 +80,13 @@ int main(int argc, char** argv) {
     const WeightSlabs w(n, k, sms, s);
     const int g128 = w.g128, gpad = w.gpad, copies = w.copies;
     const int64_t code_bytes = w.code_bytes, scale_bytes = w.scale_bytes;
-    std::vector<int8_t> hx;
-    std::vector<float> hsx;
-    random_activation(mmax, k, g128, hx, hsx);
-    int8_t* dx;
-    float *dsx, *dout;
-    CHECK(cudaMalloc(&dx, hx.size()));
-    CHECK(cudaMalloc(&dsx, 4 * hsx.size()));
+    const DeviceActivation act(mmax, k, g128);
+    const std::vector<int8_t>& hx = act.hx;
+    const std::vector<float>& hsx = act.hsx;
+    int8_t* dx = act.dx;
+    float* dsx = act.dsx;
+    float* dout;
     CHECK(cudaMalloc(&dout, 4 * int64_t(n) * mmax * copies));
-    CHECK(cudaMemcpy(dx, hx.data(), hx.size(), cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dsx, hsx.data(), 4 * hsx.size(), cudaMemcpyHostToDevice));
     CHECK(cudaStreamSynchronize(s));
 
     // host reference of copy 0, every row and activation row
@@ -182,8 +173,6 @@ int main(int argc, char** argv) {
                   m1_us > 0 ? default_us / m1_us : 0.0);
       std::fflush(stdout);
     }
-    CHECK(cudaFree(dx));
-    CHECK(cudaFree(dsx));
     CHECK(cudaFree(dout));
   }
   return 0;

@@ -99,18 +99,11 @@ int main(int argc, char** argv) {
   const char* shapes_arg = argc > 1 ? argv[1] : "34816x5120,16384x5120,5120x17408,5120x6144";
   const std::vector<int> ms = parse_ints(argc > 2 ? argv[2] : "1,2,4,6,8");
   const bool lean_default_only = argc > 3 && std::string(argv[3]) == "default";
-  int dev = 0, sms = 0;
-  CHECK(cudaSetDevice(dev));
-  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, dev));
-  cudaStream_t s;
-  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  unsigned* sink;
-  CHECK(cudaMalloc(&sink, 4));
-  const double sustained = sustained_read_gbps(sms, s, sink);  // GB/s
-  std::printf("{\"gpu\": \"%s\", \"sms\": %d, \"read_gbps\": %.0f}\n", prop.name, sms, sustained);
-  std::fflush(stdout);
+  const SweepDevice device;
+  const int sms = device.sms;
+  cudaStream_t s = device.s;
+  unsigned* sink = device.sink;
+  const double sustained = device.read_gbps;  // GB/s
 
   for (const Shape sh : parse_shapes(shapes_arg)) {
     const int n = sh.n, k = sh.k;
@@ -118,23 +111,14 @@ int main(int argc, char** argv) {
     const WeightSlabs w(n, k, sms, s);
     const int g128 = w.g128, gpad = w.gpad, copies = w.copies;
     const int64_t code_bytes = w.code_bytes, scale_bytes = w.scale_bytes;
-    // activations: int8 [mmax, K], fp32 scales and int32 sums [mmax, G]
-    std::vector<int8_t> hx;
-    std::vector<float> hsx;
-    random_activation(mmax, k, g128, hx, hsx);
-    std::vector<int32_t> hq(int64_t(mmax) * g128, 0);
-    for (int m = 0; m < mmax; ++m)
-      for (int e = 0; e < k; ++e) hq[int64_t(m) * g128 + e / 128] += hx[int64_t(m) * k + e];
-    int8_t* dx;
-    float *dsx, *dout;
-    int32_t* dq;
-    CHECK(cudaMalloc(&dx, hx.size()));
-    CHECK(cudaMalloc(&dsx, 4 * hsx.size()));
-    CHECK(cudaMalloc(&dq, 4 * hq.size()));
+    const DeviceActivation act(mmax, k, g128);  // int8 [mmax, K], scales and sums [mmax, G]
+    const std::vector<int8_t>& hx = act.hx;
+    const std::vector<float>& hsx = act.hsx;
+    int8_t* dx = act.dx;
+    float* dsx = act.dsx;
+    int32_t* dq = act.dq;
+    float* dout;
     CHECK(cudaMalloc(&dout, 4 * int64_t(n) * mmax * copies));
-    CHECK(cudaMemcpy(dx, hx.data(), hx.size(), cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dsx, hsx.data(), 4 * hsx.size(), cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dq, hq.data(), 4 * hq.size(), cudaMemcpyHostToDevice));
     CHECK(cudaStreamSynchronize(s));
 
     // host reference of copy 0 on a sample of rows (every 7th, the last 40), every token
@@ -222,9 +206,6 @@ int main(int argc, char** argv) {
                   lean_default_us, best_other.us / best_lean.us);
       std::fflush(stdout);
     }
-    CHECK(cudaFree(dx));
-    CHECK(cudaFree(dsx));
-    CHECK(cudaFree(dq));
     CHECK(cudaFree(dout));
   }
   return 0;

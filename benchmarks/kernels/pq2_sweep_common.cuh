@@ -155,6 +155,27 @@ inline double sustained_read_gbps(int sms, cudaStream_t s, unsigned* sink) {
   return big / us / 1e3;
 }
 
+// Device 0, its multiprocessors, a stream and the sustained read bandwidth, printed as the
+// run's first JSON line.
+struct SweepDevice {
+  int sms = 0;
+  cudaStream_t s = nullptr;
+  unsigned* sink = nullptr;  // the probe's output
+  double read_gbps = 0;
+  SweepDevice() {
+    CHECK(cudaSetDevice(0));
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, 0));
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    CHECK(cudaMalloc(&sink, 4));
+    read_gbps = sustained_read_gbps(sms, s, sink);
+    std::printf("{\"gpu\": \"%s\", \"sms\": %d, \"read_gbps\": %.0f}\n", prop.name, sms,
+                read_gbps);
+    std::fflush(stdout);
+  }
+};
+
 // `copies` copies of one N x K matrix's random planes, each `slab` bytes: int32 codes
 // [N, K/16], then fp16 scales [N, gpad] (the group count padded to 8, as the library's).
 struct WeightSlabs {
@@ -198,6 +219,35 @@ inline void random_activation(int mmax, int k, int g128, std::vector<int8_t>& hx
   for (auto& v : hx) { r = r * 1664525u + 1013904223u; v = int8_t(int(r >> 24) % 255 - 127); }
   for (auto& v : hsx) { r = r * 1664525u + 1013904223u; v = 0.001f + (r >> 8) * 1e-10f; }
 }
+
+// random_activation on the host and the device: int8 [mmax, K], fp32 group scales and int32
+// group sums [mmax, g128] (the sums for the tensor-core kernels; the GEMV does not read them).
+struct DeviceActivation {
+  std::vector<int8_t> hx;
+  std::vector<float> hsx;
+  int8_t* dx = nullptr;
+  float* dsx = nullptr;
+  int32_t* dq = nullptr;
+  DeviceActivation(int mmax, int k, int g128) {
+    random_activation(mmax, k, g128, hx, hsx);
+    std::vector<int32_t> hq(int64_t(mmax) * g128, 0);
+    for (int m = 0; m < mmax; ++m)
+      for (int e = 0; e < k; ++e) hq[int64_t(m) * g128 + e / 128] += hx[int64_t(m) * k + e];
+    CHECK(cudaMalloc(&dx, hx.size()));
+    CHECK(cudaMalloc(&dsx, 4 * hsx.size()));
+    CHECK(cudaMalloc(&dq, 4 * hq.size()));
+    CHECK(cudaMemcpy(dx, hx.data(), hx.size(), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dsx, hsx.data(), 4 * hsx.size(), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dq, hq.data(), 4 * hq.size(), cudaMemcpyHostToDevice));
+  }
+  ~DeviceActivation() {
+    CHECK(cudaFree(dx));
+    CHECK(cudaFree(dsx));
+    CHECK(cudaFree(dq));
+  }
+  DeviceActivation(const DeviceActivation&) = delete;
+  DeviceActivation& operator=(const DeviceActivation&) = delete;
+};
 
 // The host reference of copy 0 for `rows` and every activation row m < mmax, as
 // ref[i * mmax + m] for rows[i]; ref_max: the largest magnitude.

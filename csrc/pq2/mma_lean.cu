@@ -272,15 +272,14 @@ namespace {
 // pq2_mma_lean_default_config per (device, N, K, multiprocessors), searched once: a model has a
 // handful of linear shapes, and eager or piecewise steps launch each many times a step.
 LeanConfig cached_default_config(int n, int k, int sm_count) {
+  if (n >= (1 << 20) || k >= (1 << 20)) return pq2_mma_lean_default_config(n, k, sm_count);
   static std::mutex mu;
   static std::unordered_map<uint64_t, LeanConfig> cache;
   int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) dev = 0;
   const uint64_t key = (static_cast<uint64_t>(dev & 0xff) << 56) |
                        (static_cast<uint64_t>(sm_count & 0xffff) << 40) |
-                       (static_cast<uint64_t>(static_cast<uint32_t>(n) & 0xfffff) << 20) |
-                       (static_cast<uint64_t>(static_cast<uint32_t>(k) & 0xfffff));
-  if (n >= (1 << 20) || k >= (1 << 20)) return pq2_mma_lean_default_config(n, k, sm_count);
+                       (static_cast<uint64_t>(n) << 20) | static_cast<uint64_t>(k);
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second;

@@ -171,8 +171,7 @@ def test_named_kernels_run(results: dict) -> None:
     transformers by the tests above) really ran each named kernel: the engine's log says so."""
     from vllm_prism.kernels.pq2 import dispatch
 
-    named = [x.strip() for x in os.environ.get("VLLM_PRISM_PQ2_KERNEL", "").split(",")
-             if x.strip() in dispatch._BY_NAME]
+    named = dispatch._forced_names(os.environ.get("VLLM_PRISM_PQ2_KERNEL", "").lower())
     if not named:
         pytest.skip("VLLM_PRISM_PQ2_KERNEL names no kernel")
     kernels = _result(results, "default", "bf16")["kernels"]
