@@ -12,7 +12,9 @@
 #        Triton's compiles and autotuning by kernel (bench_startup.py ARGS)
 #   bash scripts/gpu-session.sh chain ARGS  a layer's PQ2 linears in sequence through the torch op
 #        (bench_pq2_chain.py ARGS, e.g. --m 6 --engine-like) once per kernel choice of
-#        CHAIN_KERNELS (default "auto mma_lean_cuda,auto"), results under $OUT/chain-*/
+#        CHAIN_KERNELS (default "auto mma_small_cuda,auto mma_stream_cuda,auto": the automatic
+#        choice, mma_lean_cuda at M = 2..8, against the kernels it replaced), results under
+#        $OUT/chain-*/
 #   bash scripts/gpu-session.sh small-sweep [SHAPES [MS [default]]]  mma_lean geometries against the
 #        small-batch kernels and the GEMV (benchmarks/kernels/pq2_small_sweep.cu, no torch)
 #   bash scripts/gpu-session.sh gemv-sweep [SHAPES [MS]]  configurations of the CUDA C++ GEMV against a
@@ -161,7 +163,7 @@ case $stage in
     ;;
   chain)  # bench_pq2_chain.py ARGS once per VLLM_PRISM_PQ2_KERNEL of $CHAIN_KERNELS
     shift
-    for k in ${CHAIN_KERNELS:-auto mma_lean_cuda,auto}; do
+    for k in ${CHAIN_KERNELS:-auto mma_small_cuda,auto mma_stream_cuda,auto}; do
       echo "== VLLM_PRISM_PQ2_KERNEL=$k"
       VLLM_PRISM_PQ2_KERNEL=$k timeout $(limit 150) python3 benchmarks/kernels/bench_pq2_chain.py \
         "$@" --out "$OUT/chain-${k%%,*}" 2>&1 | grep "gap_us\|check_rel_err\|linears of"

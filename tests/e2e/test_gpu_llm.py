@@ -155,15 +155,17 @@ def test_long_prefill_logprobs_match_transformers(results: dict, reference: dict
 
 def test_small_batches_run_the_small_batch_kernel(results: dict) -> None:
     """With vllm_prism._C built, the engine chooses the CUDA C++ GEMV (``gemv_cuda``) for
-    M = 1..2, ``mma_small_cuda`` for M = 3..8 (the small batch's decode steps; vLLM's graph
-    capture runs such sizes too) and ``mma_cuda`` above (the 16 requests' decode), as its log
-    says."""
+    M = 1 (and M = 2 where K is not a multiple of 512), ``mma_lean_cuda`` for M = 2..8 where
+    K is (the down projection's K = 512) and ``mma_small_cuda`` for M = 3..8 where it is not
+    (K = 256: the small batch's decode steps; vLLM's graph capture runs such sizes too), and
+    ``mma_cuda`` above (the 16 requests' decode), as its log says."""
     from vllm_prism._custom_ops import has_compiled_op
 
     if not has_compiled_op("pq2_mma_small_int8"):
         pytest.skip("vllm_prism._C with pq2_mma_small_int8 is not built")
     kernels = _result(results, "default", "bf16")["kernels"]
-    assert {"gemv_cuda", "mma_small_cuda", "mma_cuda"} <= set(kernels), kernels
+    assert {"gemv_cuda", "mma_lean_cuda", "mma_small_cuda", "mma_cuda"} <= set(kernels), \
+        kernels
 
 
 def test_named_kernels_run(results: dict) -> None:

@@ -63,8 +63,8 @@ MMA_SMALL_AUTO_M = (3, 8)
 MMA_STREAM_AUTO_M = (2, 8)
 MMA_STREAM_AUTO_MIN_K = 6144
 MMA_STREAM_AUTO_M2_MIN_K = 8193
-# The automatic range the short-pass small-batch kernel (mma_lean_cuda) would take where
-# K % 512 == 0 (MmaLeanCudaA8Kernel.in_auto: once a clean A/B through vLLM confirms it).
+# The automatic range of the short-pass small-batch kernel (mma_lean_cuda), first in the
+# order for M = 2..8 where K % 512 == 0 (MmaLeanCudaA8Kernel).
 MMA_LEAN_AUTO_M = (2, 8)
 # The rows the CUDA C++ GEMV (gemv_cuda) takes, and its automatic range (GemvCudaA8Kernel).
 GEMV_CUDA_MAX_M = 4
@@ -646,21 +646,21 @@ class MmaLeanCudaA8Kernel(MmaSmallCudaA8Kernel):
     in K order; the geometry is the one that keeps the most warps resident in one wave of
     CTAs. Written after Nsight Compute put ``mma_stream_cuda`` at 22-30 % of the H200's DRAM
     throughput at M = 6 with 16 warps a multiprocessor (125 registers) whose load and compute
-    phases stay locked. Needs K % 512 == 0. Would be the automatic choice for M in
-    ``MMA_LEAN_AUTO_M`` (2..8): on the H200
-    (benchmarks/results/pq2_small_sweep_h200.md, kernels alone) 1.05-1.34x the best of the
-    other small-batch kernels at M = 2..8 on every layer shape (with its best geometry) and
-    1.20x on the LM head at M = 6, at M = 2 faster than the GEMV, at M = 1 slower on
-    K = 5120; exact through the op on the H200 (tests/kernels/test_pq2_linear.py), and 1.27x
-    the automatic choice in a CUDA graph of torch-op linears with their producers at M = 6
-    (benchmarks/results/pq2_chain_h200_m6_lean.md). Its one A/B through vLLM so far, a 6-token
-    verification step at 8.91 against 8.08 ms, did not vary the measuring order
-    (e2e_h200_notes.md), so until a second one it runs only where ``VLLM_PRISM_PQ2_KERNEL``
-    names it."""
+    phases stay locked. Needs K % 512 == 0. The automatic choice for M in
+    ``MMA_LEAN_AUTO_M`` (2..8): on the H200 (benchmarks/results/pq2_small_sweep_h200.md,
+    kernels alone) 1.05-1.34x the best of the other small-batch kernels at M = 2..8 on every
+    layer shape (with its best geometry) and 1.20x on the LM head at M = 6, at M = 2 faster
+    than the GEMV, at M = 1 slower on K = 5120 (the GEMV keeps M = 1); exact through the op
+    on the H200 (tests/kernels/test_pq2_linear.py); 1.13x the previous automatic choice in a
+    CUDA graph of a layer's torch-op linears with the engine's signs and producer prologues
+    at M = 6 (benchmarks/results/pq2_chain_h200_m6_lean.md); through vLLM (27B-shaped file,
+    INT8 cache, side-by-side engines measured in both orders, the faster round of each) a
+    6-token DFlash verification step at 6.91 against 7.78 ms (4K context) and 7.63 against
+    7.70 ms (32K), a batch-8 decode step at 6.51 against 7.12 ms (e2e_h200_notes.md,
+    twenty-first session)."""
 
     name = "mma_lean_cuda"
     variant = 6
-    in_auto = False
     auto_min_m, auto_max_m = MMA_LEAN_AUTO_M
 
     @classmethod
