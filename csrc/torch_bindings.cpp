@@ -45,7 +45,8 @@ TORCH_LIBRARY(_C_prism, m) {
   m.def(
       "int8_verify_attention(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor query_start_loc, Tensor? req_ids, Tensor(a!) out, Tensor(b!) part_o, "
-      "Tensor(c!) part_lse, float scale, int max_q, int num_segs, int min_tiles) -> ()");
+      "Tensor(c!) part_lse, float scale, int max_q, int num_segs, int min_tiles, "
+      "bool int_qk=False) -> ()");
   m.impl("int8_verify_attention", c10::kCUDA, &int8_verify_attention);
 }
 

@@ -169,7 +169,8 @@ def ours_time(cache: Cache, ctx: int, q_len: int, geometry: SplitGeometry | None
                  for i in range(copies)]
     else:
         calls = [lambda i=i: verify_attention(q, cache.cache, mds[i], out=outs[i],
-                                              geometry=geometry, kernel=kernel)
+                                              geometry=geometry, int_qk=int_qk,
+                                              kernel=kernel)
                  for i in range(copies)]
     us = time_graph(calls * max(1, 20 // copies))
     if not check:
@@ -297,6 +298,17 @@ def main() -> None:
                                    vs_sdpa=round(s_us / us, 3), vs_decode=round(us / dec, 3),
                                    vs_triton=round(triton_us / us, 3), sdpa_us=round(s_us, 2),
                                    err=float(f"{err:.3g}"))
+                        res["records"].append(rec)
+                        print(json.dumps(rec), flush=True)
+                        # the same kernel with Q.K on the int8 tensor cores (opt-in)
+                        exact_us = us
+                        us, err = ours_time(cache, ctx, ql, check=True, kernel="cuda",
+                                            int_qk=True)
+                        rec = dict(kind="verify_int_qk", kernel="cuda", context=ctx,
+                                   q_tokens=ql, kv=kv_name, us=round(us, 2),
+                                   bw_frac=round(bytes_ / (us * 1e-6) / 1e9 / read_bw, 3),
+                                   vs_decode=round(us / dec, 3),
+                                   vs_exact=round(exact_us / us, 3), err=float(f"{err:.3g}"))
                         res["records"].append(rec)
                         print(json.dumps(rec), flush=True)
                 # a DFlash drafter's non-causal 6-token block, split, against the same kernel
@@ -488,8 +500,10 @@ def markdown(res: dict) -> str:
              "`vs_decode` = verify time / the default decode kernel's time (same cache, same "
              "context; the CUDA C++ kernel on INT8 where built; `decode_int_qk`: the Triton "
              "decode); "
-             "`vs_triton` = Triton time / CUDA C++ time of the same kind; `err` = relative L2 "
-             "error against the fp32 reference.", "",
+             "`vs_triton` = Triton time / CUDA C++ time of the same kind (`verify_int_qk`, "
+             "the CUDA verification kernel with Q.K on the int8 tensor cores: the exact "
+             "kernel's time / its time); `err` = relative L2 error against the fp32 "
+             "reference.", "",
              "| kind | kernel | kv | context | q tokens | us | bw_frac | vs_sdpa | vs_decode | "
              "vs_triton | err | sdpa us | geometry |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -499,7 +513,7 @@ def markdown(res: dict) -> str:
         lines.append(f"| {r['kind']} | {r.get('kernel', 'triton')} | {r['kv']} | "
                      f"{r['context']} | {r['q_tokens']} | "
                      f"{r['us']} | {r.get('bw_frac', '')} | {r.get('vs_sdpa', '')} | "
-                     f"{r.get('vs_decode', '')} | {r.get('vs_triton', '')} | "
+                     f"{r.get('vs_decode', '')} | {r.get('vs_triton', r.get('vs_exact', ''))} | "
                      f"{r.get('err', '')} | {r.get('sdpa_us', '')} | "
                      f"{r.get('geometry', '')} |")
     nc = [r for r in res["records"] if r["kind"] == "noncausal"]

@@ -43,6 +43,7 @@ struct Int8AttnParams {
   int block_size;  // slots per block, a multiple of 16
   int num_segs;
   int min_tiles;  // a segment holds at least this many 16-slot tiles
+  int int_qk;  // verification: 1 runs Q.K on the int8 tensor cores (int8 query), 0 exact
 };
 
 constexpr int kInt8DecodeMaxGroup = 8;

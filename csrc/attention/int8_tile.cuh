@@ -117,24 +117,51 @@ __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// 8 query values from `q` (fp16 or bf16) scaled into fp16 pairs.
-__device__ __forceinline__ void load_q8(const void* q, int dtype, float scale, uint32_t (&h)[4]) {
+// 8 query values from `q` (fp16 or bf16), scaled, as floats.
+__device__ __forceinline__ void load_q8_f32(const void* q, int dtype, float scale,
+                                            float (&v)[8]) {
   const uint4 raw = *reinterpret_cast<const uint4*>(q);
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    float lo, hi;
     if (dtype == 2) {
       const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&w[i]);
-      lo = __low2float(b);
-      hi = __high2float(b);
+      v[2 * i] = __low2float(b) * scale;
+      v[2 * i + 1] = __high2float(b) * scale;
     } else {
       const __half2 b = *reinterpret_cast<const __half2*>(&w[i]);
-      lo = __low2float(b);
-      hi = __high2float(b);
+      v[2 * i] = __low2float(b) * scale;
+      v[2 * i + 1] = __high2float(b) * scale;
     }
-    h[i] = pack_f16x2(lo * scale, hi * scale);
   }
+}
+
+// 8 query values from `q` (fp16 or bf16) scaled into fp16 pairs.
+__device__ __forceinline__ void load_q8(const void* q, int dtype, float scale, uint32_t (&h)[4]) {
+  float v[8];
+  load_q8_f32(q, dtype, scale, v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = pack_f16x2(v[2 * i], v[2 * i + 1]);
+}
+
+// Four values rounded to int8 (|x| <= 127 expected) in one word, the first in the low byte.
+__device__ __forceinline__ uint32_t pack_s8x4(float a, float b, float c, float d) {
+  const uint32_t ia = static_cast<uint32_t>(__float2int_rn(a)) & 0xffu;
+  const uint32_t ib = static_cast<uint32_t>(__float2int_rn(b)) & 0xffu;
+  const uint32_t ic = static_cast<uint32_t>(__float2int_rn(c)) & 0xffu;
+  const uint32_t id = static_cast<uint32_t>(__float2int_rn(d)) & 0xffu;
+  return ia | (ib << 8) | (ic << 16) | (id << 24);
+}
+
+// D = A . B + D on the int8 tensor cores (m16n8k32, s32 accumulators): a0..a3 hold rows g and
+// g + 8 at k 4t..4t+3 (a0, a1) and 16+4t.. (a2, a3), b0 / b1 column g at the same k.
+__device__ __forceinline__ void mma16832_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                            uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ void store_out(void* out, int dtype, const float (&v)[4]) {

@@ -24,6 +24,13 @@
 // in any other layout in 8-byte pieces. The decode kernel's bank-conflict-free slot order
 // applies. Prefix and causal tail run in one pass: column (token t, head j) sees positions
 // <= prefix + t. A segment covers a multiple of T tiles.
+//
+// Integer Q.K (IQK, opt-in: p.int_qk): each column of Q is quantised to int8 (absmax / 127 of
+// the scaled query, rounded to nearest) into shared memory with its scale, and S^T = K . Q^T
+// runs on the int8 tensor cores (m16n8k32) straight from the cache's int8 bytes: the K
+// operand is the shared row's 8 bytes a lane as they are (its k order is the query's), never
+// converted; the int32 scores are scaled by the column's query scale and the slot's K scale.
+// P^T and O^T as above.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -40,7 +47,7 @@ using namespace attn;
 
 constexpr int kSlots = 16;
 
-template <int HD, int NT>
+template <int HD, int NT, bool IQK = false>
 struct VShape {
   static constexpr int kTiles = HD >= 128 ? 4 : 2;  // 16-slot tiles a stage
   // column halves: at head size 256 two warps share a tile's S^T (each its half of the
@@ -57,10 +64,13 @@ struct VShape {
   // that starts 8 bytes in
   static constexpr int kSRow = 4 * (((kRow / 4 - 8 + 31) / 32) * 32 + 8);
   static constexpr int kStageBytes = kStageSlots * kSRow;
-  static constexpr int kQRow = 2 * HD + 64;  // fp16 query rows: words = 16 mod 32
+  // query rows: fp16 (words = 16 mod 32), or int8 with IQK (words = 8 mod 32: a lane's 8-byte
+  // loads of 8 columns conflict-free)
+  static constexpr int kQRow = IQK ? 4 * (((HD / 4 - 8 + 31) / 32) * 32 + 8) : 2 * HD + 64;
   static constexpr int kPRow = 2 * kStageSlots + 16;  // fp16 P^T rows: 16-byte steps mod 128
   static constexpr int kQOff = 2 * kStageBytes;
-  static constexpr int kPOff = kQOff + kCols * kQRow;
+  static constexpr int kQsOff = kQOff + kCols * kQRow;  // fp32 [column] query scales (IQK)
+  static constexpr int kPOff = kQsOff + (IQK ? kCols * 4 : 0);
   static constexpr int kRedOff = kPOff + kCols * kPRow;  // fp32 [column][tile]
   static constexpr int kFacOff = kRedOff + kCols * kTiles * 4;  // fp32 [column]
   static constexpr int kSmem = kFacOff + kCols * 4;
@@ -72,6 +82,8 @@ struct VShape {
   static_assert(kSRow >= kRow + 8 && (kSRow / 4) % 32 == 8 && kSRow % 16 == 0, "row layout");
   static_assert(kUnits >= 1 && HD == 32 * kWarps * kUnits, "dimension split");
   static_assert(kTpr * kStageSlots == kCopyThreads, "threads a row");
+  static_assert(!IQK || ((kQRow / 4) % 32 == 8 && kQRow >= HD), "int8 query rows");
+  static_assert(!IQK || (kCols * (HD / 8)) % 32 == 0, "whole warps quantise the query");
 };
 
 // The column maximum over the stage's tiles (red: [column][tile]).
@@ -126,16 +138,56 @@ __device__ __forceinline__ void for_half_columns(int warp, int t, F&& f) {
   });
 }
 
-template <int HD, int NT>
-__global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
+// Q into shared memory: column c = token * group + head of the group (zero past the request's
+// columns), fp16 rows scaled by qk_scale, or (IQK) int8 rows of the scaled query with the
+// column's scale (absmax / 127) in qsc; read after the main loop's first barrier.
+template <int HD, int NT, bool IQK>
+__device__ __forceinline__ void stage_query(const Int8AttnParams& p, int kvh, int q_start,
+                                            int n_cols, uint8_t* qs, float* qsc) {
+  using S = VShape<HD, NT, IQK>;
+  constexpr int kChunks = HD / 8;  // 8 values a thread; a column's chunks share a warp
+  for (int i = threadIdx.x; i < S::kCols * kChunks; i += S::kThreads) {
+    const int c = i / kChunks;
+    const int d = (i - c * kChunks) * 8;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (c < n_cols) {
+      const int tq = c / p.group;
+      const int hq = kvh * p.group + (c - tq * p.group);
+      const int64_t elem = static_cast<int64_t>(q_start + tq) * p.stride_qt +
+                           static_cast<int64_t>(hq) * p.stride_qh + d;
+      load_q8_f32(reinterpret_cast<const uint8_t*>(p.q) + elem * 2, p.q_dtype, p.qk_scale, v);
+    }
+    if constexpr (IQK) {
+      float amax = 0.f;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) amax = fmaxf(amax, fabsf(v[j]));
+#pragma unroll
+      for (int o = 1; o < kChunks; o <<= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const float inv = amax > 0.f ? 127.f / amax : 0.f;
+      *reinterpret_cast<uint2*>(qs + c * S::kQRow + d) =
+          make_uint2(pack_s8x4(v[0] * inv, v[1] * inv, v[2] * inv, v[3] * inv),
+                     pack_s8x4(v[4] * inv, v[5] * inv, v[6] * inv, v[7] * inv));
+      if (d == 0) qsc[c] = amax * (1.f / 127.f);
+    } else {
+      *reinterpret_cast<uint4*>(qs + c * S::kQRow + d * 2) =
+          make_uint4(pack_f16x2(v[0], v[1]), pack_f16x2(v[2], v[3]), pack_f16x2(v[4], v[5]),
+                     pack_f16x2(v[6], v[7]));
+    }
+  }
+}
+
+template <int HD, int NT, bool IQK>
+__global__ void __launch_bounds__(VShape<HD, NT, IQK>::kThreads, 2)
     int8_verify_kernel(const Int8AttnParams p) {
-  using S = VShape<HD, NT>;
+  using S = VShape<HD, NT, IQK>;
   constexpr int T = S::kTiles;
   constexpr int U = S::kUnits;
   constexpr int NH = S::kHalfNT;
   constexpr int KSTEPS2 = HD / 32;  // pairs of k-steps (QK)
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* qs = smem + S::kQOff;
+  float* qsc = reinterpret_cast<float*>(smem + S::kQsOff);
   uint8_t* ps = smem + S::kPOff;
   float* red = reinterpret_cast<float*>(smem + S::kRedOff);
   float* fac = reinterpret_cast<float*>(smem + S::kFacOff);
@@ -204,21 +256,7 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
   if (n_stages > 0) issue(0);
   cp_async_commit();
 
-  // Q (scaled by qk_scale) as fp16 rows: column c = token * group + head of the group (zero
-  // past the request's columns); read after the loop's first barrier.
-  for (int i = threadIdx.x; i < S::kCols * (HD / 8); i += S::kThreads) {
-    const int c = i / (HD / 8);
-    const int d = (i - c * (HD / 8)) * 8;
-    uint32_t h[4] = {0u, 0u, 0u, 0u};
-    if (c < n_cols) {
-      const int tq = c / p.group;
-      const int hq = kvh * p.group + (c - tq * p.group);
-      const int64_t elem = static_cast<int64_t>(q_start + tq) * p.stride_qt +
-                           static_cast<int64_t>(hq) * p.stride_qh + d;
-      load_q8(reinterpret_cast<const uint8_t*>(p.q) + elem * 2, p.q_dtype, p.qk_scale, h);
-    }
-    *reinterpret_cast<uint4*>(qs + c * S::kQRow + d * 2) = make_uint4(h[0], h[1], h[2], h[3]);
-  }
+  stage_query<HD, NT, IQK>(p, kvh, q_start, n_cols, qs, qsc);
 
   // the fp16 filler 0x64 in every byte, in a register the compiler cannot fold (head_dim <
   // 65536): see f16x2_sel
@@ -274,24 +312,49 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
       const uint8_t* row_g = base + (tile * kSlots + rg) * S::kSRow;
       const uint8_t* row_g8 = base + (tile * kSlots + rg8) * S::kSRow;
       float s[NH][4];
+      int si[NH][4];  // IQK: the int32 scores
 #pragma unroll
-      for (int n = 0; n < NH; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+      for (int n = 0; n < NH; ++n) {
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        si[n][0] = si[n][1] = si[n][2] = si[n][3] = 0;
+      }
 #pragma unroll
       for (int kk = 0; kk < KSTEPS2; ++kk) {
         const uint2 ka = *reinterpret_cast<const uint2*>(row_g + 32 * kk + 8 * t);
         const uint2 kb = *reinterpret_cast<const uint2*>(row_g8 + 32 * kk + 8 * t);
-        const uint32_t xa = ka.x ^ kSignFlip, xb = kb.x ^ kSignFlip;
-        const uint32_t ya = ka.y ^ kSignFlip, yb = kb.y ^ kSignFlip;
-        const uint32_t a0 = f16x2_sel<0x4140>(xa, k64), a1 = f16x2_sel<0x4140>(xb, k64);
-        const uint32_t a2 = f16x2_sel<0x4342>(xa, k64), a3 = f16x2_sel<0x4342>(xb, k64);
-        const uint32_t c0 = f16x2_sel<0x4140>(ya, k64), c1 = f16x2_sel<0x4140>(yb, k64);
-        const uint32_t c2 = f16x2_sel<0x4342>(ya, k64), c3 = f16x2_sel<0x4342>(yb, k64);
+        if constexpr (IQK) {
+          // a lane's 8 bytes of rows g and g + 8 are its A fragment as they are: bytes 0..3
+          // at k 4t.., 4..7 at k 16 + 4t.. (the query's columns stored in the same order)
+#pragma unroll
+          for (int n = 0; n < NN; ++n) {
+            const uint2 qv = *reinterpret_cast<const uint2*>(
+                qs + (8 * (N0 + n) + g) * S::kQRow + 32 * kk + 8 * t);
+            mma16832_s8(si[n], ka.x, kb.x, ka.y, kb.y, qv.x, qv.y);
+          }
+        } else {
+          const uint32_t xa = ka.x ^ kSignFlip, xb = kb.x ^ kSignFlip;
+          const uint32_t ya = ka.y ^ kSignFlip, yb = kb.y ^ kSignFlip;
+          const uint32_t a0 = f16x2_sel<0x4140>(xa, k64), a1 = f16x2_sel<0x4140>(xb, k64);
+          const uint32_t a2 = f16x2_sel<0x4342>(xa, k64), a3 = f16x2_sel<0x4342>(xb, k64);
+          const uint32_t c0 = f16x2_sel<0x4140>(ya, k64), c1 = f16x2_sel<0x4140>(yb, k64);
+          const uint32_t c2 = f16x2_sel<0x4342>(ya, k64), c3 = f16x2_sel<0x4342>(yb, k64);
+#pragma unroll
+          for (int n = 0; n < NN; ++n) {
+            const uint4 qv = *reinterpret_cast<const uint4*>(
+                qs + (8 * (N0 + n) + g) * S::kQRow + 16 * t + 64 * kk);
+            mma16816(s[n], a0, a1, a2, a3, qv.x, qv.y);
+            mma16816(s[n], c0, c1, c2, c3, qv.z, qv.w);
+          }
+        }
+      }
+      if constexpr (IQK) {  // the columns' query scales
 #pragma unroll
         for (int n = 0; n < NN; ++n) {
-          const uint4 qv = *reinterpret_cast<const uint4*>(qs + (8 * (N0 + n) + g) * S::kQRow +
-                                                           16 * t + 64 * kk);
-          mma16816(s[n], a0, a1, a2, a3, qv.x, qv.y);
-          mma16816(s[n], c0, c1, c2, c3, qv.z, qv.w);
+          const float2 sq = *reinterpret_cast<const float2*>(qsc + 8 * (N0 + n) + 2 * t);
+          s[n][0] = static_cast<float>(si[n][0]) * sq.x;
+          s[n][1] = static_cast<float>(si[n][1]) * sq.y;
+          s[n][2] = static_cast<float>(si[n][2]) * sq.x;
+          s[n][3] = static_cast<float>(si[n][3]) * sq.y;
         }
       }
       const int pos0 = stage_pos + tile * kSlots;
@@ -458,20 +521,26 @@ __global__ void __launch_bounds__(VShape<HD, NT>::kThreads, 2)
   }
 }
 
-template <int HD, int NT>
-cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  using S = VShape<HD, NT>;
+template <int HD, int NT, bool IQK>
+cudaError_t launch_variant(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
+  using S = VShape<HD, NT, IQK>;
   static const cudaError_t attr = cudaFuncSetAttribute(
-      int8_verify_kernel<HD, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+      int8_verify_kernel<HD, NT, IQK>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (attr != cudaSuccess) return attr;
   // the largest shared-memory carveout: the driver's default may leave room for one CTA
   static const cudaError_t carve = cudaFuncSetAttribute(
-      int8_verify_kernel<HD, NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      int8_verify_kernel<HD, NT, IQK>, cudaFuncAttributePreferredSharedMemoryCarveout,
       cudaSharedmemCarveoutMaxShared);
   if (carve != cudaSuccess) return carve;
-  int8_verify_kernel<HD, NT>
+  int8_verify_kernel<HD, NT, IQK>
       <<<dim3(num_selected, p.num_kv_heads, p.num_segs), S::kThreads, S::kSmem, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <int HD, int NT>
+cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
+  return p.int_qk ? launch_variant<HD, NT, true>(p, num_selected, stream)
+                  : launch_variant<HD, NT, false>(p, num_selected, stream);
 }
 
 // n-tiles of 8 columns for the widest request (the registers follow them)

@@ -11,12 +11,13 @@ void int8_verify_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
                            const torch::Tensor& query_start_loc,
                            const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
                            torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
-                           int64_t max_q, int64_t num_segs, int64_t min_tiles) {
+                           int64_t max_q, int64_t num_segs, int64_t min_tiles, bool int_qk) {
   const char* op = "int8_verify_attention";
   int64_t n_sel = 0;
-  const vllm_prism::Int8AttnParams p = vllm_prism::fill_int8_attn_params(
+  vllm_prism::Int8AttnParams p = vllm_prism::fill_int8_attn_params(
       op, q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o, part_lse,
       scale, max_q, num_segs, min_tiles, n_sel);
+  p.int_qk = int_qk ? 1 : 0;
   TORCH_CHECK(vllm_prism::aligned_to(kv_cache, 8) && kv_cache.stride(0) % 8 == 0 &&
                   kv_cache.stride(1) % 8 == 0 && kv_cache.stride(2) % 8 == 0 &&
                   p.block_size % 16 == 0,

@@ -300,6 +300,37 @@ def test_int_qk_error():
     assert exact < TOL and err < 3e-2
 
 
+@needs_c
+@pytest.mark.parametrize("shape", VERIFY_SHAPES, ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(
+    *s[:5]))
+def test_cuda_verify_int_qk(shape):
+    """Integer Q.K in the CUDA verification kernel (opt-in): every compiled head size, both
+    copy layouts, many segments and one, against the fp32 reference within the integer
+    path's bound, no further from it than the Triton kernel's integer Q.K (the same query
+    quantisation, absmax / 127 per token and head) allows, and not the exact path."""
+    nkv, group, hs, bs, layout, qdt = shape
+    q_lens = [2, 6, 3, 6, 5]
+    lens = [2, 100, 17, 5000, 70001]
+    b = make_batch(lens, q_lens, torch.int8, device="cuda", block_size=bs, layout=layout,
+                   head_size=hs, num_kv_heads=nkv, group=group, q_dtype=qdt, seed=21,
+                   q_gain=1.0)
+    ref = _ref(b)
+    out = poisoned_out(b.q)
+    verify_attention(b.q, b.cache, b.md, out=out, kernel="triton", int_qk=True)
+    triton_err = rel_err(out, ref)
+    verify_attention(b.q, b.cache, b.md, out=out, kernel="cuda")
+    exact = rel_err(out, ref)
+    for segs in (None, 1):
+        out = poisoned_out(b.q)
+        verify_attention(b.q, b.cache, b.md, out=out, kernel="cuda", int_qk=True,
+                         num_segs=segs)
+        err = rel_err(out, ref)
+        print(f"\nsegs {segs}: int_qk rel err {err:.4g} (Triton int_qk {triton_err:.4g}, "
+              f"exact {exact:.4g})")
+        assert err < 3e-2 and err < 1.5 * triton_err + 2e-3, (segs, err, triton_err)
+        assert err > exact, (segs, err, exact)  # the integer path ran
+
+
 GEOMETRIES = [  # every kernel variant the geometry table can pick on this GPU
     SplitGeometry(32, 2.0, 128, 4, 4, 1, prefetch=True),
     SplitGeometry(64, 2.0, 128, 2, 8, 1, prefetch=True),

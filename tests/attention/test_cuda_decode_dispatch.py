@@ -69,5 +69,5 @@ def test_kernel_choice_refusals(monkeypatch):
     f = make_batch([40], [3], torch.bfloat16, block_size=16)
     with pytest.raises(ValueError, match="int8_per_token_head"):
         verify_attention(f.q, f.cache, f.md, out=poisoned_out(f.q), kernel="cuda")
-    with pytest.raises(ValueError, match="exact Q.K"):
+    with pytest.raises(ValueError, match="decode with exact Q.K"):
         decode_attention(b.q, b.cache, b.md, out=poisoned_out(b.q), kernel="cuda", int_qk=True)

@@ -17,7 +17,10 @@ CTA per (request, KV head, segment), four 16-slot tiles a stage (16-byte ``cp.as
 NHD layout, 8-byte in any other), S^T built per tile and column half, the stage's column maxima
 and P^T exchanged through shared memory, O^T split over the warps by head dimension, prefix and
 causal tail in one pass. ``auto`` takes it wherever it can serve the call: on the H200
-1.10-1.41x the Triton kernel at 4K-128K context (benchmarks/results/attention_h200.md).
+1.10-1.41x the Triton kernel at 4K-128K context (benchmarks/results/attention_h200.md). With
+``int_qk`` (opt-in, as the Triton path's) it quantises each query column to int8 (absmax /
+127) and runs Q.K on the int8 tensor cores straight from the cache's bytes, no K conversion;
+written for the shared-memory latency that bounds it (attention_h200_notes.md), not yet timed.
 """
 
 from __future__ import annotations
@@ -134,11 +137,14 @@ def num_cuda_segments(num_selected: int, sms: int, num_kv_heads: int = 1,
 def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                        req_ids: torch.Tensor | None, out: torch.Tensor, part_o: torch.Tensor,
-                       part_lse: torch.Tensor, scale: float, max_q: int, num_segs: int) -> None:
-    """One launch of the verification kernel: ``out`` directly or the partials."""
+                       part_lse: torch.Tensor, scale: float, max_q: int, num_segs: int,
+                       int_qk: bool = False) -> None:
+    """One launch of the verification kernel: ``out`` directly or the partials; ``int_qk``
+    runs Q.K on the int8 tensor cores with the query quantised per column (opt-in)."""
     torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
-                                             float(scale), int(max_q), int(num_segs), MIN_TILES)
+                                             float(scale), int(max_q), int(num_segs), MIN_TILES,
+                                             bool(int_qk))
 
 
 def launch_cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,

@@ -37,7 +37,9 @@ N(0, 1), keys N(0, 1) with four channels x4; head dim 256, GQA 6):
   6.5e-3 against 3e-7, i.e. the Q quantisation alone adds ~6e-3.
 
 It saves 6-8 % of the decode time at 32K-128K on the H200 (bench ``decode_int_qk`` rows) for
-3.6x the error of the exact path, so it stays opt-in.
+3.6x the error of the exact path, so it stays opt-in. Verification with ``int_qk`` runs on the
+CUDA C++ verification kernel's integer variant where that kernel can serve the call
+(:mod:`.cuda_decode`), here elsewhere.
 """
 
 from __future__ import annotations
@@ -424,7 +426,7 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
     if choice not in ATTN_KERNELS:
         raise ValueError(f"attention kernel {choice!r} is not one of {ATTN_KERNELS} "
                          "(VLLM_PRISM_ATTN_KERNEL)")
-    if choice != "triton" and fmt.is_int8 and not int_qk and (causal or not verify):
+    if choice != "triton" and fmt.is_int8 and (verify or not int_qk) and (causal or not verify):
         if verify:
             why = cuda_verify_problem(q, kv_cache, fmt, out3, max_q)
         else:
@@ -432,13 +434,13 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
         _log_cuda_choice("verification" if verify else "decode", why)
         if why is None:
             _cuda_split_kv(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel, scale,
-                           max_q, num_segs)
+                           max_q, num_segs, int_qk)
             return out
         if kernel == "cuda":
             raise ValueError(f"the CUDA attention kernel cannot serve this call: {why}")
     elif kernel == "cuda":
-        raise ValueError("the CUDA attention kernels serve the INT8 cache (int8_per_token_head) "
-                         "with exact Q.K and causal verification only")
+        raise ValueError("the CUDA attention kernels serve the INT8 cache (int8_per_token_head): "
+                         "decode with exact Q.K, causal verification with exact or integer Q.K")
     geom = geometry or gpu_geometry(q.device).pick(verify, fmt.is_int8)
     nkv = fmt.num_kv_heads
     group = q.shape[1] // nkv
@@ -515,10 +517,10 @@ def _merge(part_o: torch.Tensor, part_lse: torch.Tensor, out3: torch.Tensor,
 
 def _cuda_split_kv(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
                    out3: torch.Tensor, req_ids: torch.Tensor | None, n_sel: int, scale: float,
-                   max_q: int, num_segs: int | None) -> None:
+                   max_q: int, num_segs: int | None, int_qk: bool = False) -> None:
     """INT8 decode (``max_q == 1``: one CTA per request and segment, every KV head) or
-    verification (one CTA per request, KV head and segment) on the CUDA C++ kernels, merged
-    here when they split the context."""
+    verification (one CTA per request, KV head and segment; ``int_qk``: Q.K on the int8
+    tensor cores) on the CUDA C++ kernels, merged here when they split the context."""
     verify = max_q > 1
     nkv = kv_cache.shape[1] if verify else 1
     per_sm = VERIFY_CTAS_PER_SM if verify else CTAS_PER_SM
@@ -532,7 +534,7 @@ def _cuda_split_kv(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadat
     args = (q, kv_cache, md.block_table, md.seq_lens, md.query_start_loc, req_ids, out3, part_o,
             part_lse, scale)
     if verify:
-        launch_cuda_verify(*args, max_q, segs)
+        launch_cuda_verify(*args, max_q, segs, int_qk)
     else:
         launch_cuda_decode(*args, segs)
     if segs > 1:
@@ -557,7 +559,7 @@ def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetad
 def verify_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, *,
                      scale: float | None = None, max_query_len: int | None = None,
                      out: torch.Tensor | None = None, req_ids: torch.Tensor | None = None,
-                     geometry: SplitGeometry | None = None,
+                     int_qk: bool = False, geometry: SplitGeometry | None = None,
                      num_segs: int | None = None, kernel: str | None = None) -> torch.Tensor:
     """2..16 query tokens per request (speculative verification, short chunks): the shared
     prefix through the split path with the tokens folded into the GQA group, plus an exact
@@ -565,8 +567,8 @@ def verify_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetad
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     max_q = md.max_query_len if max_query_len is None else max_query_len
     return split_kv_attention(q, kv_cache, md, scale=scale, max_q=max(2, max_q), out=out,
-                              req_ids=req_ids, geometry=geometry, num_segs=num_segs,
-                              kernel=kernel)
+                              req_ids=req_ids, int_qk=int_qk, geometry=geometry,
+                              num_segs=num_segs, kernel=kernel)
 
 
 def noncausal_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, *,
