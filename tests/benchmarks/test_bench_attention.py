@@ -1,0 +1,40 @@
+"""benchmarks/kernels/bench_attention.py runs end to end under the Triton CPU interpreter
+(``--cpu-smoke``: tiny contexts, both cache dtypes): no measurement fails, every kind of row
+is written (decode, verification, the non-causal draft block, the integer-Q.K decode,
+prefill), the checked rows stay within the split path's error of the fp32 reference, and the
+markdown table lists them. The CUDA C++ rows (``kernel`` cuda, ``verify_int_qk``) need a GPU
+and are not written here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_cpu_smoke_run_writes_every_kind(tmp_path) -> None:
+    from conftest import run_python
+
+    script = ROOT / "benchmarks" / "kernels" / "bench_attention.py"
+    out = tmp_path
+    proc = run_python([str(script), "--cpu-smoke", "--out", str(out)], script.parent,
+                      timeout=900, TRITON_INTERPRET="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "attention_cpu-smoke.json").read_text())
+    assert res["errors"] == [], res["errors"]
+    kinds = {(r["kind"], r["kv"]) for r in res["records"]}
+    for kv in ("int8", "bf16"):
+        assert {("decode", kv), ("verify", kv), ("noncausal", kv), ("prefill", kv)} <= kinds
+    assert ("decode_int_qk", "int8") in kinds
+    assert not any(r.get("kernel") == "cuda" or r["kind"] == "verify_int_qk"
+                   for r in res["records"])
+    checked = [r for r in res["records"] if "err" in r]
+    assert checked and all(r["err"] < 2e-2 for r in checked), checked
+    assert all(r["us"] > 0 for r in res["records"])
+    table = (out / "attention_cpu-smoke.md").read_text()
+    assert table.count("| verify | triton |") == 4
