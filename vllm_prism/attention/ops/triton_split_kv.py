@@ -333,14 +333,15 @@ if HAS_TRITON:
     @triton.jit
     def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, req_ids_ptr, qsl_ptr,
                       stride_pr, stride_pt, stride_ph, stride_ps,
-                      stride_lr, stride_lt, stride_lh, stride_ot, stride_oh, NSEG,
-                      MAX_Q: tl.constexpr, NSEG_P2: tl.constexpr, DCHUNK: tl.constexpr,
-                      HAS_REQ_IDS: tl.constexpr):
+                      stride_lr, stride_lt, stride_lh, stride_ot, stride_oh, NSEG, max_q,
+                      NSEG_P2: tl.constexpr, DCHUNK: tl.constexpr, HAS_REQ_IDS: tl.constexpr):
+        # max_q is a runtime value (one compiled merge serves verification of 2..16 tokens: a
+        # first 9-token chunk in a server's life does not wait for a compile)
         pid = tl.program_id(0)
         h = tl.program_id(1)
         dc = tl.program_id(2)
-        sel = pid // MAX_Q
-        t = pid % MAX_Q
+        sel = pid // max_q
+        t = pid % max_q
         if HAS_REQ_IDS:
             req = tl.load(req_ids_ptr + sel)
         else:
@@ -512,7 +513,7 @@ def _merge(part_o: torch.Tensor, part_lse: torch.Tensor, out3: torch.Tensor,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
         out3.stride(0), out3.stride(1), nseg,
-        MAX_Q=max_q, NSEG_P2=nseg_p2, DCHUNK=dchunk, HAS_REQ_IDS=has_ids, num_warps=4)
+        max_q, NSEG_P2=nseg_p2, DCHUNK=dchunk, HAS_REQ_IDS=has_ids, num_warps=4)
 
 
 def _cuda_split_kv(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
