@@ -150,8 +150,8 @@ def sdpa_time(ctx: int, q_len: int, causal: bool = False) -> tuple[float, str]:
 def ours_time(cache: Cache, ctx: int, q_len: int, geometry: SplitGeometry | None = None,
               int_qk: bool = False, check: bool = False, kernel: str = "triton",
               causal: bool = True, num_segs: int | None = None):
-    """Microseconds per call of ``kernel`` (``triton`` or ``cuda``: the CUDA C++ INT8 decode
-    kernel); with ``check``, also the relative error of the first call's output against the
+    """Microseconds per call of ``kernel`` (``triton`` or ``cuda``: the CUDA C++ INT8 decode or
+    verification kernel; ``int_qk``: Q.K on the int8 tensor cores); with ``check``, also the relative error of the first call's output against the
     fp32 reference. ``causal=False``: a DFlash drafter's non-causal block
     (``noncausal_attention``, ``num_segs`` segments or the geometry's)."""
     copies = cache.copies(ctx)

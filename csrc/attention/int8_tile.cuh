@@ -124,15 +124,11 @@ __device__ __forceinline__ void load_q8_f32(const void* q, int dtype, float scal
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    if (dtype == 2) {
-      const __nv_bfloat162 b = *reinterpret_cast<const __nv_bfloat162*>(&w[i]);
-      v[2 * i] = __low2float(b) * scale;
-      v[2 * i + 1] = __high2float(b) * scale;
-    } else {
-      const __half2 b = *reinterpret_cast<const __half2*>(&w[i]);
-      v[2 * i] = __low2float(b) * scale;
-      v[2 * i + 1] = __high2float(b) * scale;
-    }
+    const float2 f = dtype == 2
+                         ? __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[i]))
+                         : __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    v[2 * i] = f.x * scale;
+    v[2 * i + 1] = f.y * scale;
   }
 }
 

@@ -21,11 +21,10 @@ def test_cpu_smoke_run_writes_every_kind(tmp_path) -> None:
     from conftest import run_python
 
     script = ROOT / "benchmarks" / "kernels" / "bench_attention.py"
-    out = tmp_path
-    proc = run_python([str(script), "--cpu-smoke", "--out", str(out)], script.parent,
+    proc = run_python([str(script), "--cpu-smoke", "--out", str(tmp_path)], script.parent,
                       timeout=900, TRITON_INTERPRET="1")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    res = json.loads((out / "attention_cpu-smoke.json").read_text())
+    res = json.loads((tmp_path / "attention_cpu-smoke.json").read_text())
     assert res["errors"] == [], res["errors"]
     kinds = {(r["kind"], r["kv"]) for r in res["records"]}
     for kv in ("int8", "bf16"):
@@ -36,5 +35,5 @@ def test_cpu_smoke_run_writes_every_kind(tmp_path) -> None:
     checked = [r for r in res["records"] if "err" in r]
     assert checked and all(r["err"] < 2e-2 for r in checked), checked
     assert all(r["us"] > 0 for r in res["records"])
-    table = (out / "attention_cpu-smoke.md").read_text()
+    table = (tmp_path / "attention_cpu-smoke.md").read_text()
     assert table.count("| verify | triton |") == 4
