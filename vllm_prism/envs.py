@@ -34,9 +34,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Decode and verification attention kernel over an INT8 KV cache
     # (attention/ops/triton_split_kv.py): "auto" (default) runs the CUDA C++ kernels of
     # vllm_prism._C (attention/ops/cuda_decode.py) wherever they can serve the call, the Triton
-    # split-KV kernel elsewhere; "triton" always the Triton kernel; "cuda" the same as "auto";
-    # "cuda_int_qk" as "auto" with the verification's Q.K on int8 tensor cores (the query
-    # quantised per token and head; opt-in while its speed and error are measured).
+    # split-KV kernel elsewhere; "triton" always the Triton kernel; "cuda" the same as "auto".
     # Read per call (inside vLLM's attention op, outside any traced graph).
     "VLLM_PRISM_ATTN_KERNEL": lambda: os.getenv("VLLM_PRISM_ATTN_KERNEL", "auto").strip().lower(),
     # Tile overrides for the int8 GEMV (kernels/pq2/triton_gemv.py), to measure a variant

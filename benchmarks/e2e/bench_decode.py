@@ -876,11 +876,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pq2-kernel", nargs="+", default=["auto"],
                    help="VLLM_PRISM_PQ2_KERNEL for the engines, each in turn")
     p.add_argument("--attn-kernel", nargs="+", default=["auto"],
-                   choices=["auto", "triton", "cuda", "cuda_int_qk"],
+                   choices=["auto", "triton", "cuda"],
                    help="VLLM_PRISM_ATTN_KERNEL for the engines, each in turn (auto: the CUDA "
                    "C++ INT8 decode and verification attention where built; triton: the Triton "
-                   "split-KV kernel; cuda: the same as auto; cuda_int_qk: auto with the "
-                   "verification's Q.K on int8)")
+                   "split-KV kernel; cuda: the same as auto)")
     p.add_argument("--gemv-tuning", nargs="+", default=[""],
                    help="VLLM_PRISM_GEMV_TUNING for the engines, each in turn (e.g. "
                    "'depth=2,scales=1' 'split=4'; '' for the defaults)")

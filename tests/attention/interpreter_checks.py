@@ -212,32 +212,6 @@ def _int_qk():
     return f"int_qk rel err {err:.3g} (exact path {exact:.3g})"
 
 
-@check("int_qk_switch")
-def _int_qk_switch():
-    """VLLM_PRISM_ATTN_KERNEL=cuda_int_qk: verification takes the integer Q.K, decode not."""
-    runs = {"verify": (verify_attention, make_batch([300, 77], [4, 3], torch.int8, seed=6,
-                                                    q_gain=1.0)),
-            "decode": (decode_attention, make_batch([300, 77], [1, 1], torch.int8, seed=6,
-                                                    q_gain=1.0))}
-    outs = {}
-    for kind, (fn, b) in runs.items():
-        for name, env, iqk in (("exact", "auto", False), ("int", "auto", True),
-                               ("switch", "cuda_int_qk", False)):
-            if kind == "decode" and iqk:
-                continue
-            os.environ["VLLM_PRISM_ATTN_KERNEL"] = env
-            try:
-                out = poisoned_out(b.q, torch.float32)
-                fn(b.q, b.cache, b.md, out=out, int_qk=iqk)
-            finally:
-                os.environ.pop("VLLM_PRISM_ATTN_KERNEL")
-            outs[kind, name] = out
-    assert torch.equal(outs["verify", "switch"], outs["verify", "int"]), "verify: not int path"
-    assert not torch.equal(outs["verify", "int"], outs["verify", "exact"]), "int path = exact"
-    assert torch.equal(outs["decode", "switch"], outs["decode", "exact"]), "decode: not exact"
-    return "verification on the integer path, decode exact"
-
-
 for dtype in (torch.int8, torch.bfloat16):
     tag = str(dtype).split(".")[-1]
 

@@ -18,7 +18,7 @@ EXPECTED = [f"{k}_{t}" for t in ("int8_NHD_bs16", "bfloat16_HND_bs32", "int8_HND
             for k in ("decode", "verify")] + [
     "verify_single_request_k6", "noncausal_blocks", "verify_capture_seq_lens_one",
     "prefetch_and_m64_geometries", "int8_fp16_operands",
-    "int_qk_error", "int_qk_switch", "prefill_int8", "prefill_bfloat16",
+    "int_qk_error", "prefill_int8", "prefill_bfloat16",
     "prefill_expanded_gqa", "prefill_bf16_query", "mixed_int8", "mixed_bfloat16"]
 
 

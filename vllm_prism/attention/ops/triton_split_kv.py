@@ -72,7 +72,7 @@ logger = logging.getLogger(__name__)
 _LOGGED: set[tuple[str, str | None]] = set()
 
 MAX_VERIFY_TOKENS = 16
-ATTN_KERNELS = ("auto", "triton", "cuda", "cuda_int_qk")
+ATTN_KERNELS = ("auto", "triton", "cuda")
 LOG2E = 1.4426950408889634
 
 # Relative L2 error of the output against the fp32 reference on the dequantised cache (see the
@@ -405,8 +405,7 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
     decode and INT8 verification on the CUDA C++ kernels (:mod:`.cuda_decode`) wherever they
     can serve the call and everything else here; ``triton`` always here; ``cuda`` the same as
     ``auto``, but passed as ``kernel="cuda"`` it requires the CUDA kernels (an error names why
-    one cannot serve a call); from the switch, a call they cannot serve runs here;
-    ``cuda_int_qk`` the same as ``auto`` with ``int_qk`` for every INT8 verification call.
+    one cannot serve a call); from the switch, a call they cannot serve runs here.
     """
     fmt = _check_inputs(q, kv_cache)
     if out is None:
@@ -428,9 +427,6 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
     if choice not in ATTN_KERNELS:
         raise ValueError(f"attention kernel {choice!r} is not one of {ATTN_KERNELS} "
                          "(VLLM_PRISM_ATTN_KERNEL)")
-    if choice == "cuda_int_qk":  # as auto, verification with Q.K on int8 (opt-in)
-        int_qk = int_qk or (verify and fmt.is_int8)
-        choice = "auto"
     if choice != "triton" and fmt.is_int8 and (verify or not int_qk) and (causal or not verify):
         if verify:
             why = cuda_verify_problem(q, kv_cache, fmt, out3, max_q)
