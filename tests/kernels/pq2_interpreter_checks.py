@@ -177,6 +177,38 @@ def _dequant():
     expect(((got - want).abs() <= want.abs() * 2 ** -7).all(), "bf16 off by more than a step")
 
 
+@check("fp8-operands")
+def _fp8_operands():
+    """gemm_fp8's two Triton passes: the codes as e4m3 times their transposed float32 scales
+    equal the GGUF codec's weights exactly; the activation's 1x128 scales are each group's
+    absmax / 448 (outer-dimension-major), and its e4m3 values of the sign of x / scale and
+    within half of it: the interpreter's fp32 -> e4m3 conversion drops values with a mantissa
+    near 2 to the power of two below (-127.9 -> -64), so the rounding itself is checked on
+    the GPU (test_pq2_fp8_gemm.py: equal to torch's round-to-nearest)."""
+    from vllm_prism.kernels.pq2.triton_fp8 import pq2_codes_fp8, quantize_fp8_1x128
+
+    raw, q, d, signs, w = case(21, 1152, 128)  # 9 groups: a ragged word tile
+    codes, scales = pq2_codes_fp8(w)
+    expect(codes.dtype == torch.float8_e4m3fn and scales.shape == (9, 21), "layout")
+    got = codes.float() * scales.t().repeat_interleave(128, 1)
+    expect(torch.equal(got, dense(raw, "PQ2_0").float()), "codes x scales not exact")
+    x = torch.randn(19, 1152, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    x[4, 128:256] = 0  # an all-zero group keeps a finite scale
+    xq, xs = quantize_fp8_1x128(x)
+    expect(xs.shape == (19, 9) and xs.stride() == (1, 19), f"scale layout {xs.stride()}")
+    groups = x.float().view(19, 9, 128)
+    amax = groups.abs().amax(-1)
+    want_s = torch.where(amax > 0, amax / 448.0, torch.ones_like(amax))
+    expect(torch.allclose(xs, want_s, rtol=1e-6, atol=0), "scales")
+    scaled = groups / want_s[..., None]
+    got = xq.float().view(19, 9, 128)
+    step = torch.exp2(torch.floor(torch.log2(scaled.abs().clamp(min=2.0 ** -6))) - 3)
+    err = (got - scaled).abs()
+    expect(bool((err <= scaled.abs() / 2 + step).all()), "e4m3 values off by more than half")
+    expect(bool((got * scaled >= 0).all()) and got.abs().max() <= 448, "signs or range")
+    return f"act rel err {rel_err(got * xs[..., None], groups):.3g} (interpreter rounding)"
+
+
 @check("gemv-split-k")
 def _gemv_split():
     """K split over programs (ragged: 9 groups in 3 splits of 4, 4, 1; even: 16 in 4), with

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("triton")
 
 HERE = Path(__file__).resolve().parent
-EXPECTED = 51  # 2 shapes x 4 M x (producer + kernels + auto) + 9 extra checks
+EXPECTED = 52  # 2 shapes x 4 M x (producer + kernels + auto) + 10 extra checks
 
 
 @pytest.fixture(scope="module")

@@ -372,6 +372,47 @@ class GemmDqKernel(PQ2LinearKernel):
         return F.linear(act.data, dense, bias).to(out_dtype)
 
 
+class GemmFp8Kernel(PQ2LinearKernel):
+    """Prefill (M >= ``GEMM_DQ_MIN_M``) on the FP8 tensor cores (triton_fp8): the codes
+    written as e4m3 (-1 / 0 / +1, exact; 1 byte a weight, half of gemm_dq's temporary), the
+    rotated activation quantized to e4m3 per token and 128-group, and cuBLAS's FP8 GEMM with
+    1x128 block scales on both operands (``torch._scaled_mm``, sm_90). On the H200 it took
+    0.96-1.22x the time of bf16 ``F.linear`` at M = 2048-4096 (1.05-1.35x gemm_dq) but
+    0.54-0.90x at M = 512, with a relative error of 2.6 % against 0.17 % for bf16
+    (benchmarks/results/pq2_fp8_gemm_h200.md): only where VLLM_PRISM_PQ2_KERNEL names it."""
+
+    name = "gemm_fp8"
+    in_auto = False
+
+    @classmethod
+    def is_supported(cls, capability):
+        ok, why = _triton_supported(capability)
+        if ok and (capability is None or capability[0] != 9):
+            return False, "cuBLAS's FP8 1x128 block scaling runs on sm_90 (Hopper) only"
+        if ok and not hasattr(torch, "float8_e4m3fn"):
+            return False, "this torch has no float8_e4m3fn"
+        return ok, why
+
+    @classmethod
+    def can_implement(cls, c):
+        if c.m < GEMM_DQ_MIN_M:
+            return False, f"M = {c.m} < {GEMM_DQ_MIN_M} (a prefill path)"
+        if c.dtype not in _FLOAT_ACT:
+            return False, f"activation dtype {c.dtype} (needs bf16 or fp16)"
+        if c.n % 16:
+            return False, f"N = {c.n} is not a multiple of 16 (cuBLAS FP8)"
+        return _pq2_only(c)
+
+    @classmethod
+    def run(cls, act, w, bias, out_dtype):
+        from vllm_prism.kernels.pq2.triton_fp8 import gemm_fp8
+        y = gemm_fp8(act.data, w, out_dtype=torch.bfloat16 if out_dtype == torch.bfloat16
+                     else torch.float32)
+        if bias is not None:
+            y = y + bias.to(y.dtype)
+        return y.to(out_dtype)
+
+
 class _CudaOpKernel(PQ2LinearKernel):
     """A kernel of vllm_prism._C (csrc/pq2) behind the op ``torch.ops._C_prism.<op>``, on
     int8 activations."""
@@ -705,25 +746,25 @@ class TorchKernel(PQ2LinearKernel):
 
 
 # Automatic order (H200 measurements in benchmarks/results/pq2_linear_h200.md, each choice
-# also timed through vLLM in e2e_h200.md): where vllm_prism._C is built, the CUDA C++ GEMV
-# (gemv_cuda) at M = 1..2, the CUDA C++ small-batch kernel (mma_small_cuda) at M = 3..8 (its
-# streaming variant mma_stream_cuda from K = 6144, and at M = 2 past K = 8192), the
+# also timed through vLLM in e2e_h200.md): where vllm_prism._C is built, the short-pass
+# small-batch kernel (mma_lean_cuda) first at M = 2..8 where K % 512 == 0 (every Bonsai 2
+# linear: 1.10-1.13x the kernels below for a verification step through vLLM), the CUDA C++
+# GEMV (gemv_cuda) at M = 1..2, the CUDA C++ small-batch kernel (mma_small_cuda) at M = 3..8
+# (its streaming variant mma_stream_cuda from K = 6144, and at M = 2 past K = 8192), the
 # CUDA C++ tensor-core kernel (mma_cuda) past it up to M = 511 and the dequantize-then-cuBLAS
 # prefill (gemm_dq) from M = 512. Without _C: the Triton GEMV up to M = 2 (4 on large N; the
 # fp32 GEMV is issue-bound, see triton_gemv), then the Triton int8 tensor-core kernels (1.1-1.5x
 # faster than bf16 at every M measured), gemm_dq from M = 512. The bf16/fp16 kernels (*_a16)
 # stay for the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the
 # pipelined small-batch variant (mma_small_pipe_cuda), the equal-share one (mma_bulk_cuda), the
-# resident streaming one (mma_persist_cuda) and the GEMV with the producer in its launch
-# (gemv_fused_cuda) only where named; the short-pass small-batch kernel (mma_lean_cuda),
-# first in the order, would take M = 2..8 where K % 512 == 0 (faster alone and in a chain of
-# torch-op linears; slower in its one A/B through vLLM so far, order not varied).
+# resident streaming one (mma_persist_cuda), the GEMV with the producer in its launch
+# (gemv_fused_cuda) and the FP8 prefill GEMM (gemm_fp8) run only where named.
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, MmaLeanCudaA8Kernel, MmaStreamCudaA8Kernel, GemvCudaA8Kernel,
     MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel,
     GemmDqKernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel, GemmA16Kernel,
     MmaSmallPipeCudaA8Kernel, MmaBulkCudaA8Kernel, MmaPersistCudaA8Kernel,
-    GemvFusedCudaKernel, TorchKernel,
+    GemvFusedCudaKernel, GemmFp8Kernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 

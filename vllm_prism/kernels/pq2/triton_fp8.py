@@ -1,0 +1,123 @@
+"""Prefill on FP8 tensor cores: ternary codes as e4m3, 1x128 block scales on both operands.
+
+A PQ2_0 weight is ``W[n, k] = (code - 1) * d[n, k // 128]``: its codes -1 / 0 / +1 are exact
+in float8_e4m3fn, and its scales are a 1x128 block scaling of the kind cuBLAS applies on
+Hopper (``torch._scaled_mm`` with BlockWise1x128 on both operands, CUDA >= 12.9, sm_90).
+The activation gets the same recipe: each 128-value group of a token scaled by its absmax /
+448 into e4m3. So the GEMM runs on the FP8 tensor cores (twice the bf16 rate) and the
+weight pass writes 1 byte a weight (``gemm_dq`` writes 2 in bf16, then reads them back).
+
+The price is the activation's e4m3 rounding (3 mantissa bits, per 128-group scale): a
+larger error than the int8 kernels' per-group int8, measured against the fp32 reference by
+``benchmarks/kernels/bench_pq2_fp8_gemm.py``.
+
+Two Triton launches and the cuBLAS GEMM:
+
+* :func:`pq2_codes_fp8`: the prepared code plane as e4m3 ``[N, K]`` and the scales as
+  float32 ``[K/128, N]`` (the layout ``_scaled_mm`` takes for the second operand's 1x128
+  blocks);
+* :func:`quantize_fp8_1x128`: the activation as e4m3 ``[M, K]`` and its scales as float32,
+  ``[M, K/128]`` with stride ``(1, M)`` (outer-dimension-major, as cuBLAS requires).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_prism.kernels.common import HAS_TRITON, cdiv
+from vllm_prism.kernels.pq2.layout import PQ2Weight
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+
+__all__ = ["FP8_MAX", "gemm_fp8", "pq2_codes_fp8", "quantize_fp8_1x128"]
+
+FP8_MAX = 448.0
+GROUP = 128
+_BLOCK_N = 8
+_BLOCK_W = 64  # words of 16 codes: 1024 weights, 8 groups of each of 8 rows per program
+_ACT_ROWS = 16
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _pq2_codes_fp8_kernel(codes_ptr, scales_ptr, out_ptr, scale_out_ptr, N, W, G,
+                              stride_cn, stride_sn, stride_on, BLOCK_N: tl.constexpr,
+                              BLOCK_W: tl.constexpr):
+        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        words = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+        rows64 = rows.to(tl.int64)
+        mask = (rows < N)[:, None] & (words < W)[None, :]
+        code_words = tl.load(codes_ptr + rows64[:, None] * stride_cn + words[None, :],
+                             mask=mask, other=0)
+        i = tl.arange(0, 16)
+        shift = 8 * (i % 4) + 2 * (i // 4)
+        codes = (code_words[:, :, None] >> shift[None, None, :]) & 3
+        vals = tl.reshape(codes.to(tl.float32) - 1.0, (BLOCK_N, BLOCK_W * 16))
+        cols = tl.program_id(1) * (BLOCK_W * 16) + tl.arange(0, BLOCK_W * 16)
+        omask = (rows < N)[:, None] & (cols < 16 * W)[None, :]
+        tl.store(out_ptr + rows64[:, None] * stride_on + cols[None, :],
+                 vals.to(out_ptr.dtype.element_ty), mask=omask)
+        # this program's 8 groups of scales, transposed to [G, N] float32
+        groups = tl.program_id(1) * (BLOCK_W // 8) + tl.arange(0, BLOCK_W // 8)
+        gmask = (rows < N)[:, None] & (groups < G)[None, :]
+        d = tl.load(scales_ptr + rows64[:, None] * stride_sn + groups[None, :], mask=gmask,
+                    other=0.0).to(tl.float32)
+        tl.store(scale_out_ptr + groups[None, :].to(tl.int64) * N + rows64[:, None], d,
+                 mask=gmask)
+
+    @triton.jit
+    def _quantize_fp8_kernel(x_ptr, out_ptr, scale_ptr, M, K, stride_xm, stride_om,
+                             FP8_MAX: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr):
+        rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        g = tl.program_id(1)
+        cols = g * GROUP + tl.arange(0, GROUP)
+        rows64 = rows.to(tl.int64)
+        mask = (rows < M)[:, None] & (cols < K)[None, :]
+        x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask,
+                    other=0.0).to(tl.float32)
+        amax = tl.max(tl.abs(x), axis=1)
+        s = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+        q = tl.clamp(x / s[:, None], -FP8_MAX, FP8_MAX)
+        tl.store(out_ptr + rows64[:, None] * stride_om + cols[None, :],
+                 q.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(scale_ptr + g.to(tl.int64) * M + rows64, s, mask=rows < M)
+
+
+def pq2_codes_fp8(w: PQ2Weight) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(codes, scales)``: the codes minus one as float8_e4m3fn ``[N, K]`` (exact: -1, 0, 1)
+    and the block scales as float32 ``[K/128, N]``."""
+    g = w.k // GROUP
+    out = torch.empty(w.n, w.k, dtype=torch.float8_e4m3fn, device=w.device)
+    scales = torch.empty(g, w.n, dtype=torch.float32, device=w.device)
+    n_words = w.k // 16
+    grid = (cdiv(w.n, _BLOCK_N), cdiv(n_words, _BLOCK_W))
+    _pq2_codes_fp8_kernel[grid](w.codes, w.scales, out, scales, w.n, n_words, g,
+                                w.codes.stride(0), w.scales.stride(0), out.stride(0),
+                                BLOCK_N=_BLOCK_N, BLOCK_W=_BLOCK_W, num_warps=4)
+    return out, scales
+
+
+def quantize_fp8_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(q, scales)``: ``x`` ``[M, K]`` as float8_e4m3fn with one float32 scale per token
+    and 128-group (absmax / 448), the scales ``[M, K/128]`` with stride ``(1, M)``."""
+    m, k = x.shape
+    if k % GROUP:
+        raise ValueError(f"K = {k} is not a multiple of {GROUP}")
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(k // GROUP, m, dtype=torch.float32, device=x.device)
+    grid = (cdiv(m, _ACT_ROWS), k // GROUP)
+    _quantize_fp8_kernel[grid](x, q, scales, m, k, x.stride(0), q.stride(0), FP8_MAX=FP8_MAX,
+                               ROWS=_ACT_ROWS, GROUP=GROUP, num_warps=4)
+    return q, scales.t()
+
+
+def gemm_fp8(x: torch.Tensor, w: PQ2Weight, bias: torch.Tensor | None = None,
+             out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``x @ W^T (+ bias)`` for a 2-D float ``x`` (already rotated where the weight folds a
+    Hadamard transform) on the FP8 tensor cores."""
+    xq, xs = quantize_fp8_1x128(x)
+    wq, ws = pq2_codes_fp8(w)
+    return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, bias=bias,
+                            out_dtype=out_dtype)
