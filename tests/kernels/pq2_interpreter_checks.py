@@ -206,6 +206,10 @@ def _fp8_operands():
     err = (got - scaled).abs()
     expect(bool((err <= scaled.abs() / 2 + step).all()), "e4m3 values off by more than half")
     expect(bool((got * scaled >= 0).all()) and got.abs().max() <= 448, "signs or range")
+    pq, ps = quantize_fp8_1x128(x, 16)  # padded to 32 rows for cuBLAS
+    expect(pq.shape == (32, 1152) and ps.shape == (32, 9) and ps.stride() == (1, 32), "pad")
+    expect(torch.equal(pq[:19].float(), xq.float()) and torch.equal(ps[:19], xs), "pad rows")
+    expect(not pq[19:].float().any() and bool((ps[19:] == 1).all()), "padding not zero")
     return f"act rel err {rel_err(got * xs[..., None], groups):.3g} (interpreter rounding)"
 
 

@@ -56,7 +56,7 @@ def _case(n: int, k: int, block: int | None):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [128, 513])
+@pytest.mark.parametrize("m", [128, 136, 513])
 @pytest.mark.parametrize("case", [(12288, 5120, 1024), (5120, 17408, 1024), (304, 2304, 256),
                                   (96, 384, None)], ids=lambda c: f"{c[0]}x{c[1]}-b{c[2]}")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -78,6 +78,7 @@ def test_gemm_fp8(case, m: int, dtype: torch.dtype) -> None:
     assert 4e-3 < err < 4e-2, f"relative error {err:.2e} (bf16 paths: ~2e-3)"
     # the activation rounds to nearest, as torch's conversion of x / scale
     xq, xs = quantize_fp8_1x128(act.data)
+    assert xq.shape[0] == m and xs.shape[0] == m
     want = (act.data.float().view(m, -1, 128) / xs[..., None]).to(torch.float8_e4m3fn)
     same = xq.view(m, -1, 128).view(torch.uint8) == want.view(torch.uint8)
     assert same.float().mean() > 0.999, f"{(~same).sum()} e4m3 values differ from torch's"

@@ -376,8 +376,8 @@ class GemmFp8Kernel(PQ2LinearKernel):
     """Prefill (M >= ``GEMM_DQ_MIN_M``) on the FP8 tensor cores (triton_fp8): the codes
     written as e4m3 (-1 / 0 / +1, exact; 1 byte a weight, half of gemm_dq's temporary), the
     rotated activation quantized to e4m3 per token and 128-group, and cuBLAS's FP8 GEMM with
-    1x128 block scales on both operands (``torch._scaled_mm``, sm_90). On the H200 it took
-    0.96-1.22x the time of bf16 ``F.linear`` at M = 2048-4096 (1.05-1.35x gemm_dq) but
+    1x128 block scales on both operands (``torch._scaled_mm``, sm_90). On the H200 it ran at
+    0.95-1.22x the speed of bf16 ``F.linear`` at M = 2048-4096 (1.05-1.35x gemm_dq) but
     0.54-0.90x at M = 512, with a relative error of 2.6 % against 0.17 % for bf16
     (benchmarks/results/pq2_fp8_gemm_h200.md): only where VLLM_PRISM_PQ2_KERNEL names it."""
 
@@ -406,10 +406,8 @@ class GemmFp8Kernel(PQ2LinearKernel):
     @classmethod
     def run(cls, act, w, bias, out_dtype):
         from vllm_prism.kernels.pq2.triton_fp8 import gemm_fp8
-        y = gemm_fp8(act.data, w, out_dtype=torch.bfloat16 if out_dtype == torch.bfloat16
-                     else torch.float32)
-        if bias is not None:
-            y = y + bias.to(y.dtype)
+        y = gemm_fp8(act.data, w, bias, out_dtype=torch.bfloat16
+                     if out_dtype == torch.bfloat16 else torch.float32)
         return y.to(out_dtype)
 
 

@@ -16,8 +16,9 @@ Two Triton launches and the cuBLAS GEMM:
 * :func:`pq2_codes_fp8`: the prepared code plane as e4m3 ``[N, K]`` and the scales as
   float32 ``[K/128, N]`` (the layout ``_scaled_mm`` takes for the second operand's 1x128
   blocks);
-* :func:`quantize_fp8_1x128`: the activation as e4m3 ``[M, K]`` and its scales as float32,
-  ``[M, K/128]`` with stride ``(1, M)`` (outer-dimension-major, as cuBLAS requires).
+* :func:`quantize_fp8_1x128`: the activation as e4m3 ``[M', K]`` and its scales as float32,
+  ``[M', K/128]`` with stride ``(1, M')`` (outer-dimension-major, as cuBLAS requires), M'
+  being M padded to a multiple of 16 rows (zeros; cuBLAS refused M = 513).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ GROUP = 128
 _BLOCK_N = 8
 _BLOCK_W = 64  # words of 16 codes: 1024 weights, 8 groups of each of 8 rows per program
 _ACT_ROWS = 16
+# cuBLAS refuses the block-scaled GEMM (CUBLAS_STATUS_NOT_SUPPORTED on the H200, torch 2.11,
+# CUDA 13.0) for M = 513 (and for some M of vLLM's graph capture sizes) and takes M = 128 and
+# 4096: the activation is padded to a multiple of 16 rows.
+ROW_MULTIPLE = 16
 
 if HAS_TRITON:
 
@@ -68,21 +73,22 @@ if HAS_TRITON:
                  mask=gmask)
 
     @triton.jit
-    def _quantize_fp8_kernel(x_ptr, out_ptr, scale_ptr, M, K, stride_xm, stride_om,
+    def _quantize_fp8_kernel(x_ptr, out_ptr, scale_ptr, M, M_PAD, K, stride_xm, stride_om,
                              FP8_MAX: tl.constexpr, ROWS: tl.constexpr, GROUP: tl.constexpr):
+        # rows M .. M_PAD - 1 (padding) get zeros and scale 1
         rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
         g = tl.program_id(1)
         cols = g * GROUP + tl.arange(0, GROUP)
         rows64 = rows.to(tl.int64)
-        mask = (rows < M)[:, None] & (cols < K)[None, :]
-        x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :], mask=mask,
-                    other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + rows64[:, None] * stride_xm + cols[None, :],
+                    mask=(rows < M)[:, None] & (cols < K)[None, :], other=0.0).to(tl.float32)
         amax = tl.max(tl.abs(x), axis=1)
         s = tl.where(amax > 0, amax / FP8_MAX, 1.0)
         q = tl.clamp(x / s[:, None], -FP8_MAX, FP8_MAX)
         tl.store(out_ptr + rows64[:, None] * stride_om + cols[None, :],
-                 q.to(out_ptr.dtype.element_ty), mask=mask)
-        tl.store(scale_ptr + g.to(tl.int64) * M + rows64, s, mask=rows < M)
+                 q.to(out_ptr.dtype.element_ty),
+                 mask=(rows < M_PAD)[:, None] & (cols < K)[None, :])
+        tl.store(scale_ptr + g.to(tl.int64) * M_PAD + rows64, s, mask=rows < M_PAD)
 
 
 def pq2_codes_fp8(w: PQ2Weight) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,17 +105,20 @@ def pq2_codes_fp8(w: PQ2Weight) -> tuple[torch.Tensor, torch.Tensor]:
     return out, scales
 
 
-def quantize_fp8_1x128(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_1x128(x: torch.Tensor, row_multiple: int = 1
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(q, scales)``: ``x`` ``[M, K]`` as float8_e4m3fn with one float32 scale per token
-    and 128-group (absmax / 448), the scales ``[M, K/128]`` with stride ``(1, M)``."""
+    and 128-group (absmax / 448), the scales ``[M', K/128]`` with stride ``(1, M')``; ``M'``
+    is M rounded up to ``row_multiple``, the rows past M zeros with scale 1."""
     m, k = x.shape
     if k % GROUP:
         raise ValueError(f"K = {k} is not a multiple of {GROUP}")
-    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty(k // GROUP, m, dtype=torch.float32, device=x.device)
-    grid = (cdiv(m, _ACT_ROWS), k // GROUP)
-    _quantize_fp8_kernel[grid](x, q, scales, m, k, x.stride(0), q.stride(0), FP8_MAX=FP8_MAX,
-                               ROWS=_ACT_ROWS, GROUP=GROUP, num_warps=4)
+    m_pad = cdiv(m, row_multiple) * row_multiple
+    q = torch.empty(m_pad, k, dtype=torch.float8_e4m3fn, device=x.device)
+    scales = torch.empty(k // GROUP, m_pad, dtype=torch.float32, device=x.device)
+    grid = (cdiv(m_pad, _ACT_ROWS), k // GROUP)
+    _quantize_fp8_kernel[grid](x, q, scales, m, m_pad, k, x.stride(0), q.stride(0),
+                               FP8_MAX=FP8_MAX, ROWS=_ACT_ROWS, GROUP=GROUP, num_warps=4)
     return q, scales.t()
 
 
@@ -117,7 +126,8 @@ def gemm_fp8(x: torch.Tensor, w: PQ2Weight, bias: torch.Tensor | None = None,
              out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """``x @ W^T (+ bias)`` for a 2-D float ``x`` (already rotated where the weight folds a
     Hadamard transform) on the FP8 tensor cores."""
-    xq, xs = quantize_fp8_1x128(x)
+    xq, xs = quantize_fp8_1x128(x, ROW_MULTIPLE)
     wq, ws = pq2_codes_fp8(w)
-    return torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, bias=bias,
-                            out_dtype=out_dtype)
+    y = torch._scaled_mm(xq, wq.t(), scale_a=xs, scale_b=ws, out_dtype=out_dtype)
+    y = y[:x.shape[0]]
+    return y if bias is None else y + bias.to(y.dtype)
