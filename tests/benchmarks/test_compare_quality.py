@@ -1,0 +1,77 @@
+"""benchmarks/quality/compare_kv_dtypes.py without an engine: the comparison of two scored
+runs, and ``--pq2-kernel``'s runs each given their ``VLLM_PRISM_PQ2_KERNEL`` in the child's
+environment (the children are faked; the GPU run scores the 27B-shaped file)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks" / "quality"))
+
+import compare_kv_dtypes as cq  # noqa: E402
+
+
+def test_compare_of_two_runs() -> None:
+    first = [(-1.0, 5), (-2.0, 6)]
+    second = [(-1.5, 5), (-2.0, 7)]
+    got = cq.compare(first, second, ("a", "b"))
+    assert got["nll_a"] == pytest.approx(1.5) and got["nll_b"] == pytest.approx(1.75)
+    assert got["delta_nll"] == pytest.approx(0.25)
+    assert got["ppl_ratio"] == pytest.approx(math.exp(0.25))
+    assert got["top1_agreement"] == 0.5
+
+
+def test_pq2_kernel_runs_get_their_switch(monkeypatch, capsys) -> None:
+    seen = []
+
+    def fake_run(cmd, stdout, text, check, env):
+        model, ids, kv, max_len, eager = json.loads(cmd[-1])
+        seen.append((kv, env.get("VLLM_PRISM_PQ2_KERNEL")))
+        lp = -1.0 if env.get("VLLM_PRISM_PQ2_KERNEL") == "auto" else -1.25
+        rows = [[lp, 3] for _ in ids[1:]]
+        return subprocess.CompletedProcess(cmd, 0, stdout="noise\nROWS " + json.dumps(rows))
+
+    class Tok:
+        def encode(self, text):
+            return list(range(9))
+
+    monkeypatch.setattr(cq.subprocess, "run", fake_run)
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda _: Tok())
+    monkeypatch.setattr("vllm_prism.engine.arg_utils.materialize_tokenizer", lambda m: m)
+    monkeypatch.delenv("VLLM_PRISM_PQ2_KERNEL", raising=False)
+    monkeypatch.setattr(sys, "argv", ["x", "m.gguf", "--pq2-kernel", "auto", "gemm_fp8,auto",
+                                      "--kv", "int8_per_token_head"])
+    cq.main()
+    assert seen == [("int8_per_token_head", "auto"), ("int8_per_token_head", "gemm_fp8,auto")]
+    out = json.loads(capsys.readouterr().out)
+    assert (out["a"], out["b"], out["tokens"]) == ("auto", "gemm_fp8,auto", 9)
+    assert out["delta_nll"] == pytest.approx(0.25) and out["top1_agreement"] == 1.0
+
+
+def test_cache_dtype_runs_by_default(monkeypatch, capsys) -> None:
+    seen = []
+
+    def fake_run(cmd, stdout, text, check, env):
+        seen.append((json.loads(cmd[-1])[2], env.get("VLLM_PRISM_PQ2_KERNEL")))
+        return subprocess.CompletedProcess(cmd, 0, stdout="ROWS [[-2.0, 1]]")
+
+    class Tok:
+        def encode(self, text):
+            return [1, 2]
+
+    monkeypatch.setattr(cq.subprocess, "run", fake_run)
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda _: Tok())
+    monkeypatch.setattr("vllm_prism.engine.arg_utils.materialize_tokenizer", lambda m: m)
+    monkeypatch.delenv("VLLM_PRISM_PQ2_KERNEL", raising=False)
+    monkeypatch.setattr(sys, "argv", ["x", "m.gguf"])
+    cq.main()
+    assert seen == [("auto", None), ("int8_per_token_head", None)]
+    out = json.loads(capsys.readouterr().out)
+    assert "nll_bf16" in out and "nll_int8" in out and out["delta_nll"] == 0.0
