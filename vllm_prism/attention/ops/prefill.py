@@ -57,7 +57,12 @@ SectionAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, flo
 
 if HAS_TRITON:
 
-    @triton.jit
+    # One compilation for every request and chunk: the chunk's start and length and the block
+    # table row's address (its alignment follows the request's row) vary call by call, and
+    # each combination of Triton's divisibility hints would compile once more while a fresh
+    # server serves its first requests (vLLM's JIT monitor flagged it on the H200).
+    @triton.jit(do_not_specialize=["start", "n_tok"],
+                do_not_specialize_on_alignment=["bt_row_ptr", "start", "n_tok"])
     def _gather_kv_kernel(cache_ptr, bt_row_ptr, k_out_ptr, v_out_ptr, start, n_tok,
                           stride_cb, stride_ch, stride_cn, block_size,
                           stride_ot, stride_oh,
