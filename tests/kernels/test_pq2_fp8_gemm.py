@@ -36,6 +36,8 @@ def test_refusals() -> None:
     assert "prefill" in KERNEL.can_implement(_config(64))[1]
     assert "multiple of 16" in KERNEL.can_implement(_config(512, n=300))[1]
     assert "bf16 or fp16" in KERNEL.can_implement(_config(512, dtype=torch.float32))[1]
+    assert "LM head" in KERNEL.can_implement(_config(512, n=248320, k=5120))[1]
+    assert KERNEL.can_implement(_config(512, n=34816, k=5120)) == (True, "")
     assert KERNEL.can_implement(_config(512)) == (True, "")
     assert not KERNEL.in_auto
 

@@ -51,6 +51,10 @@ GEMM_DQ_AUTO_MIN_M = 512
 # M >= 512 for 512 concurrent requests or prompt log-probabilities, keeps the int8 kernels
 # (a 2.4 GiB temporary in vLLM's memory profiling would come out of the KV cache).
 GEMM_DQ_AUTO_MAX_BYTES = 512 << 20
+# The largest e4m3 copy of a matrix gemm_fp8 makes (1 byte a weight): every Bonsai 2 projection
+# (178 MiB at most), not the LM head (1.2 GiB at 248320x5120, which vLLM's memory profiling
+# would not see: it runs at M >= 128 only for prompt log-probabilities or large batches).
+GEMM_FP8_MAX_BYTES = 512 << 20
 # The largest M the automatic choice gives the CUDA C++ tensor-core kernel (mma_cuda): up to
 # where gemm_dq takes over (MmaCudaA8Kernel).
 MMA_CUDA_AUTO_MAX_M = GEMM_DQ_AUTO_MIN_M - 1
@@ -401,6 +405,9 @@ class GemmFp8Kernel(PQ2LinearKernel):
             return False, f"activation dtype {c.dtype} (needs bf16 or fp16)"
         if c.n % 16:
             return False, f"N = {c.n} is not a multiple of 16 (cuBLAS FP8)"
+        if c.n * c.k > GEMM_FP8_MAX_BYTES:
+            return False, (f"N x K = {c.n} x {c.k}: a {c.n * c.k >> 20} MiB e4m3 temporary, "
+                           f"over {GEMM_FP8_MAX_BYTES >> 20} MiB (the LM head)")
         return _pq2_only(c)
 
     @classmethod
