@@ -157,3 +157,20 @@ def test_small_sweep_compiles(op_objects, tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-4000:]
     assert (tmp_path / "small-sweep").is_file()
+
+
+@pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
+def test_wgmma_sweep_compiles(tmp_path: Path) -> None:
+    """The fused prefill GEMM on warpgroup MMA (benchmarks/kernels/pq2_wgmma_sweep.cu, sm_90a
+    only) builds as scripts/wgmma-sweep.sh builds it without cuBLAS: its kernel issues the
+    integer warpgroup MMA and spills nothing."""
+    res = subprocess.run([NVCC, "-std=c++17", "-O3", "-gencode", "arch=compute_90a,code=sm_90a",
+                          "-Xptxas", "-v", f"-I{ROOT / 'csrc'}",
+                          str(ROOT / "benchmarks/kernels/pq2_wgmma_sweep.cu"),
+                          "-o", str(tmp_path / "sweep")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "pq2_wgmma_kernel" in res.stderr
+    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
+    assert spills and all(int(s) == 0 for s in spills), res.stderr[-4000:]
+    assert (tmp_path / "sweep").is_file()
