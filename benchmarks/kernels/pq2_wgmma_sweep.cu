@@ -287,6 +287,15 @@ int main(int argc, char** argv) {
           ref2 += r * r;
         }
       const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+      if (rel > 1e-2) {  // a layout error: the first checked rows' first tokens, for the pattern
+        for (int i = 0; i < 2; ++i) {
+          std::printf("{\"row\": %d, \"ref_got\": [", rows[i]);
+          for (int t = 0; t < std::min(m, 16); ++t)
+            std::printf("%s[%.4g, %.4g]", t ? ", " : "", ref[i * mmax + t],
+                        __bfloat162float(hy[int64_t(t) * sh.n + rows[i]]));
+          std::printf("]}\n");
+        }
+      }
       const double us = time_graph(w.calls(), [&](int i) {
         Args b = a;
         b.codes = w.codes(i % w.copies);
