@@ -19,6 +19,9 @@
 //   instructions a register; the activations are B from shared memory.
 // * Four wgmma.m64n128k32.s32.s8.s8 per group into int32 sums, then the group's scales into
 //   fp32 accumulators (exact int -> float by the 0x4B400000 trick: |sum| < 2^22).
+// * Two variants, both timed: each group issued, waited for and promoted in turn (183
+//   registers), and `_overlap`, where group g's MMAs run while the lane promotes group g - 1
+//   from a second set of sums (240 registers; loads two stages ahead instead of three).
 // The host reference checks sampled rows of every token against the formula in doubles.
 
 #include <cuda_bf16.h>
@@ -142,78 +145,134 @@ __device__ __forceinline__ void load_stage(const Args& p, char* buf, int g, int 
   }
 }
 
+// The CTA's rows and lane roles.
+struct Lane {
+  int r0, t0, row_a, tq;  // row_a: this lane's first row in the tile (the other is row_a + 8)
+  bool row0_ok, row1_ok;
+  const uint16_t* srow0;
+  const uint16_t* srow1;
+};
+
+// Group g's MMAs into `d` (asynchronous: `a` and `d` stay untouched until the wait).
+__device__ __forceinline__ void issue_group(const char* buf, const Lane& l, uint32_t (&a)[4][4],
+                                            int32_t (&d)[64]) {
+  const uint4* codes = reinterpret_cast<const uint4*>(buf + kBBytes);
+  const uint4 w0a = codes[l.row_a * 2], w0b = codes[l.row_a * 2 + 1];
+  const uint4 w1a = codes[(l.row_a + 8) * 2], w1b = codes[(l.row_a + 8) * 2 + 1];
+  const uint32_t r0w[8] = {w0a.x, w0a.y, w0a.z, w0a.w, w0b.x, w0b.y, w0b.z, w0b.w};
+  const uint32_t r1w[8] = {w1a.x, w1a.y, w1a.z, w1a.w, w1b.x, w1b.y, w1b.z, w1b.w};
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    a[c][0] = (r0w[2 * c] >> (2 * l.tq)) & 0x03030303u;
+    a[c][1] = (r1w[2 * c] >> (2 * l.tq)) & 0x03030303u;
+    a[c][2] = (r0w[2 * c + 1] >> (2 * l.tq)) & 0x03030303u;
+    a[c][3] = (r1w[2 * c + 1] >> (2 * l.tq)) & 0x03030303u;
+  }
+  const uint64_t desc = b_desc(buf);
+#pragma unroll
+  for (int i = 0; i < 64; ++i) fence_reg(d[i]);
+  wgmma_fence();
+#pragma unroll
+  for (int c = 0; c < 4; ++c) wgmma_s8(d, a[c], desc + uint64_t((c * 256) >> 4), c > 0);
+  wgmma_commit();
+}
+
+// Wait for the MMAs in flight; then `d` holds their sums and `a` may be reused.
+__device__ __forceinline__ void wait_group(uint32_t (&a)[4][4], int32_t (&d)[64]) {
+  wgmma_wait0();
+#pragma unroll
+  for (int i = 0; i < 64; ++i) fence_reg(d[i]);
+#pragma unroll
+  for (int c = 0; c < 4; ++c)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) fence_reg(a[c][i]);
+}
+
+// Group g's int32 sums `d` (stage buffer `buf`) into the fp32 accumulators.
+__device__ __forceinline__ void promote(const char* buf, const Lane& l, int g,
+                                        const int32_t (&d)[64], float (&acc)[64]) {
+  const float d0 = l.row0_ok ? __half2float(__ushort_as_half(l.srow0[g])) : 0.f;
+  const float d1 = l.row1_ok ? __half2float(__ushort_as_half(l.srow1[g])) : 0.f;
+  const float* sx = reinterpret_cast<const float*>(buf + kBBytes + kABytes);
+  const int32_t* qs = reinterpret_cast<const int32_t*>(buf + kBBytes + kABytes + 512);
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int col = 8 * j + 2 * l.tq;
+    const float2 s = *reinterpret_cast<const float2*>(sx + col);
+    const int2 q = *reinterpret_cast<const int2*>(qs + col);
+    const int32_t m0 = 0x4B400000 - q.x, m1 = 0x4B400000 - q.y;
+    acc[4 * j + 0] += d0 * s.x * (__int_as_float(d[4 * j + 0] + m0) - 12582912.0f);
+    acc[4 * j + 1] += d0 * s.y * (__int_as_float(d[4 * j + 1] + m1) - 12582912.0f);
+    acc[4 * j + 2] += d1 * s.x * (__int_as_float(d[4 * j + 2] + m0) - 12582912.0f);
+    acc[4 * j + 3] += d1 * s.y * (__int_as_float(d[4 * j + 3] + m1) - 12582912.0f);
+  }
+}
+
+// kOverlap: group g's MMAs run while the lane promotes group g - 1's sums (two int32 sum sets;
+// the next load goes two stages ahead, so stage g - 1 is still there). Otherwise each group
+// is issued, waited for and promoted in turn.
+template <bool kOverlap>
+__device__ __forceinline__ void group_step(const Args& p, char* smem, const Lane& l, int g,
+                                           int32_t (&dc)[64], int32_t (&dp)[64],
+                                           float (&acc)[64]) {
+  constexpr int kDist = kOverlap ? kStages - 2 : kStages - 1;
+  cp_wait<kDist - 1>();
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  if (g + kDist < p.g128)
+    load_stage(p, smem + ((g + kDist) % kStages) * kStageBytes, g + kDist, l.r0, l.t0);
+  cp_commit();
+  const char* buf = smem + (g % kStages) * kStageBytes;
+  uint32_t a[4][4];
+  issue_group(buf, l, a, dc);
+  if (kOverlap) {
+    if (g > 0) promote(smem + ((g - 1) % kStages) * kStageBytes, l, g - 1, dp, acc);
+    wait_group(a, dc);
+  } else {
+    wait_group(a, dc);
+    promote(buf, l, g, dc, acc);
+  }
+}
+
+template <bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1) pq2_wgmma_kernel(const Args p) {
   extern __shared__ __align__(1024) char smem[];
-  const int r0 = blockIdx.x * kRows, t0 = blockIdx.y * kTok;
+  constexpr int kDist = kOverlap ? kStages - 2 : kStages - 1;
+  Lane l;
+  l.r0 = blockIdx.x * kRows;
+  l.t0 = blockIdx.y * kTok;
   const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int gq = lane >> 2, tq = lane & 3;
-  const int row_a = wg * 64 + warp * 16 + gq;  // this lane's rows: row_a and row_a + 8
+  l.tq = lane & 3;
+  l.row_a = wg * 64 + warp * 16 + (lane >> 2);
+  l.row0_ok = l.r0 + l.row_a < p.n;
+  l.row1_ok = l.r0 + l.row_a + 8 < p.n;
+  l.srow0 = p.scales + int64_t(l.row0_ok ? l.r0 + l.row_a : 0) * p.gpad;
+  l.srow1 = p.scales + int64_t(l.row1_ok ? l.r0 + l.row_a + 8 : 0) * p.gpad;
   const int G = p.g128;
 
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < G) load_stage(p, smem + s * kStageBytes, s, r0, t0);
+  for (int s = 0; s < kDist; ++s) {
+    if (s < G) load_stage(p, smem + s * kStageBytes, s, l.r0, l.t0);
     cp_commit();
   }
   float acc[64];
 #pragma unroll
   for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-  int32_t d[64];
+  int32_t d0[64], d1[64];
 #pragma unroll
-  for (int i = 0; i < 64; ++i) d[i] = 0;
-  const bool row0_ok = r0 + row_a < p.n, row1_ok = r0 + row_a + 8 < p.n;
-  const uint16_t* srow0 = p.scales + int64_t(row0_ok ? r0 + row_a : 0) * p.gpad;
-  const uint16_t* srow1 = p.scales + int64_t(row1_ok ? r0 + row_a + 8 : 0) * p.gpad;
-
-  for (int g = 0; g < G; ++g) {
-    cp_wait<kStages - 2>();
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    if (g + kStages - 1 < G)
-      load_stage(p, smem + ((g + kStages - 1) % kStages) * kStageBytes, g + kStages - 1, r0, t0);
-    cp_commit();
-    const char* buf = smem + (g % kStages) * kStageBytes;
-    const uint4* codes = reinterpret_cast<const uint4*>(buf + kBBytes);
-    const uint4 w0a = codes[row_a * 2], w0b = codes[row_a * 2 + 1];
-    const uint4 w1a = codes[(row_a + 8) * 2], w1b = codes[(row_a + 8) * 2 + 1];
-    const uint32_t r0w[8] = {w0a.x, w0a.y, w0a.z, w0a.w, w0b.x, w0b.y, w0b.z, w0b.w};
-    const uint32_t r1w[8] = {w1a.x, w1a.y, w1a.z, w1a.w, w1b.x, w1b.y, w1b.z, w1b.w};
-    uint32_t a[4][4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      a[c][0] = (r0w[2 * c] >> (2 * tq)) & 0x03030303u;
-      a[c][1] = (r1w[2 * c] >> (2 * tq)) & 0x03030303u;
-      a[c][2] = (r0w[2 * c + 1] >> (2 * tq)) & 0x03030303u;
-      a[c][3] = (r1w[2 * c + 1] >> (2 * tq)) & 0x03030303u;
+  for (int i = 0; i < 64; ++i) d0[i] = d1[i] = 0;
+  for (int g = 0; g < G; g += 2) {
+    if (kOverlap) {
+      group_step<true>(p, smem, l, g, d0, d1, acc);
+      if (g + 1 < G) group_step<true>(p, smem, l, g + 1, d1, d0, acc);
+    } else {
+      group_step<false>(p, smem, l, g, d0, d0, acc);
+      if (g + 1 < G) group_step<false>(p, smem, l, g + 1, d0, d0, acc);
     }
-    const uint64_t desc = b_desc(buf);
-#pragma unroll
-    for (int i = 0; i < 64; ++i) fence_reg(d[i]);
-    wgmma_fence();
-#pragma unroll
-    for (int c = 0; c < 4; ++c) wgmma_s8(d, a[c], desc + uint64_t((c * 256) >> 4), c > 0);
-    wgmma_commit();
-    const float d0 = row0_ok ? __half2float(__ushort_as_half(srow0[g])) : 0.f;
-    const float d1 = row1_ok ? __half2float(__ushort_as_half(srow1[g])) : 0.f;
-    wgmma_wait0();
-#pragma unroll
-    for (int i = 0; i < 64; ++i) fence_reg(d[i]);
-#pragma unroll
-    for (int c = 0; c < 4; ++c)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) fence_reg(a[c][i]);
-    const float* sx = reinterpret_cast<const float*>(buf + kBBytes + kABytes);
-    const int32_t* qs = reinterpret_cast<const int32_t*>(buf + kBBytes + kABytes + 512);
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int col = 8 * j + 2 * tq;
-      const float2 s = *reinterpret_cast<const float2*>(sx + col);
-      const int2 q = *reinterpret_cast<const int2*>(qs + col);
-      const int32_t m0 = 0x4B400000 - q.x, m1 = 0x4B400000 - q.y;
-      acc[4 * j + 0] += d0 * s.x * (__int_as_float(d[4 * j + 0] + m0) - 12582912.0f);
-      acc[4 * j + 1] += d0 * s.y * (__int_as_float(d[4 * j + 1] + m1) - 12582912.0f);
-      acc[4 * j + 2] += d1 * s.x * (__int_as_float(d[4 * j + 2] + m0) - 12582912.0f);
-      acc[4 * j + 3] += d1 * s.y * (__int_as_float(d[4 * j + 3] + m1) - 12582912.0f);
-    }
+  }
+  if (kOverlap) {  // the last group's sums (its stage was not overwritten)
+    const char* last = smem + ((G - 1) % kStages) * kStageBytes;
+    if ((G - 1) & 1) promote(last, l, G - 1, d1, acc);
+    else promote(last, l, G - 1, d0, acc);
   }
   cp_wait<0>();
   // D layout: element 4j + 2h + e is row (row_a + 8h), token 8j + 2tq + e
@@ -221,18 +280,19 @@ __global__ void __launch_bounds__(kThreads, 1) pq2_wgmma_kernel(const Args p) {
   for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const int tok = t0 + 8 * j + 2 * tq + e;
+      const int tok = l.t0 + 8 * j + 2 * l.tq + e;
       if (tok >= p.m) continue;
-      if (row0_ok)
-        p.out[int64_t(tok) * p.n + r0 + row_a] = __float2bfloat16_rn(acc[4 * j + e]);
-      if (row1_ok)
-        p.out[int64_t(tok) * p.n + r0 + row_a + 8] = __float2bfloat16_rn(acc[4 * j + 2 + e]);
+      if (l.row0_ok)
+        p.out[int64_t(tok) * p.n + l.r0 + l.row_a] = __float2bfloat16_rn(acc[4 * j + e]);
+      if (l.row1_ok)
+        p.out[int64_t(tok) * p.n + l.r0 + l.row_a + 8] = __float2bfloat16_rn(acc[4 * j + 2 + e]);
     }
 }
 
-cudaError_t launch(const Args& p, cudaStream_t s) {
+cudaError_t launch(const Args& p, bool overlap, cudaStream_t s) {
   dim3 grid((p.n + kRows - 1) / kRows, (p.m + kTok - 1) / kTok);
-  pq2_wgmma_kernel<<<grid, kThreads, kSmem, s>>>(p);
+  if (overlap) pq2_wgmma_kernel<true><<<grid, kThreads, kSmem, s>>>(p);
+  else pq2_wgmma_kernel<false><<<grid, kThreads, kSmem, s>>>(p);
   return cudaGetLastError();
 }
 
@@ -249,8 +309,10 @@ int main(int argc, char** argv) {
                                             : "12288x5120,34816x5120,5120x6144,5120x17408");
   const auto ms = parse_ints(argc > 2 ? argv[2] : "512,2048,4096");
   SweepDevice dev;
-  CHECK(cudaFuncSetAttribute(pq2_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             kSmem));
+  CHECK(cudaFuncSetAttribute(pq2_wgmma_kernel<false>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  CHECK(cudaFuncSetAttribute(pq2_wgmma_kernel<true>,
+                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
 #ifdef PQ2_WITH_CUBLAS
   cublasHandle_t blas;
   if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
@@ -273,8 +335,21 @@ int main(int argc, char** argv) {
     double ref_max = 0;
     const auto ref = host_reference(w, x.hx, x.hsx, mmax, rows, ref_max);
     for (int m : ms) {
+      double bf16_us = 0;
+#ifdef PQ2_WITH_CUBLAS
+      const float one = 1.f, zero = 0.f;
+      bf16_us = time_graph(8, [&](int) {
+        const cublasStatus_t st = cublasGemmEx(
+            blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.n, m, sh.k, &one, wb, CUDA_R_16BF, sh.k, xb,
+            CUDA_R_16BF, sh.k, &zero, yb, CUDA_R_16BF, sh.n, CUBLAS_COMPUTE_32F,
+            CUBLAS_GEMM_DEFAULT);
+        return st == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+      }, dev.s);
+#endif
+      for (int overlap = 0; overlap < 2; ++overlap) {
       Args a{w.codes(0), w.scales(0), x.dx, x.dsx, x.dq, out, m, sh.n, sh.k, w.g128, w.gpad};
-      CHECK(launch(a, dev.s));
+      CHECK(cudaMemsetAsync(out, 0xFF, int64_t(m) * sh.n * 2, dev.s));  // NaN: unwritten shows
+      CHECK(launch(a, overlap, dev.s));
       CHECK(cudaStreamSynchronize(dev.s));
       std::vector<__nv_bfloat16> hy(int64_t(m) * sh.n);
       CHECK(cudaMemcpy(hy.data(), out, hy.size() * 2, cudaMemcpyDeviceToHost));
@@ -300,24 +375,15 @@ int main(int argc, char** argv) {
         Args b = a;
         b.codes = w.codes(i % w.copies);
         b.scales = w.scales(i % w.copies);
-        return launch(b, dev.s);
+        return launch(b, overlap, dev.s);
       }, dev.s);
-      double bf16_us = 0;
-#ifdef PQ2_WITH_CUBLAS
-      const float one = 1.f, zero = 0.f;
-      bf16_us = time_graph(8, [&](int) {
-        const cublasStatus_t st = cublasGemmEx(
-            blas, CUBLAS_OP_T, CUBLAS_OP_N, sh.n, m, sh.k, &one, wb, CUDA_R_16BF, sh.k, xb,
-            CUDA_R_16BF, sh.k, &zero, yb, CUDA_R_16BF, sh.n, CUBLAS_COMPUTE_32F,
-            CUBLAS_GEMM_DEFAULT);
-        return st == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
-      }, dev.s);
-#endif
       const double tops = 2.0 * m * sh.n * double(sh.k) / us / 1e6;
-      std::printf("{\"shape\": \"%dx%d\", \"m\": %d, \"kernel\": \"pq2_wgmma\", \"us\": %.2f, "
-                  "\"bf16_us\": %.2f, \"vs_bf16\": %.3f, \"tops\": %.0f, \"rel_err\": %.3g}\n",
-                  sh.n, sh.k, m, us, bf16_us, bf16_us / us, tops, rel);
+      std::printf("{\"shape\": \"%dx%d\", \"m\": %d, \"kernel\": \"pq2_wgmma%s\", "
+                  "\"us\": %.2f, \"bf16_us\": %.2f, \"vs_bf16\": %.3f, \"tops\": %.0f, "
+                  "\"rel_err\": %.3g}\n", sh.n, sh.k, m, overlap ? "_overlap" : "", us, bf16_us,
+                  bf16_us > 0 ? bf16_us / us : 0.0, tops, rel);
       std::fflush(stdout);
+      }
     }
     CHECK(cudaFree(out));
     CHECK(cudaFree(wb));
