@@ -110,5 +110,6 @@ def compare(first: list, second: list, names: tuple[str, str]) -> dict:
     return {f"nll_{names[0]}": nll[0], f"nll_{names[1]}": nll[1], "delta_nll": nll[1] - nll[0],
             "ppl_ratio": math.exp(nll[1] - nll[0]), "top1_agreement": agree}
 
+
 if __name__ == "__main__":
     main()
