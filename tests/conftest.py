@@ -37,6 +37,15 @@ def run_python(args: list[str], here: Path, timeout: int = 900,
                           timeout=timeout)
 
 
+def run_cpu_smoke(bench: str, out: Path, *args: str, timeout: int = 900) -> None:
+    """``benchmarks/kernels/<bench> --cpu-smoke ARGS --out OUT`` under the Triton CPU
+    interpreter in a child process; asserts that it exits cleanly (its files are in ``out``)."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "kernels" / bench
+    proc = run_python([str(script), "--cpu-smoke", *args, "--out", str(out)], script.parent,
+                      timeout, TRITON_INTERPRET="1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 def run_interpreter_script(script: "Path", timeout: int = 900) -> str:
     """Run a check script of the tests in a subprocess under the Triton CPU interpreter
     (TRITON_INTERPRET must be set before triton is imported); its stdout."""

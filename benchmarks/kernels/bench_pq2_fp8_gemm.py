@@ -25,25 +25,14 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from bench_pq2_linear import random_weight  # noqa: E402
 from timing import gpu_slug, time_graph  # noqa: E402
-from vllm_prism.kernels.pq2.layout import PQ2Weight  # noqa: E402
 from vllm_prism.kernels.pq2.triton_dequant import dequantize_pq2  # noqa: E402
 from vllm_prism.kernels.pq2.triton_fp8 import (gemm_fp8, pq2_codes_fp8,  # noqa: E402
                                                quantize_fp8_1x128)
 
 SHAPES = [(12288, 5120), (34816, 5120), (5120, 6144), (5120, 17408)]
 MS = [512, 2048, 4096]
-
-
-def random_weight(n: int, k: int, gen: torch.Generator) -> PQ2Weight:
-    """Ternary codes (0..2), scales in [0.5, 1.5) * 0.02."""
-    g = k // 128
-    codes = torch.randint(0, 3, (n, g, 128), device="cuda", generator=gen, dtype=torch.uint8)
-    qs = (codes.view(n, g, 32, 4) << torch.tensor([0, 2, 4, 6], device="cuda",
-                                                  dtype=torch.uint8)).sum(-1).to(torch.uint8)
-    d = ((torch.rand(n, g, device="cuda", generator=gen) + 0.5) * 0.02).half()
-    raw = torch.cat([d.view(torch.uint8).reshape(n, g, 2), qs], dim=2)
-    return PQ2Weight.from_raw(raw.reshape(n, g * 34).contiguous())
 
 
 def median_us(fn, reps: int) -> float:

@@ -18,7 +18,8 @@
 //   words (prepared layout: element 16w + 4q + b at bits 8b + 2q of word w), two
 //   instructions a register; the activations are B from shared memory.
 // * Four wgmma.m64n128k32.s32.s8.s8 per group into int32 sums, then the group's scales into
-//   fp32 accumulators (exact int -> float by the 0x4B400000 trick: |sum| < 2^22).
+//   fp32 accumulators (pq2_device.cuh's exact_float, the token's group sum folded into its
+//   integer add: |sum| < 2^22).
 // * Two variants, both timed: each group issued, waited for and promoted in turn (183
 //   registers), and `_overlap`, where group g's MMAs run while the lane promotes group g - 1
 //   from a second set of sums (240 registers; loads two stages ahead instead of three).
@@ -29,6 +30,7 @@
 #include <cublas_v2.h>
 #endif
 
+#include "pq2/pq2_device.cuh"
 #include "pq2_sweep_common.cuh"
 
 using namespace pq2_sweep;
@@ -45,28 +47,24 @@ constexpr int kSBytes = kTok * 4 * 2;        // sx and qsum of a group: 1 KiB
 constexpr int kStageBytes = kBBytes + kABytes + kSBytes;
 constexpr int kSmem = kStages * kStageBytes;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using vllm_prism::cp_async_commit;
+using vllm_prism::cp_async_wait;
+using vllm_prism::smem_addr;
 
-// 16 bytes global -> shared, zero-filled where `valid` is false.
+// 16 / 4 bytes global -> shared, zero-filled where `valid` is false (pq2_device.cuh's copies
+// have no zero fill).
 __device__ __forceinline__ void cp16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)),
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
                "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp4(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(valid ? 4 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)),
+               "l"(src), "r"(valid ? 4 : 0));
 }
 
 // K-major, no swizzle: start address, LBO (next core matrix along K), SBO (next 8 tokens).
 __device__ __forceinline__ uint64_t b_desc(const void* p) {
-  const uint64_t addr = smem_u32(p);
+  const uint64_t addr = smem_addr(p);
   return ((addr & 0x3FFFF) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(1024 >> 4) << 32);
 }
 
@@ -216,12 +214,12 @@ __device__ __forceinline__ void group_step(const Args& p, char* smem, const Lane
                                            int32_t (&dc)[64], int32_t (&dp)[64],
                                            float (&acc)[64]) {
   constexpr int kDist = kOverlap ? kStages - 2 : kStages - 1;
-  cp_wait<kDist - 1>();
+  cp_async_wait<kDist - 1>();
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
   if (g + kDist < p.g128)
     load_stage(p, smem + ((g + kDist) % kStages) * kStageBytes, g + kDist, l.r0, l.t0);
-  cp_commit();
+  cp_async_commit();
   const char* buf = smem + (g % kStages) * kStageBytes;
   uint32_t a[4][4];
   issue_group(buf, l, a, dc);
@@ -252,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1) pq2_wgmma_kernel(const Args p) {
 
   for (int s = 0; s < kDist; ++s) {
     if (s < G) load_stage(p, smem + s * kStageBytes, s, l.r0, l.t0);
-    cp_commit();
+    cp_async_commit();
   }
   float acc[64];
 #pragma unroll
@@ -274,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1) pq2_wgmma_kernel(const Args p) {
     if ((G - 1) & 1) promote(last, l, G - 1, d1, acc);
     else promote(last, l, G - 1, d0, acc);
   }
-  cp_wait<0>();
+  cp_async_wait<0>();
   // D layout: element 4j + 2h + e is row (row_a + 8h), token 8j + 2tq + e
 #pragma unroll
   for (int j = 0; j < 16; ++j)

@@ -8,22 +8,16 @@ and are not written here."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_cpu_smoke_run_writes_every_kind(tmp_path) -> None:
-    from conftest import run_python
+    from conftest import run_cpu_smoke
 
-    script = ROOT / "benchmarks" / "kernels" / "bench_attention.py"
-    proc = run_python([str(script), "--cpu-smoke", "--out", str(tmp_path)], script.parent,
-                      timeout=900, TRITON_INTERPRET="1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_cpu_smoke("bench_attention.py", tmp_path, timeout=900)
     res = json.loads((tmp_path / "attention_cpu-smoke.json").read_text())
     assert res["errors"] == [], res["errors"]
     kinds = {(r["kind"], r["kv"]) for r in res["records"]}

@@ -7,23 +7,17 @@ files name every kernel it timed."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("vllm")
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_cpu_smoke_run_matches_vllms_kernel(tmp_path) -> None:
-    from conftest import run_python
+    from conftest import run_cpu_smoke
 
-    script = ROOT / "benchmarks" / "kernels" / "bench_gdn_verify.py"
-    proc = run_python([str(script), "--cpu-smoke", "--out", str(tmp_path)], script.parent,
-                      timeout=600, TRITON_INTERPRET="1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_cpu_smoke("bench_gdn_verify.py", tmp_path, timeout=600)
     res = json.loads((tmp_path / "gdn_verify_cpu-smoke.json").read_text())
     kernels = [r["kernel"] for r in res["records"]]
     assert kernels[:2] == ["vllm_triton_kernel", "vllm_triton_path"], kernels

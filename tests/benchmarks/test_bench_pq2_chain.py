@@ -6,22 +6,16 @@ torch reference (dequantized weight, fp32 producer), and the results files say s
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 def test_cpu_smoke_engine_like_run_matches_the_reference(tmp_path) -> None:
-    from conftest import run_python
+    from conftest import run_cpu_smoke
 
-    script = ROOT / "benchmarks" / "kernels" / "bench_pq2_chain.py"
-    proc = run_python([str(script), "--cpu-smoke", "--engine-like", "--m", "6", "--out",
-                       str(tmp_path)], script.parent, timeout=600, TRITON_INTERPRET="1")
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_cpu_smoke("bench_pq2_chain.py", tmp_path, "--engine-like", "--m", "6", timeout=600)
     res = json.loads((tmp_path / "pq2_chain_cpu-smoke_m6_engine.json").read_text())
     assert res["engine_like"] is True and res["m"] == 6
     # int8 activations against the fp32 reference: ~1e-2 at most; a wrong prologue, sign or

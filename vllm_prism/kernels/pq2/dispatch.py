@@ -399,16 +399,15 @@ class GemmFp8Kernel(PQ2LinearKernel):
 
     @classmethod
     def can_implement(cls, c):
-        if c.m < GEMM_DQ_MIN_M:
-            return False, f"M = {c.m} < {GEMM_DQ_MIN_M} (a prefill path)"
-        if c.dtype not in _FLOAT_ACT:
-            return False, f"activation dtype {c.dtype} (needs bf16 or fp16)"
+        ok, why = GemmDqKernel.can_implement(c)  # the same prefill range and activations
+        if not ok:
+            return ok, why
         if c.n % 16:
             return False, f"N = {c.n} is not a multiple of 16 (cuBLAS FP8)"
         if c.n * c.k > GEMM_FP8_MAX_BYTES:
             return False, (f"N x K = {c.n} x {c.k}: a {c.n * c.k >> 20} MiB e4m3 temporary, "
                            f"over {GEMM_FP8_MAX_BYTES >> 20} MiB (the LM head)")
-        return _pq2_only(c)
+        return True, ""
 
     @classmethod
     def run(cls, act, w, bias, out_dtype):

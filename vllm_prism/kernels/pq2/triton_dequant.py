@@ -24,7 +24,7 @@ if HAS_TRITON:
     import triton
     import triton.language as tl
 
-__all__ = ["dequantize_pq2"]
+__all__ = ["dequantize_pq2", "pq2_codes_and_scales"]
 
 _BLOCK_N = 8
 _BLOCK_W = 64  # words: 1024 weights of each of 8 rows per program
@@ -32,20 +32,30 @@ _BLOCK_W = 64  # words: 1024 weights of each of 8 rows per program
 if HAS_TRITON:
 
     @triton.jit
-    def _pq2_dequant_kernel(codes_ptr, scales_ptr, out_ptr, N, W, stride_cn, stride_sn,
-                            stride_on, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr):
+    def _pq2_dequant_kernel(codes_ptr, scales_ptr, out_ptr, scales_t_ptr, N, W, G, stride_cn,
+                            stride_sn, stride_on, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+                            APPLY_SCALES: tl.constexpr):
         rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         words = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
         mask = (rows < N)[:, None] & (words < W)[None, :]
         rows64 = rows.to(tl.int64)
         code_words = tl.load(codes_ptr + rows64[:, None] * stride_cn + words[None, :],
                              mask=mask, other=0)
-        d = tl.load(scales_ptr + rows64[:, None] * stride_sn + (words // 8)[None, :],
-                    mask=mask, other=0.0).to(tl.float32)
         i = tl.arange(0, 16)
         shift = 8 * (i % 4) + 2 * (i // 4)
         codes = (code_words[:, :, None] >> shift[None, None, :]) & 3
-        vals = (codes.to(tl.float32) - 1.0) * d[:, :, None]
+        vals = codes.to(tl.float32) - 1.0
+        if APPLY_SCALES:
+            d = tl.load(scales_ptr + rows64[:, None] * stride_sn + (words // 8)[None, :],
+                        mask=mask, other=0.0).to(tl.float32)
+            vals = vals * d[:, :, None]
+        else:  # the program's 8 groups of scales apart, transposed to float32 [G, N]
+            groups = tl.program_id(1) * (BLOCK_W // 8) + tl.arange(0, BLOCK_W // 8)
+            gmask = (rows < N)[:, None] & (groups < G)[None, :]
+            d = tl.load(scales_ptr + rows64[:, None] * stride_sn + groups[None, :], mask=gmask,
+                        other=0.0).to(tl.float32)
+            tl.store(scales_t_ptr + groups[None, :].to(tl.int64) * N + rows64[:, None], d,
+                     mask=gmask)
         # [BN, BW * 16]: each row's 16 * BW weights contiguous, so the stores are wide
         vals = tl.reshape(vals, (BLOCK_N, BLOCK_W * 16)).to(out_ptr.dtype.element_ty)
         cols = tl.program_id(1) * (BLOCK_W * 16) + tl.arange(0, BLOCK_W * 16)
@@ -53,12 +63,27 @@ if HAS_TRITON:
         tl.store(out_ptr + rows64[:, None] * stride_on + cols[None, :], vals, mask=omask)
 
 
+def _launch(w: PQ2Weight, out: torch.Tensor, scales_t: torch.Tensor | None) -> None:
+    n_words = w.k // 16
+    grid = (cdiv(w.n, _BLOCK_N), cdiv(n_words, _BLOCK_W))
+    _pq2_dequant_kernel[grid](w.codes, w.scales, out, out if scales_t is None else scales_t,
+                              w.n, n_words, w.k // 128, w.codes.stride(0), w.scales.stride(0),
+                              out.stride(0), BLOCK_N=_BLOCK_N, BLOCK_W=_BLOCK_W,
+                              APPLY_SCALES=scales_t is None, num_warps=4)
+
+
 def dequantize_pq2(w: PQ2Weight, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Dense ``W_st`` [N, K] in ``dtype`` from the prepared planes (one Triton launch)."""
     out = torch.empty(w.n, w.k, dtype=dtype, device=w.device)
-    n_words = w.k // 16
-    grid = (cdiv(w.n, _BLOCK_N), cdiv(n_words, _BLOCK_W))
-    _pq2_dequant_kernel[grid](w.codes, w.scales, out, w.n, n_words, w.codes.stride(0),
-                              w.scales.stride(0), out.stride(0), BLOCK_N=_BLOCK_N,
-                              BLOCK_W=_BLOCK_W, num_warps=4)
+    _launch(w, out, None)
     return out
+
+
+def pq2_codes_and_scales(w: PQ2Weight, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same pass without the scales applied: ``(codes - 1)`` as ``dtype`` ``[N, K]`` (-1,
+    0, 1, 2: exact in every float dtype) and the scales apart as float32 ``[K/128, N]``, a
+    1x128 block scaling of the codes (gemm_fp8)."""
+    out = torch.empty(w.n, w.k, dtype=dtype, device=w.device)
+    scales_t = torch.empty(w.k // 128, w.n, dtype=torch.float32, device=w.device)
+    _launch(w, out, scales_t)
+    return out, scales_t

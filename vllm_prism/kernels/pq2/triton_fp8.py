@@ -16,7 +16,7 @@ Two Triton launches and the cuBLAS GEMM:
 
 * :func:`pq2_codes_fp8`: the prepared code plane as e4m3 ``[N, K]`` and the scales as
   float32 ``[K/128, N]`` (the layout ``_scaled_mm`` takes for the second operand's 1x128
-  blocks);
+  blocks), by the dequantization pass of triton_dequant with the scales kept apart;
 * :func:`quantize_fp8_1x128`: the activation as e4m3 ``[M', K]`` and its scales as float32,
   ``[M', K/128]`` with stride ``(1, M')`` (outer-dimension-major, as cuBLAS requires), M'
   being M padded to a multiple of 16 rows (zeros; cuBLAS refused M = 513).
@@ -28,6 +28,7 @@ import torch
 
 from vllm_prism.kernels.common import HAS_TRITON, cdiv
 from vllm_prism.kernels.pq2.layout import PQ2Weight
+from vllm_prism.kernels.pq2.triton_dequant import pq2_codes_and_scales
 
 if HAS_TRITON:
     import triton
@@ -37,8 +38,6 @@ __all__ = ["FP8_MAX", "gemm_fp8", "pq2_codes_fp8", "quantize_fp8_1x128"]
 
 FP8_MAX = 448.0
 GROUP = 128
-_BLOCK_N = 8
-_BLOCK_W = 64  # words of 16 codes: 1024 weights, 8 groups of each of 8 rows per program
 _ACT_ROWS = 16
 # cuBLAS refuses the block-scaled GEMM (CUBLAS_STATUS_NOT_SUPPORTED on the H200, torch 2.11,
 # CUDA 13.0) for M = 513 (and for some M of vLLM's graph capture sizes) and takes M = 128 and
@@ -46,32 +45,6 @@ _ACT_ROWS = 16
 ROW_MULTIPLE = 16
 
 if HAS_TRITON:
-
-    @triton.jit
-    def _pq2_codes_fp8_kernel(codes_ptr, scales_ptr, out_ptr, scale_out_ptr, N, W, G,
-                              stride_cn, stride_sn, stride_on, BLOCK_N: tl.constexpr,
-                              BLOCK_W: tl.constexpr):
-        rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        words = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
-        rows64 = rows.to(tl.int64)
-        mask = (rows < N)[:, None] & (words < W)[None, :]
-        code_words = tl.load(codes_ptr + rows64[:, None] * stride_cn + words[None, :],
-                             mask=mask, other=0)
-        i = tl.arange(0, 16)
-        shift = 8 * (i % 4) + 2 * (i // 4)
-        codes = (code_words[:, :, None] >> shift[None, None, :]) & 3
-        vals = tl.reshape(codes.to(tl.float32) - 1.0, (BLOCK_N, BLOCK_W * 16))
-        cols = tl.program_id(1) * (BLOCK_W * 16) + tl.arange(0, BLOCK_W * 16)
-        omask = (rows < N)[:, None] & (cols < 16 * W)[None, :]
-        tl.store(out_ptr + rows64[:, None] * stride_on + cols[None, :],
-                 vals.to(out_ptr.dtype.element_ty), mask=omask)
-        # this program's 8 groups of scales, transposed to [G, N] float32
-        groups = tl.program_id(1) * (BLOCK_W // 8) + tl.arange(0, BLOCK_W // 8)
-        gmask = (rows < N)[:, None] & (groups < G)[None, :]
-        d = tl.load(scales_ptr + rows64[:, None] * stride_sn + groups[None, :], mask=gmask,
-                    other=0.0).to(tl.float32)
-        tl.store(scale_out_ptr + groups[None, :].to(tl.int64) * N + rows64[:, None], d,
-                 mask=gmask)
 
     @triton.jit
     def _quantize_fp8_kernel(x_ptr, out_ptr, scale_ptr, M, M_PAD, K, stride_xm, stride_om,
@@ -94,16 +67,8 @@ if HAS_TRITON:
 
 def pq2_codes_fp8(w: PQ2Weight) -> tuple[torch.Tensor, torch.Tensor]:
     """``(codes, scales)``: the codes minus one as float8_e4m3fn ``[N, K]`` (exact: -1, 0, 1)
-    and the block scales as float32 ``[K/128, N]``."""
-    g = w.k // GROUP
-    out = torch.empty(w.n, w.k, dtype=torch.float8_e4m3fn, device=w.device)
-    scales = torch.empty(g, w.n, dtype=torch.float32, device=w.device)
-    n_words = w.k // 16
-    grid = (cdiv(w.n, _BLOCK_N), cdiv(n_words, _BLOCK_W))
-    _pq2_codes_fp8_kernel[grid](w.codes, w.scales, out, scales, w.n, n_words, g,
-                                w.codes.stride(0), w.scales.stride(0), out.stride(0),
-                                BLOCK_N=_BLOCK_N, BLOCK_W=_BLOCK_W, num_warps=4)
-    return out, scales
+    and the block scales as float32 ``[K/128, N]`` (triton_dequant's pass, scales apart)."""
+    return pq2_codes_and_scales(w, torch.float8_e4m3fn)
 
 
 def quantize_fp8_1x128(x: torch.Tensor, row_multiple: int = 1
@@ -112,6 +77,8 @@ def quantize_fp8_1x128(x: torch.Tensor, row_multiple: int = 1
     and 128-group (absmax / 448), the scales ``[M', K/128]`` with stride ``(1, M')``; ``M'``
     is M rounded up to ``row_multiple``, the rows past M zeros with scale 1."""
     m, k = x.shape
+    if x.stride(1) != 1:
+        x = x.contiguous()
     if k % GROUP:
         raise ValueError(f"K = {k} is not a multiple of {GROUP}")
     m_pad = cdiv(m, row_multiple) * row_multiple
