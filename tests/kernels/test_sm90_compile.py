@@ -137,12 +137,13 @@ def test_dequantize_kernel_compiles_to_wide_accesses() -> None:
     pointers, word count and strides a launch specializes on, reads the codes and writes the
     dense rows 16 bytes at a time (the whole matrix goes through these stores)."""
     ast_source, target = _target()
-    consts = dict(BLOCK_N=8, BLOCK_W=64)
+    consts = dict(BLOCK_N=8, BLOCK_W=64, APPLY_SCALES=True)
     sig = {"codes_ptr": "*i32", "scales_ptr": "*fp16", "out_ptr": "*bf16",
-           **{k: "i32" for k in ("N", "W", "stride_cn", "stride_sn", "stride_on")},
+           "scales_t_ptr": "*fp32",
+           **{k: "i32" for k in ("N", "W", "G", "stride_cn", "stride_sn", "stride_on")},
            **{k: "constexpr" for k in consts}}
     # pointers, W (K/16 words: 320, 384, 1088 at Bonsai's K) and the strides
-    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 4, 5, 6, 7)}
+    aligned = {(i,): [["tt.divisibility", 16]] for i in (0, 1, 2, 3, 5, 7, 8, 9)}
     kernel = triton.compile(ast_source(triton_dequant._pq2_dequant_kernel, sig,
                                        constexprs=consts, attrs=aligned),
                             target=target, options={"num_warps": 4})
