@@ -55,3 +55,9 @@ void int8_verify_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
                            const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
                            torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
                            int64_t max_q, int64_t num_segs, int64_t min_tiles, bool int_qk);
+
+// y [M, N] = W_st @ x for a bf16 / fp16 prefill activation (M >= 128) on Hopper's warpgroup
+// MMA (csrc/pq2/wgmma_prefill.cu): x quantized to int8 per token and 128-group, then the
+// fused GEMM; sm_90 only.
+torch::Tensor pq2_wgmma_prefill(const torch::Tensor& codes, const torch::Tensor& scales,
+                                const torch::Tensor& x, c10::ScalarType out_dtype);

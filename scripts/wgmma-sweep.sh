@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
 # On the GPU machine of the `device` tool, no vLLM staging needed: build and run
-# benchmarks/kernels/pq2_wgmma_sweep.cu (the fused PQ2 prefill GEMM on warpgroup MMA) with
+# benchmarks/kernels/pq2_wgmma_sweep.cu (the library's fused PQ2 prefill GEMM on warpgroup MMA) with
 # cuBLAS's bf16 GEMM as the same-run baseline where cuBLAS's header and library are found.
 #   bash scripts/wgmma-sweep.sh [SHAPES [MS]]      results: $OUT/wgmma_sweep.jsonl
+# PQ2_DEFINES adds nvcc flags.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 src=benchmarks/kernels/pq2_wgmma_sweep.cu
-flags=(-O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icsrc)
+flags=(-O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icsrc ${PQ2_DEFINES:-})
 hdr=$(find /usr/local /opt /usr/include -name cublas_v2.h 2>/dev/null | head -1)
 lib=$(find /usr/local /opt /usr/lib -name 'libcublas.so*' 2>/dev/null | grep -v Lt | head -1)
 libdir=$(dirname "${lib:-/x/y}")
 if [ -n "$hdr" ] && [ -n "$lib" ] && nvcc "${flags[@]}" -DPQ2_WITH_CUBLAS -I"$(dirname "$hdr")" \
-     "$src" -o /tmp/wgmma-sweep "$lib" -Xlinker -rpath="$libdir" >"$OUT/wgmma_build.log" 2>&1; then
+     "$src" -o /tmp/wgmma-sweep -Xlinker "$lib" -Xlinker -rpath="$libdir" >"$OUT/wgmma_build.log" 2>&1; then
   echo "built with cuBLAS ($lib)"
 else
   tail -5 "$OUT/wgmma_build.log" 2>/dev/null

@@ -14,18 +14,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pq2_reference import random_signs, random_ternary, reference_linear, rel_err
+from pq2_reference import rel_err
+from prefill_kernel_helpers import (PREFILL_CASES, PREFILL_MS, case_id, check_named_kernel,
+                                    prefill_config, run_case)
 
 from vllm_prism.kernels.pq2 import dispatch
-from vllm_prism.kernels.pq2.layout import PQ2Weight
 
 KERNEL = dispatch.GemmFp8Kernel
-
-
-def _config(m: int, n: int = 256, k: int = 1024, dtype=torch.bfloat16,
-            capability=(9, 0)) -> dispatch.PQ2LinearConfig:
-    return dispatch.PQ2LinearConfig(m=m, n=n, k=k, dtype=dtype, fmt="PQ2_0",
-                                    device_type="cuda", capability=capability)
+_config = prefill_config
 
 
 def test_refusals() -> None:
@@ -42,40 +38,14 @@ def test_refusals() -> None:
     assert not KERNEL.in_auto
 
 
-def _need_sm90() -> None:
-    if not torch.cuda.is_available():
-        pytest.skip("needs CUDA")
-    ok, why = KERNEL.is_supported(torch.cuda.get_device_capability())
-    if not ok:
-        pytest.skip(why)
-
-
-def _case(n: int, k: int, block: int | None):
-    gen = torch.Generator().manual_seed(n + k)
-    raw, q, d = random_ternary(n, k, "PQ2_0", gen, "cuda")
-    signs = random_signs(k, gen, "cuda") if block else None
-    return raw, signs, PQ2Weight.from_raw(raw, signs, block)
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [128, 136, 513])
-@pytest.mark.parametrize("case", [(12288, 5120, 1024), (5120, 17408, 1024), (304, 2304, 256),
-                                  (96, 384, None)], ids=lambda c: f"{c[0]}x{c[1]}-b{c[2]}")
+@pytest.mark.parametrize("m", PREFILL_MS)
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=case_id)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemm_fp8(case, m: int, dtype: torch.dtype) -> None:
     from vllm_prism.kernels.pq2.triton_fp8 import pq2_codes_fp8, quantize_fp8_1x128
 
-    _need_sm90()
-    n, k, block = case
-    raw, signs, w = _case(n, k, block)
-    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m))
-    x = x.to(dtype)
-    bias = torch.randn(n, device="cuda", dtype=dtype) if n == 304 else None
-    assert KERNEL.can_implement(dispatch.PQ2LinearConfig.of(m, w, dtype)) == (True, "")
-    act = KERNEL.make_activation(x, w)
-    y = KERNEL.run(act, w, bias, dtype)
-    assert y.shape == (m, n) and y.dtype == dtype and torch.isfinite(y).all()
-    ref = reference_linear(x, raw, "PQ2_0", signs, block, bias)
+    (_, _, _, _, w), act, bias, y, ref = run_case(KERNEL, case, m, dtype)
     err = rel_err(y, ref)
     assert 4e-3 < err < 4e-2, f"relative error {err:.2e} (bf16 paths: ~2e-3)"
     # the activation rounds to nearest, as torch's conversion of x / scale
@@ -95,12 +65,4 @@ def test_gemm_fp8(case, m: int, dtype: torch.dtype) -> None:
 
 @pytest.mark.gpu
 def test_named_kernel_runs(monkeypatch) -> None:
-    _need_sm90()
-    _, _, w = _case(256, 1024, None)
-    monkeypatch.setenv("VLLM_PRISM_PQ2_KERNEL", "gemm_fp8,auto")
-    dispatch._select.cache_clear()
-    try:
-        assert dispatch.select_kernel(512, w, torch.bfloat16).name == "gemm_fp8"
-        assert dispatch.select_kernel(64, w, torch.bfloat16).name != "gemm_fp8"
-    finally:
-        dispatch._select.cache_clear()
+    check_named_kernel(KERNEL, monkeypatch)
