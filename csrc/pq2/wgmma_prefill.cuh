@@ -11,7 +11,8 @@
 // scales sx: [tile][group][128] fp32. Tokens past M are zeros.
 //
 // A CTA computes 128 weight rows x 128 tokens: one producer warp and two consumer warpgroups
-// (64 rows each), with kStages stage buffers and two mbarriers a stage (full: the copies// bytes arrived; empty: the eight consumer warps are done with it):
+// (64 rows each), with kStages stage buffers and two mbarriers a stage (full: the copies'
+// bytes arrived; empty: the eight consumer warps are done with it):
 // * the producer copies a group's activation block and its 128 scales with cp.async.bulk,
 //   the rows' 32 bytes of codes with cp.async;
 // * a consumer lane decodes its A fragment (rows g and g + 8, k 4t.. and 16 + 4t.. of a
@@ -115,7 +116,8 @@ __device__ __forceinline__ void wgmma_s8(int32_t (&d)[64], const uint32_t (&a)[4
 __device__ __forceinline__ void fence_reg(uint32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 __device__ __forceinline__ void fence_reg(int32_t& r) { asm volatile("" : "+r"(r)::"memory"); }
 
-// Signed weights c - 1 of four code bytes in 0..2: (c + 0x7F) ^ 0x80 bytewise (no carries).
+// Signed weights c - 1 of four code bytes c in 0..3 (-1..2; PQ2_0 uses all four codes):
+// (c + 0x7F) ^ 0x80 bytewise, no carries.
 __device__ __forceinline__ uint32_t signed_codes(uint32_t word, int shift) {
   return (((word >> shift) & 0x03030303u) + 0x7F7F7F7Fu) ^ 0x80808080u;
 }
