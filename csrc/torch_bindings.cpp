@@ -34,10 +34,12 @@ TORCH_LIBRARY(_C_prism, m) {
       "pq2_mma_small_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor qsum, "
       "Tensor? bias, ScalarType out_dtype, bool pdl, int variant=0) -> Tensor");
   m.impl("pq2_mma_small_int8", c10::kCUDA, &pq2_mma_small_int8);
+#ifdef PRISM_HAS_SM90A
   // y [M, N] = W_st @ x for a 16-bit prefill activation on Hopper's warpgroup MMA
-  // (csrc/pq2/wgmma_prefill.cu; sm_90 only).
+  // (csrc/pq2/wgmma_prefill.cu; built where sm_90 is among the architectures).
   m.def("pq2_wgmma_prefill(Tensor codes, Tensor scales, Tensor x, ScalarType out_dtype) -> Tensor");
   m.impl("pq2_wgmma_prefill", c10::kCUDA, &pq2_wgmma_prefill);
+#endif
   // Split-KV decode attention over the INT8 paged cache (csrc/attention/int8_decode.cu):
   // writes out (one segment) or the segments' partials for the merge kernel.
   m.def(

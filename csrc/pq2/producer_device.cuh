@@ -204,9 +204,7 @@ __device__ __forceinline__ bool produce_unit(int k, const Pq2PrologueParams& q, 
     uint32_t w = 0;
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
-      const float t = v[4 * c + b] * inv;
-      const int qa = min(static_cast<int>(fabsf(t) + 0.5f), 127);
-      const int qv = t < 0.f ? -qa : qa;
+      const int qv = round_q8(v[4 * c + b] * inv);
       sum += qv;
       w |= (static_cast<uint32_t>(qv) & 0xffu) << (8 * b);
     }

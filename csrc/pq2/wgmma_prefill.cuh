@@ -314,11 +314,8 @@ __global__ void quantize_tiled_kernel(const T* __restrict__ x, int64_t ldx, int 
   for (int h = 0; h < 2; ++h) {
     uint32_t w[4] = {0, 0, 0, 0};
 #pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const float t = v[h][i] * inv;
-      const int qa = min(static_cast<int>(fabsf(t) + 0.5f), 127);
-      w[i >> 2] |= (static_cast<uint32_t>(t < 0.f ? -qa : qa) & 0xffu) << (8 * (i & 3));
-    }
+    for (int i = 0; i < 16; ++i)
+      w[i >> 2] |= (static_cast<uint32_t>(round_q8(v[h][i] * inv)) & 0xffu) << (8 * (i & 3));
     *reinterpret_cast<uint4*>(block + (jq + 4 * h) * 128 + r * 16) =
         make_uint4(w[0], w[1], w[2], w[3]);
   }

@@ -1,7 +1,8 @@
 // The torch op around the PQ2 prefill GEMM on Hopper's warpgroup MMA (wgmma_prefill.cu):
 // checks, the tiled int8 activation's temporaries, the quantization and GEMM launches on the
-// current stream. The kernels exist where the extension was built with sm_90 in its
-// architectures (PRISM_HAS_SM90A) and run on compute capability 9.0 only.
+// current stream. It exists (and torch_bindings.cpp registers it) only where the extension was
+// built with sm_90 in its architectures (PRISM_HAS_SM90A), so has_compiled_op tells the
+// dispatch; it runs on compute capability 9.0 only.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -11,13 +12,9 @@
 #include "op_utils.h"
 #include "wgmma_prefill_launch.h"
 
-namespace {
+#ifdef PRISM_HAS_SM90A
 
-bool aligned16(const torch::Tensor& t) {
-  return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
-}
-
-}  // namespace
+using vllm_prism::aligned16;
 
 torch::Tensor pq2_wgmma_prefill(const torch::Tensor& codes, const torch::Tensor& scales,
                                 const torch::Tensor& x, c10::ScalarType out_dtype) {
@@ -39,17 +36,12 @@ torch::Tensor pq2_wgmma_prefill(const torch::Tensor& codes, const torch::Tensor&
               " groups, K needs ", k / 128);
   TORCH_CHECK(n < (int64_t{1} << 31) && m < (int64_t{1} << 24), op, ": too large");
   const c10::cuda::CUDAGuard guard(codes.device());
-#ifndef PRISM_HAS_SM90A
-  TORCH_CHECK(false, op, ": vllm_prism._C was built without sm_90a (VLLM_PRISM_CUDA_ARCHS ",
-              "has no 90)");
-#endif
   const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
   TORCH_CHECK(prop->major == 9 && prop->minor == 0, op,
               ": needs compute capability 9.0 (Hopper), this GPU is ", prop->major, ".",
               prop->minor);
   torch::Tensor out = torch::empty({m, n}, x.options().dtype(out_dtype));
   if (m == 0 || n == 0) return out;
-#ifdef PRISM_HAS_SM90A
   torch::Tensor xt =
       torch::empty({vllm_prism::pq2_wgmma_tiled_bytes(m, k)}, x.options().dtype(torch::kInt8));
   torch::Tensor sxt = torch::empty({vllm_prism::pq2_wgmma_tiled_scales(m, k)},
@@ -74,6 +66,7 @@ torch::Tensor pq2_wgmma_prefill(const torch::Tensor& codes, const torch::Tensor&
   p.out_half = out_dtype == torch::kFloat16;
   err = vllm_prism::pq2_wgmma_gemm(p, stream);
   TORCH_CHECK(err == cudaSuccess, op, ": GEMM launch failed: ", cudaGetErrorString(err));
-#endif
   return out;
 }
+
+#endif  // PRISM_HAS_SM90A

@@ -46,6 +46,15 @@ def case_id(case) -> str:
     return f"{case[0]}x{case[1]}-b{case[2]}"
 
 
+def prefill_cases(fn):
+    """A GPU test over M in PREFILL_MS, PREFILL_CASES and bf16 / fp16 (args m, case, dtype)."""
+    for mark in (pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16]),
+                 pytest.mark.parametrize("case", PREFILL_CASES, ids=case_id),
+                 pytest.mark.parametrize("m", PREFILL_MS), pytest.mark.gpu):
+        fn = mark(fn)
+    return fn
+
+
 def run_case(kernel: type[dispatch.PQ2LinearKernel], case, m: int, dtype: torch.dtype):
     """The kernel on a random case (a bias where N = 304): checks the selection, the shape,
     dtype and finiteness, and returns (planes (raw, q, d, signs, w), activation, y, fp64

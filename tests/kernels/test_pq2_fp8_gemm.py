@@ -15,8 +15,7 @@ import pytest
 import torch
 
 from pq2_reference import rel_err
-from prefill_kernel_helpers import (PREFILL_CASES, PREFILL_MS, case_id, check_named_kernel,
-                                    prefill_config, run_case)
+from prefill_kernel_helpers import check_named_kernel, prefill_cases, prefill_config, run_case
 
 from vllm_prism.kernels.pq2 import dispatch
 
@@ -38,10 +37,7 @@ def test_refusals() -> None:
     assert not KERNEL.in_auto
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", PREFILL_MS)
-@pytest.mark.parametrize("case", PREFILL_CASES, ids=case_id)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@prefill_cases
 def test_gemm_fp8(case, m: int, dtype: torch.dtype) -> None:
     from vllm_prism.kernels.pq2.triton_fp8 import pq2_codes_fp8, quantize_fp8_1x128
 

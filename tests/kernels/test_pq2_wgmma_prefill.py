@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from pq2_reference import integer_reference, quantize_q8, rel_err
-from prefill_kernel_helpers import (PREFILL_CASES, PREFILL_MS, case_id, check_named_kernel,
-                                    need_kernel, prefill_config, random_case, run_case)
+from prefill_kernel_helpers import (check_named_kernel, need_kernel, prefill_cases,
+                                    prefill_config, random_case, run_case)
 
 from vllm_prism.kernels.pq2 import dispatch
 
@@ -36,10 +36,7 @@ def test_refusals() -> None:
     assert dispatch._BY_NAME["wgmma_cuda"] is KERNEL
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("m", PREFILL_MS)
-@pytest.mark.parametrize("case", PREFILL_CASES, ids=case_id)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@prefill_cases
 def test_wgmma_prefill(case, m: int, dtype: torch.dtype) -> None:
     (_, q, d, _, _), act, bias, y, ref = run_case(KERNEL, case, m, dtype)
     err = rel_err(y, ref)

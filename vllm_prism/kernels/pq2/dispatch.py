@@ -417,20 +417,12 @@ class GemmFp8Kernel(PQ2LinearKernel):
         return y.to(out_dtype)
 
 
-class WgmmaCudaKernel(PQ2LinearKernel):
-    """Prefill (M >= ``GEMM_DQ_MIN_M``) on Hopper's integer warpgroup MMA, one CUDA C++ op
-    (csrc/pq2/wgmma_prefill.cu, ``torch.ops._C_prism.pq2_wgmma_prefill``): the rotated
-    activation quantized to int8 per token and 128-group into wgmma's tiled layout, then a
-    warp-specialized GEMM (a producer warp's bulk copies, two consumer warpgroups) that decodes
-    the codes straight into the MMA's registers: no dense temporary, int8 activation precision.
-    On the H200 the GEMM with its quantization ran at 0.72-0.92x the speed of bf16
-    ``F.linear`` at M = 2048-4096 and 0.49-0.79x at M = 512
-    (benchmarks/results/pq2_wgmma_sweep_h200.md): only where VLLM_PRISM_PQ2_KERNEL names it.
-    Needs vllm_prism._C built with sm_90 among its architectures, on compute capability 9.0."""
+class _CudaOpKernel(PQ2LinearKernel):
+    """A kernel of vllm_prism._C (csrc/pq2) behind the op ``torch.ops._C_prism.<op>``, on
+    int8 activations unless a subclass's ``act_kind`` says otherwise."""
 
-    name = "wgmma_cuda"
-    in_auto = False
-    op = "pq2_wgmma_prefill"
+    op: ClassVar[str] = ""
+    act_kind = ActKind.Q8
 
     @classmethod
     def is_supported(cls, capability):
@@ -438,12 +430,35 @@ class WgmmaCudaKernel(PQ2LinearKernel):
 
         if capability is None:
             return False, "not a CUDA device"
-        if capability != (9, 0):
-            return False, (f"the sm_90a warpgroup MMA runs on compute capability 9.0 only, "
-                           f"this GPU is {capability[0]}.{capability[1]}")
+        if capability < (8, 0):
+            return False, f"needs compute capability >= 8.0, this GPU is {capability}"
         if not has_compiled_op(cls.op):
             return False, f"vllm_prism._C with {cls.op} is not built"
         return True, ""
+
+
+class WgmmaCudaKernel(_CudaOpKernel):
+    """Prefill (M >= ``GEMM_DQ_MIN_M``) on Hopper's integer warpgroup MMA, one CUDA C++ op
+    (csrc/pq2/wgmma_prefill.cu, ``torch.ops._C_prism.pq2_wgmma_prefill``): the rotated
+    activation quantized to int8 per token and 128-group into wgmma's tiled layout, then a
+    warp-specialized GEMM (a producer warp's bulk copies, two consumer warpgroups) that decodes
+    the codes straight into the MMA's registers: no dense temporary, int8 activation precision.
+    On the H200 the GEMM with its quantization ran at 0.75-0.92x the speed of bf16
+    ``F.linear`` at M = 2048-4096 and 0.51-0.79x at M = 512
+    (benchmarks/results/pq2_wgmma_sweep_h200.md): only where VLLM_PRISM_PQ2_KERNEL names it.
+    Needs vllm_prism._C built with sm_90 among its architectures, on compute capability 9.0."""
+
+    name = "wgmma_cuda"
+    in_auto = False
+    op = "pq2_wgmma_prefill"
+    act_kind = ActKind.FLOAT  # the op quantizes the rotated 16-bit activation itself
+
+    @classmethod
+    def is_supported(cls, capability):
+        if capability is not None and capability != (9, 0):
+            return False, (f"the sm_90a warpgroup MMA runs on compute capability 9.0 only, "
+                           f"this GPU is {capability[0]}.{capability[1]}")
+        return super().is_supported(capability)
 
     @classmethod
     def can_implement(cls, c):
@@ -462,26 +477,6 @@ class WgmmaCudaKernel(PQ2LinearKernel):
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y.to(out_dtype)
-
-
-class _CudaOpKernel(PQ2LinearKernel):
-    """A kernel of vllm_prism._C (csrc/pq2) behind the op ``torch.ops._C_prism.<op>``, on
-    int8 activations."""
-
-    op: ClassVar[str] = ""
-    act_kind = ActKind.Q8
-
-    @classmethod
-    def is_supported(cls, capability):
-        from vllm_prism._custom_ops import has_compiled_op
-
-        if capability is None:
-            return False, "not a CUDA device"
-        if capability < (8, 0):
-            return False, f"needs compute capability >= 8.0, this GPU is {capability}"
-        if not has_compiled_op(cls.op):
-            return False, f"vllm_prism._C with {cls.op} is not built"
-        return True, ""
 
 
 class GemvCudaA8Kernel(_CudaOpKernel):
