@@ -61,3 +61,7 @@ void int8_verify_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
 // fused GEMM; sm_90 only.
 torch::Tensor pq2_wgmma_prefill(const torch::Tensor& codes, const torch::Tensor& scales,
                                 const torch::Tensor& x, c10::ScalarType out_dtype);
+// The same with the weight scales folded into int8 weights, promoted once a 1024-block
+// (csrc/pq2/wgmma_fold.cuh): x quantized to int8 per token and 1024-block.
+torch::Tensor pq2_wgmma_fold_prefill(const torch::Tensor& codes, const torch::Tensor& scales,
+                                     const torch::Tensor& x, c10::ScalarType out_dtype);

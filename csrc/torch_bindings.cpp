@@ -39,6 +39,11 @@ TORCH_LIBRARY(_C_prism, m) {
   // (csrc/pq2/wgmma_prefill.cu; built where sm_90 is among the architectures).
   m.def("pq2_wgmma_prefill(Tensor codes, Tensor scales, Tensor x, ScalarType out_dtype) -> Tensor");
   m.impl("pq2_wgmma_prefill", c10::kCUDA, &pq2_wgmma_prefill);
+  // ... with the weight scales folded into int8 weights (csrc/pq2/wgmma_fold.cuh)
+  m.def(
+      "pq2_wgmma_fold_prefill(Tensor codes, Tensor scales, Tensor x, ScalarType out_dtype) -> "
+      "Tensor");
+  m.impl("pq2_wgmma_fold_prefill", c10::kCUDA, &pq2_wgmma_fold_prefill);
 #endif
   // Split-KV decode attention over the INT8 paged cache (csrc/attention/int8_decode.cu):
   // writes out (one segment) or the segments' partials for the merge kernel.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the GPU machine of the `device` tool, no vLLM staging needed: build and run
-# benchmarks/kernels/pq2_wgmma_sweep.cu (the library's fused PQ2 prefill GEMM on warpgroup MMA) with
+# benchmarks/kernels/pq2_wgmma_sweep.cu (the library's fused PQ2 prefill GEMMs on warpgroup MMA) with
 # cuBLAS's bf16 GEMM as the same-run baseline where cuBLAS's header and library are found.
 #   bash scripts/wgmma-sweep.sh [SHAPES [MS]]      results: $OUT/wgmma_sweep.jsonl
 # PQ2_DEFINES adds nvcc flags.

@@ -19,9 +19,10 @@ environment_variables: dict[str, Callable[[], Any]] = {
         os.getenv("VLLM_PRISM_CACHE_DIR", "~/.cache/vllm-prism")),
     # PQ2 linear kernel (vllm_prism.kernels.pq2.dispatch): "auto" (default) picks by M, shape
     # and GPU; kernel names, comma-separated (gemv_a8, gemv_a16, ptq1_gemv, mma_a16, mma_a8,
-    # gemm_a16, gemm_a8, gemm_dq, gemm_fp8, wgmma_cuda, gemv_cuda, gemv_fused_cuda, mma_cuda,
-    # mma_small_cuda, mma_small_pipe_cuda, mma_stream_cuda, mma_bulk_cuda, torch), are tried
-    # first in that order and, where none can run a call, it falls back to auto with a warning.
+    # gemm_a16, gemm_a8, gemm_dq, gemm_fp8, wgmma_cuda, wgmma_fold, gemv_cuda, gemv_fused_cuda,
+    # mma_cuda, mma_small_cuda, mma_small_pipe_cuda, mma_stream_cuda, mma_bulk_cuda, torch), are
+    # tried first in that order and, where none can run a call, it falls back to auto with a
+    # warning.
     "VLLM_PRISM_PQ2_KERNEL": lambda: os.getenv("VLLM_PRISM_PQ2_KERNEL", "auto").strip().lower(),
     # Programmatic dependent launch of the PQ2 linear kernels on Hopper and newer GPUs
     # (kernels/common.py use_pdl): each kernel lets the next one launch early and waits for its

@@ -183,12 +183,15 @@ __device__ __forceinline__ void copy_arrive(uint64_t* bar) {
 
 // The producer warp: a group's activation block and scales by two bulk copies (the TMA
 // unit: one 16 KiB request), the 128 rows' 32 bytes of codes by the lanes' cp.async (128
-// small bulk requests a group kept the TMA unit busy for longer than the MMAs took).
+// small bulk requests a group kept the TMA unit busy for longer than the MMAs took). The
+// tokens' scales are [tile][group / scale_groups][128] (scale_groups: 1, or wgmma_fold.cuh's
+// 8 a 1024-block).
 __device__ __forceinline__ void produce(const Params& p, char* smem, uint64_t* full,
-                                        uint64_t* empty) {
+                                        uint64_t* empty, int scale_groups = 1) {
   const int lane = threadIdx.x & 31;
   const int r0 = blockIdx.x * kRows, tile = blockIdx.y;
   const int64_t words = p.k / 16;
+  const int scale_blocks = (p.groups + scale_groups - 1) / scale_groups;
   for (int g = 0; g < p.groups; ++g) {
     const int s = g % kStages;
     mbar_wait(&empty[s], ((g / kStages) & 1) ^ 1);
@@ -197,7 +200,9 @@ __device__ __forceinline__ void produce(const Params& p, char* smem, uint64_t* f
       mbar_expect_tx(&full[s], kBBytes + kSBytes);
       const int64_t blk = int64_t(tile) * p.groups + g;
       bulk_copy(buf, p.xt + (blk << 14), kBBytes, &full[s]);
-      bulk_copy(buf + kBBytes + kABytes, p.sxt + (blk << 7), kSBytes, &full[s]);
+      bulk_copy(buf + kBBytes + kABytes,
+                p.sxt + ((int64_t(tile) * scale_blocks + g / scale_groups) << 7), kSBytes,
+                &full[s]);
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -210,51 +215,26 @@ __device__ __forceinline__ void produce(const Params& p, char* smem, uint64_t* f
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Params p) {
-  extern __shared__ __align__(1024) char smem[];
+// The stages' full / empty mbarriers after the stage buffers, initialised by thread 0; every
+// thread returns the full ones (the empty ones follow).
+__device__ __forceinline__ uint64_t* init_stage_barriers(char* smem) {
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
-  uint64_t* empty = full + kStages;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1 + 32);  // the expect_tx arrival and the producer lanes' copies
-      mbar_init(&empty[s], kConsumers / 32);
+      mbar_init(&full[kStages + s], kConsumers / 32);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
   __syncthreads();
-  if (threadIdx.x >= kConsumers) {
-    produce(p, smem, full, empty);
-    return;
-  }
-  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int tq = lane & 3, row_a = wg * 64 + warp * 16 + (lane >> 2);
+  return full;
+}
+
+// The CTA's output: element 4j + 2r + e of acc is row row_a + 8r, token 8j + 2tq + e.
+__device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[64], int row_a,
+                                           int tq) {
   const int r0 = blockIdx.x * kRows, t0 = blockIdx.y * kTok;
   const bool ok0 = r0 + row_a < p.n, ok1 = r0 + row_a + 8 < p.n;
-  const uint16_t* s0 = p.scales + int64_t(ok0 ? r0 + row_a : 0) * p.gpad;
-  const uint16_t* s1 = p.scales + int64_t(ok1 ? r0 + row_a + 8 : 0) * p.gpad;
-  float acc[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) acc[i] = 0.f;
-  int32_t d[64];
-#pragma unroll
-  for (int i = 0; i < 64; ++i) d[i] = 0;
-  uint16_t n0 = s0[0], n1 = s1[0];
-  for (int g = 0; g < p.groups; ++g) {
-    const float w0 = ok0 ? __half2float(__ushort_as_half(n0)) : 0.f;
-    const float w1 = ok1 ? __half2float(__ushort_as_half(n1)) : 0.f;
-    if (g + 1 < p.groups) {
-      n0 = s0[g + 1];
-      n1 = s1[g + 1];
-    }
-    const int s = g % kStages;
-    mbar_wait(&full[s], (g / kStages) & 1);
-    const char* buf = smem + s * kStageBytes;
-    group_mma(buf, row_a, tq, d);
-    promote(buf, tq, w0, w1, d, acc);
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
-  }
-  // element 4j + 2r + e of acc: row row_a + 8r, token 8j + 2tq + e
 #pragma unroll
   for (int j = 0; j < 16; ++j)
 #pragma unroll
@@ -274,6 +254,121 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Params p) {
     }
 }
 
+// A 16-value chunk of token `tok`'s row at column `col` as floats (zeros past M).
+template <typename T>
+__device__ __forceinline__ void load_chunk(const T* x, int64_t ldx, int tok, int m, int col,
+                                           float (&v)[16]) {
+  uint4 raw[sizeof(T)];  // 16 values: 2 (16-bit) or 4 (fp32) uint4
+#pragma unroll
+  for (int i = 0; i < int(sizeof(T)); ++i) raw[i] = make_uint4(0, 0, 0, 0);
+  if (tok < m) {
+    const uint4* src = reinterpret_cast<const uint4*>(x + tok * ldx + col);
+#pragma unroll
+    for (int i = 0; i < int(sizeof(T)); ++i) raw[i] = src[i];
+  }
+  const T* e = reinterpret_cast<const T*>(raw);
+#pragma unroll
+  for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(e[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ void zero64(T (&x)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) x[i] = T(0);
+}
+
+// A consumer lane's place: its lane, k quarter tq, first row row_a of the CTA (and row_a + 8),
+// whether those rows exist, and their scale rows (row 0's where not).
+struct Lane {
+  int lane, tq, row_a;
+  bool ok0, ok1;
+  const uint16_t *s0, *s1;
+};
+__device__ __forceinline__ Lane consumer_lane(const Params& p) {
+  Lane l;
+  const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3;
+  l.lane = threadIdx.x & 31;
+  l.tq = l.lane & 3;
+  l.row_a = wg * 64 + warp * 16 + (l.lane >> 2);
+  const int r0 = blockIdx.x * kRows;
+  l.ok0 = r0 + l.row_a < p.n;
+  l.ok1 = r0 + l.row_a + 8 < p.n;
+  l.s0 = p.scales + int64_t(l.ok0 ? r0 + l.row_a : 0) * p.gpad;
+  l.s1 = p.scales + int64_t(l.ok1 ? r0 + l.row_a + 8 : 0) * p.gpad;
+  return l;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Params p) {
+  extern __shared__ __align__(1024) char smem[];
+  uint64_t* full = init_stage_barriers(smem);
+  uint64_t* empty = full + kStages;
+  if (threadIdx.x >= kConsumers) {
+    produce(p, smem, full, empty);
+    return;
+  }
+  const Lane l = consumer_lane(p);
+  const int lane = l.lane, tq = l.tq, row_a = l.row_a;
+  const bool ok0 = l.ok0, ok1 = l.ok1;
+  const uint16_t *s0 = l.s0, *s1 = l.s1;
+  float acc[64];  // the fp32 sums and the warpgroup's int32 ones
+  int32_t d[64];
+  zero64(acc);
+  zero64(d);
+  uint16_t n0 = s0[0], n1 = s1[0];
+  for (int g = 0; g < p.groups; ++g) {
+    const float w0 = ok0 ? __half2float(__ushort_as_half(n0)) : 0.f;
+    const float w1 = ok1 ? __half2float(__ushort_as_half(n1)) : 0.f;
+    if (g + 1 < p.groups) {
+      n0 = s0[g + 1];
+      n1 = s1[g + 1];
+    }
+    const int s = g % kStages;
+    mbar_wait(&full[s], (g / kStages) & 1);
+    const char* buf = smem + s * kStageBytes;
+    group_mma(buf, row_a, tq, d);
+    promote(buf, tq, w0, w1, d, acc);
+    __syncwarp();
+    if (lane == 0) mbar_arrive(&empty[s]);
+  }
+  store_tile(p, acc, row_a, tq);
+}
+
+// MMA k position p of a 16-wide chunk holds K index fold_perm(p) of the chunk in wgmma_fold.cuh's
+// layout: 0,8,1,9 / 4,12,5,13 / 2,10,3,11 / 6,14,7,15 by k quarter.
+__host__ __device__ __forceinline__ int fold_perm(int p) {
+  return ((p >> 2) & 1) * 4 + ((p >> 3) & 1) * 2 + ((p & 1) << 3) + ((p >> 1) & 1);
+}
+
+// max |v| of a token's group over the four lanes that hold it (lanes r, r + 8, r + 16, r + 24).
+__device__ __forceinline__ float group_amax(const float (&v)[2][16]) {
+  float amax = 0.f;
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[h][i]));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 8));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 16));
+  return amax;
+}
+
+// A lane's two chunks (jq and jq + 4) of token r as int8 (v * inv, the producers' rounding)
+// into the group's block of core rows (`block`: the 8 tokens' first row); PERM: each chunk's
+// bytes in fold_perm order.
+template <bool PERM>
+__device__ __forceinline__ void write_chunks(int8_t* block, const float (&v)[2][16], float inv,
+                                             int r, int jq) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+      w[i >> 2] |= (static_cast<uint32_t>(round_q8(v[h][PERM ? fold_perm(i) : i] * inv)) & 0xffu)
+                   << (8 * (i & 3));
+    *reinterpret_cast<uint4*>(block + (jq + 4 * h) * 128 + r * 16) =
+        make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 // int8 per token and 128-group (scale max|x| / 127, round half away from zero: the
 // producers' rule, producer_device.cuh) into the tiled layout. A warp takes 8 tokens (one row
 // of core matrices) of a group: lane 8j' + r reads token r's 16-value chunks j' and j' + 4
@@ -289,36 +384,10 @@ __global__ void quantize_tiled_kernel(const T* __restrict__ x, int64_t ldx, int 
   const int tok = int(unit / groups) * 8 + r, g = int(unit % groups);
   float v[2][16];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    uint4 raw[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
-    if (tok < m) {
-      const T* row = x + tok * ldx + g * 128;
-      const uint4* src = reinterpret_cast<const uint4*>(row + (jq + 4 * h) * 16);
-      raw[0] = src[0];
-      raw[1] = src[1];
-    }
-    const T* e = reinterpret_cast<const T*>(raw);
-#pragma unroll
-    for (int i = 0; i < 16; ++i) v[h][i] = static_cast<float>(e[i]);
-  }
-  float amax = 0.f;
-#pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int i = 0; i < 16; ++i) amax = fmaxf(amax, fabsf(v[h][i]));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 8));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 16));
+  for (int h = 0; h < 2; ++h) load_chunk(x, ldx, tok, m, g * 128 + (jq + 4 * h) * 16, v[h]);
+  const float amax = group_amax(v);
   const float inv = amax > 0.f ? 127.f / amax : 0.f;
-  int8_t* block = xt + tiled_offset(tok, g * 128, groups) - (tok & 7) * 16;  // its core row
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    uint32_t w[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-      w[i >> 2] |= (static_cast<uint32_t>(round_q8(v[h][i] * inv)) & 0xffu) << (8 * (i & 3));
-    *reinterpret_cast<uint4*>(block + (jq + 4 * h) * 128 + r * 16) =
-        make_uint4(w[0], w[1], w[2], w[3]);
-  }
+  write_chunks<false>(xt + tiled_offset(tok, g * 128, groups) - (tok & 7) * 16, v, inv, r, jq);
   if (jq == 0) sxt[((int64_t(tok >> 7) * groups + g) << 7) + (tok & 127)] = amax / 127.f;
 }
 
@@ -332,14 +401,20 @@ inline cudaError_t quantize_tiled(const T* x, int64_t ldx, int m, int k, int8_t*
   return cudaGetLastError();
 }
 
-// Needs K % 128 == 0 (16-byte aligned rows of codes) and the tiled buffers of quantize_tiled.
-inline cudaError_t gemm(const Params& p, cudaStream_t stream) {
+// A GEMM kernel of `threads` over 128-row x 128-token CTAs.
+inline cudaError_t launch_gemm(void (*kernel)(Params), int threads, const Params& p,
+                               cudaStream_t stream) {
   const cudaError_t e =
-      cudaFuncSetAttribute(gemm_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
   const dim3 grid((p.n + kRows - 1) / kRows, (p.m + kTok - 1) / kTok);
-  gemm_kernel<<<grid, kThreads, kSmem, stream>>>(p);
+  kernel<<<grid, threads, kSmem, stream>>>(p);
   return cudaGetLastError();
+}
+
+// Needs K % 128 == 0 (16-byte aligned rows of codes) and the tiled buffers of quantize_tiled.
+inline cudaError_t gemm(const Params& p, cudaStream_t stream) {
+  return launch_gemm(gemm_kernel, kThreads, p, stream);
 }
 
 }  // namespace wgmma_prefill

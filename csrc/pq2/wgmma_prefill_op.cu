@@ -1,8 +1,9 @@
-// The torch op around the PQ2 prefill GEMM on Hopper's warpgroup MMA (wgmma_prefill.cu):
-// checks, the tiled int8 activation's temporaries, the quantization and GEMM launches on the
-// current stream. It exists (and torch_bindings.cpp registers it) only where the extension was
-// built with sm_90 in its architectures (PRISM_HAS_SM90A), so has_compiled_op tells the
-// dispatch; it runs on compute capability 9.0 only.
+// The torch ops around the PQ2 prefill GEMMs on Hopper's warpgroup MMA (wgmma_prefill.cu): checks,
+// the tiled int8 activation's temporaries, the quantization and GEMM launches on the current
+// stream; pq2_wgmma_fold_prefill runs the variant with the weight scales folded into the int8
+// weights (wgmma_fold.cuh). They exist (and torch_bindings.cpp registers them) only where the
+// extension was built with sm_90 in its architectures (PRISM_HAS_SM90A), so has_compiled_op tells
+// the dispatch; it runs on compute capability 9.0 only.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -16,9 +17,11 @@
 
 using vllm_prism::aligned16;
 
-torch::Tensor pq2_wgmma_prefill(const torch::Tensor& codes, const torch::Tensor& scales,
-                                const torch::Tensor& x, c10::ScalarType out_dtype) {
-  constexpr const char* op = "pq2_wgmma_prefill";
+namespace {
+
+torch::Tensor wgmma_prefill(const char* op, bool fold, const torch::Tensor& codes,
+                            const torch::Tensor& scales, const torch::Tensor& x,
+                            c10::ScalarType out_dtype) {
   vllm_prism::check_weight_planes(op, codes, scales);
   TORCH_CHECK(codes.stride(0) == codes.size(1) && aligned16(codes), op,
               ": codes must be contiguous rows from a 16-byte aligned start");
@@ -44,10 +47,11 @@ torch::Tensor pq2_wgmma_prefill(const torch::Tensor& codes, const torch::Tensor&
   if (m == 0 || n == 0) return out;
   torch::Tensor xt =
       torch::empty({vllm_prism::pq2_wgmma_tiled_bytes(m, k)}, x.options().dtype(torch::kInt8));
-  torch::Tensor sxt = torch::empty({vllm_prism::pq2_wgmma_tiled_scales(m, k)},
+  torch::Tensor sxt = torch::empty({fold ? vllm_prism::pq2_wgmma_fold_tiled_scales(m, k)
+                                         : vllm_prism::pq2_wgmma_tiled_scales(m, k)},
                                    x.options().dtype(torch::kFloat32));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream().stream();
-  cudaError_t err = vllm_prism::pq2_wgmma_quantize(
+  cudaError_t err = (fold ? vllm_prism::pq2_wgmma_fold_quantize : vllm_prism::pq2_wgmma_quantize)(
       x.data_ptr(), x.scalar_type() == torch::kFloat16, x.stride(0), static_cast<int>(m),
       static_cast<int>(k), xt.data_ptr<int8_t>(), sxt.data_ptr<float>(), stream);
   TORCH_CHECK(err == cudaSuccess, op, ": quantization launch failed: ", cudaGetErrorString(err));
@@ -64,9 +68,21 @@ torch::Tensor pq2_wgmma_prefill(const torch::Tensor& codes, const torch::Tensor&
   p.gpad = static_cast<int>(scales.stride(0));
   p.ldo = static_cast<int>(n);
   p.out_half = out_dtype == torch::kFloat16;
-  err = vllm_prism::pq2_wgmma_gemm(p, stream);
+  err = fold ? vllm_prism::pq2_wgmma_fold_gemm(p, stream) : vllm_prism::pq2_wgmma_gemm(p, stream);
   TORCH_CHECK(err == cudaSuccess, op, ": GEMM launch failed: ", cudaGetErrorString(err));
   return out;
+}
+
+}  // namespace
+
+torch::Tensor pq2_wgmma_prefill(const torch::Tensor& codes, const torch::Tensor& scales,
+                                const torch::Tensor& x, c10::ScalarType out_dtype) {
+  return wgmma_prefill("pq2_wgmma_prefill", false, codes, scales, x, out_dtype);
+}
+
+torch::Tensor pq2_wgmma_fold_prefill(const torch::Tensor& codes, const torch::Tensor& scales,
+                                     const torch::Tensor& x, c10::ScalarType out_dtype) {
+  return wgmma_prefill("pq2_wgmma_fold_prefill", true, codes, scales, x, out_dtype);
 }
 
 #endif  // PRISM_HAS_SM90A

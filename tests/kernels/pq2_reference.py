@@ -61,6 +61,38 @@ def quantize_q8(xt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q.reshape(m, k).to(torch.int32), amax / 127.0
 
 
+def quantize_q8_blocks(xt: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 of a transformed activation [M, K] per token and ``block`` of K (the last block
+    may be partial), by quantize_q8's rule: (q int32 [M, K], scale fp32 [M, blocks])."""
+    m, k = xt.shape
+    nb = -(-k // block)
+    xp = torch.zeros(m, nb * block, dtype=torch.float32, device=xt.device)
+    xp[:, :k] = xt.float()
+    xg = xp.reshape(m, nb, block)
+    amax = xg.abs().amax(dim=2)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    v = xg * inv.unsqueeze(-1)
+    q = torch.sign(v) * torch.floor(v.abs() + 0.5)
+    return q.reshape(m, nb * block)[:, :k].to(torch.int32), amax / 127.0
+
+
+def fold_scales(d: torch.Tensor, groups_per_block: int = 8,
+                levels: int = 63) -> torch.Tensor:
+    """The group scales [N, G] as the folded kernel uses them (csrc/pq2/wgmma_fold.cuh): in
+    each block of ``groups_per_block`` groups, D = max |d| / levels (as 1 / (levels / max)) and
+    q = rint(d * levels / max); returns D * q in float64."""
+    n, g = d.shape
+    nb = -(-g // groups_per_block)
+    dp = torch.zeros(n, nb * groups_per_block, dtype=torch.float32, device=d.device)
+    dp[:, :g] = d.float()
+    db = dp.reshape(n, nb, groups_per_block)
+    mx = db.abs().amax(dim=2, keepdim=True)
+    inv = torch.where(mx > 0, levels / mx, torch.zeros_like(mx))
+    q = torch.round(db * inv)
+    dw = torch.where(inv > 0, 1.0 / inv, torch.zeros_like(inv))
+    return (dw.double() * q.double()).reshape(n, nb * groups_per_block)[:, :g]
+
+
 def integer_reference(xq: torch.Tensor, scale: torch.Tensor, q: torch.Tensor, d: torch.Tensor,
                       bias: torch.Tensor | None = None) -> torch.Tensor:
     """sum_g d[n, g] * scale[m, g] * sum_j q[n, j] xq[m, j] in float64 (integer sums exact)."""

@@ -166,21 +166,27 @@ def test_small_sweep_compiles(op_objects, tmp_path: Path) -> None:
 
 @pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
 def test_wgmma_prefill_compiles(tmp_path: Path) -> None:
-    """The fused prefill GEMM on warpgroup MMA (csrc/pq2/wgmma_prefill.cu, sm_90a) builds as
-    CMake builds it: the integer warpgroup MMA with no compiler-inserted waits or
-    serialization (ptxas's C7517 / C7518 notes), its producer's bulk copies, no spills."""
+    """The fused prefill GEMMs on warpgroup MMA (csrc/pq2/wgmma_prefill.cu, sm_90a: wgmma_cuda
+    and the folded-scale wgmma_fold) build as CMake builds them: the integer warpgroup MMA
+    with no compiler-inserted waits or serialization (ptxas's C7511 / C7517 / C7518 notes),
+    the producer's bulk copies, the fold kernel's register hand-over (setmaxnreg), no
+    spills."""
     res = subprocess.run([NVCC, "-c", "-std=c++17", "-O3", "--use_fast_math", *SM90A_FLAGS,
                           "-Xptxas", "-v", f"-I{ROOT / 'csrc'}", str(ROOT / SM90A[0]),
                           "-o", str(tmp_path / "k.o")],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
-    assert "gemm_kernel" in res.stderr and "quantize_tiled_kernel" in res.stderr
-    assert "C7517" not in res.stderr and "C7518" not in res.stderr, res.stderr[-4000:]
+    for kernel in ("gemm_kernel", "quantize_tiled_kernel", "fold_gemm_kernel",
+                   "quantize_fold_kernel"):
+        assert kernel in res.stderr, kernel
+    for note in ("C7511", "C7517", "C7518"):
+        assert note not in res.stderr, res.stderr[-4000:]
     spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
     assert spills and all(int(s) == 0 for s in spills), res.stderr[-4000:]
     sass = _sass(tmp_path / "k.o")
     if sass is not None:
         assert "IGMMA.64x128x32.S8.S8" in sass and "UBLKCP" in sass
+        assert "USETMAXREG.DEALLOC" in sass and "USETMAXREG.TRY_ALLOC" in sass
 
 
 def _sass(obj: Path) -> str | None:
@@ -203,7 +209,7 @@ def test_wgmma_sweep_compiles(tmp_path: Path) -> None:
                           "-o", str(tmp_path / "sweep")],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
-    assert "gemm_kernel" in res.stderr and "quantize_tiled_kernel" in res.stderr
+    assert "gemm_kernel" in res.stderr and "fold_gemm_kernel" in res.stderr
     spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
     assert spills and all(int(s) == 0 for s in spills), res.stderr[-4000:]
     assert (tmp_path / "sweep").is_file()

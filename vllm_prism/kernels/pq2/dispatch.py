@@ -473,10 +473,28 @@ class WgmmaCudaKernel(_CudaOpKernel):
         if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
             x = x.contiguous()
         dtype16 = out_dtype if out_dtype in (torch.bfloat16, torch.float16) else x.dtype
-        y = torch.ops._C_prism.pq2_wgmma_prefill(w.codes, w.scales, x, dtype16)
+        y = getattr(torch.ops._C_prism, cls.op)(w.codes, w.scales, x, dtype16)
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y.to(out_dtype)
+
+
+class WgmmaFoldKernel(WgmmaCudaKernel):
+    """``wgmma_cuda`` with the weight scales folded into the int8 weights (op
+    ``torch.ops._C_prism.pq2_wgmma_fold_prefill``, csrc/pq2/wgmma_fold.cuh): in each 1024-wide
+    block of K (the Hadamard rotation's block) a row's group scale d becomes D * q with
+    D = max |d| / 63 and q an integer of -63..63, the weight (c - 1) * q an int8, and the
+    activation is quantized per token and 1024-block, so the int32 sums are promoted once a
+    block instead of once a 128-group and the MMAs run back to back. An approximation of the
+    weights: a group scale moves by up to 0.5 / |q| of itself (0.8 % for the block's largest).
+    On the H200 it ran 1.29-1.42x faster than wgmma_cuda, 1.04-1.30x bf16 ``F.linear`` with
+    its quantization at M = 2048-4096 and on the two wide projections at M = 512, 0.75-0.78x
+    on the 5120-row ones at M = 512, with a relative error of 0.66-0.70 % where a block's
+    scales lie within +-12.5 % (benchmarks/results/pq2_wgmma_sweep_h200.md): only where
+    VLLM_PRISM_PQ2_KERNEL names it."""
+
+    name = "wgmma_fold"
+    op = "pq2_wgmma_fold_prefill"
 
 
 class GemvCudaA8Kernel(_CudaOpKernel):
@@ -804,14 +822,15 @@ class TorchKernel(PQ2LinearKernel):
 # stay for the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the
 # pipelined small-batch variant (mma_small_pipe_cuda), the equal-share one (mma_bulk_cuda), the
 # resident streaming one (mma_persist_cuda), the GEMV with the producer in its launch
-# (gemv_fused_cuda), the FP8 prefill GEMM (gemm_fp8) and the warpgroup-MMA prefill GEMM
-# (wgmma_cuda) run only where named.
+# (gemv_fused_cuda), the FP8 prefill GEMM (gemm_fp8) and the warpgroup-MMA prefill GEMMs
+# (wgmma_cuda; wgmma_fold, which folds the weight scales into the int8 weights) run only where
+# named.
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, MmaLeanCudaA8Kernel, MmaStreamCudaA8Kernel, GemvCudaA8Kernel,
     MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel,
     GemmDqKernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel, GemmA16Kernel,
     MmaSmallPipeCudaA8Kernel, MmaBulkCudaA8Kernel, MmaPersistCudaA8Kernel,
-    GemvFusedCudaKernel, GemmFp8Kernel, WgmmaCudaKernel, TorchKernel,
+    GemvFusedCudaKernel, GemmFp8Kernel, WgmmaCudaKernel, WgmmaFoldKernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 
