@@ -24,6 +24,7 @@
 
 using namespace pq2_sweep;
 namespace wp = vllm_prism::wgmma_prefill;
+using Gemm = cudaError_t (*)(const wp::Params&, cudaStream_t);
 
 namespace {
 
@@ -160,7 +161,7 @@ int main(int argc, char** argv) {
       int8_t* xt = const_cast<int8_t*>(a.xt);
       float* sxt = const_cast<float*>(a.sxt);
       // a GEMM's error against ref, then its time over the weight copies
-      auto check_and_time = [&](const wp::Params& a, auto gemm, double& rel) {
+      auto check_and_time = [&](const wp::Params& a, Gemm gemm, double& rel) {
         CHECK(cudaMemsetAsync(out, 0xFF, int64_t(m) * sh.n * 2, dev.s));  // NaN: unwritten
         CHECK(gemm(a, dev.s));
         CHECK(cudaStreamSynchronize(dev.s));
@@ -173,8 +174,7 @@ int main(int argc, char** argv) {
         });
       };
       double rel = 0, frel = 0;
-      const double us = check_and_time(
-          a, [](const wp::Params& b, cudaStream_t st) { return wp::gemm(b, st); }, rel);
+      const double us = check_and_time(a, wp::gemm, rel);
       const double q_us = timed(16, [&](int) {
         return wp::quantize_tiled(xb, sh.k, m, sh.k, xt, sxt, dev.s);
       });
@@ -186,28 +186,17 @@ int main(int argc, char** argv) {
                   bf16_us > 0 ? bf16_us / (us + q_us) : 0.0, tops, rel);
       std::fflush(stdout);
       CHECK(wp::quantize_fold(xf, sh.k, m, sh.k, xt, sxt, dev.s));
-      // the fold GEMM with 128- and 64-token CTAs (each checked), and the library's choice
-      double frel64 = 0;
-      const double fus128 = check_and_time(
-          a, [](const wp::Params& b, cudaStream_t st) { return wp::fold_gemm_tokens(b, st, 128); },
-          frel);
-      const double fus64 = check_and_time(
-          a, [](const wp::Params& b, cudaStream_t st) { return wp::fold_gemm_tokens(b, st, 64); },
-          frel64);
-      const int tok = wp::fold_tokens(m, sh.n, dev.sms);
-      const double fus = tok == 64 ? fus64 : fus128;
-      frel = std::max(frel, frel64);
+      const double fus = check_and_time(a, wp::fold_gemm, frel);
       const double fq_us = timed(16, [&](int) {
         return wp::quantize_fold(xb, sh.k, m, sh.k, xt, sxt, dev.s);
       });
       std::printf("{\"shape\": \"%dx%d\", \"m\": %d, \"kernel\": \"pq2_wgmma_fold\", "
                   "\"us\": %.2f, \"quant_us\": %.2f, \"bf16_us\": %.2f, \"vs_bf16\": %.3f, "
                   "\"vs_bf16_with_quant\": %.3f, \"vs_ws\": %.3f, \"tops\": %.0f, "
-                  "\"rel_err\": %.3g, \"scales\": \"wide\", \"tok\": %d, \"us_128\": %.2f, "
-                  "\"us_64\": %.2f}\n",
+                  "\"rel_err\": %.3g, \"scales\": \"wide\"}\n",
                   sh.n, sh.k, m, fus, fq_us, bf16_us, bf16_us > 0 ? bf16_us / fus : 0.0,
                   bf16_us > 0 ? bf16_us / (fus + fq_us) : 0.0, us / fus,
-                  2.0 * m * sh.n * double(sh.k) / fus / 1e6, frel, tok, fus128, fus64);
+                  2.0 * m * sh.n * double(sh.k) / fus / 1e6, frel);
       std::fflush(stdout);
       CHECK(cudaFree(xt));
       CHECK(cudaFree(sxt));

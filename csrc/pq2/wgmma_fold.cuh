@@ -72,10 +72,10 @@ __device__ __forceinline__ uint4 load_block_scales(const uint16_t* row, int b, i
   return make_uint4(v[0], v[1], v[2], v[3]);
 }
 
-// One group's A fragments (rows g and g + 8 of the lane) from the stage's codes (at `codes`).
-__device__ __forceinline__ void fold_decode(const char* codes_smem, int row_a, int sh,
-                                            uint32_t t0, uint32_t t1, uint32_t (&a)[4][4]) {
-  const uint4* codes = reinterpret_cast<const uint4*>(codes_smem);
+// One group's A fragments (rows g and g + 8 of the lane) from the stage's codes.
+__device__ __forceinline__ void fold_decode(const char* buf, int row_a, int sh, uint32_t t0,
+                                            uint32_t t1, uint32_t (&a)[4][4]) {
+  const uint4* codes = reinterpret_cast<const uint4*>(buf + kBBytes);
   const uint4 w0a = codes[row_a * 2], w0b = codes[row_a * 2 + 1];
   const uint4 w1a = codes[(row_a + 8) * 2], w1b = codes[(row_a + 8) * 2 + 1];
   const uint32_t r0w[8] = {w0a.x, w0a.y, w0a.z, w0a.w, w0b.x, w0b.y, w0b.z, w0b.w};
@@ -90,12 +90,11 @@ __device__ __forceinline__ void fold_decode(const char* codes_smem, int row_a, i
 }
 
 // Four MMAs of one group into d (the first of a block starting the sums), committed.
-template <int N>
-__device__ __forceinline__ void fold_mma(const char* buf, uint32_t (&a)[4][4], int32_t (&d)[N],
+__device__ __forceinline__ void fold_mma(const char* buf, uint32_t (&a)[4][4], int32_t (&d)[64],
                                          bool first) {
   const uint64_t desc = b_desc(buf);
 #pragma unroll
-  for (int i = 0; i < N; ++i) fence_reg(d[i]);
+  for (int i = 0; i < 64; ++i) fence_reg(d[i]);
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
   for (int c = 0; c < 4; ++c)
@@ -115,18 +114,13 @@ __device__ __forceinline__ void fence_a(uint32_t (&a)[4][4]) {
     for (int i = 0; i < 4; ++i) fence_reg(a[c][i]);
 }
 
-// TOK tokens a CTA: 128, or 64 where 128-token CTAs leave most multiprocessors idle in a last
-// wave (fold_tokens).
-template <int TOK>
 __global__ void __launch_bounds__(kFoldThreads, 1) fold_gemm_kernel(const Params p) {
-  using G = Tile<TOK>;
-  constexpr int N = TOK / 2;  // sums a thread
   extern __shared__ __align__(1024) char smem[];
-  uint64_t* full = init_stage_barriers<TOK>(smem);
+  uint64_t* full = init_stage_barriers(smem);
   uint64_t* empty = full + kStages;
   if (threadIdx.x >= kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
-    if (threadIdx.x < kConsumers + 32) produce<TOK>(p, smem, full, empty, kBlockGroups);
+    if (threadIdx.x < kConsumers + 32) produce(p, smem, full, empty, kBlockGroups);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
@@ -134,10 +128,10 @@ __global__ void __launch_bounds__(kFoldThreads, 1) fold_gemm_kernel(const Params
   const int lane = l.lane, tq = l.tq, row_a = l.row_a;
   const int sh = (tq & 1) * 2 + (tq >> 1) * 16;
   const int blocks = (p.groups + kBlockGroups - 1) / kBlockGroups;
-  float acc[N];  // the fp32 sums and the warpgroup's int32 ones
-  int32_t d[N];
-  zero(acc);
-  zero(d);
+  float acc[64];  // the fp32 sums and the warpgroup's int32 ones
+  int32_t d[64];
+  zero64(acc);
+  zero64(d);
   uint32_t a[2][4][4];
   uint4 n0 = load_block_scales(l.s0, 0, p.groups), n1 = load_block_scales(l.s1, 0, p.groups);
   for (int b = 0; b < blocks; ++b) {
@@ -155,9 +149,9 @@ __global__ void __launch_bounds__(kFoldThreads, 1) fold_gemm_kernel(const Params
     auto step = [&](int j, uint32_t (&cur)[4][4], uint32_t (&prev)[4][4]) {
       const int g = g0 + j, s = g % kStages;
       mbar_wait(&full[s], (g / kStages) & 1);
-      const char* buf = smem + s * G::kStage;
-      fold_decode(buf + G::kB, row_a, sh, fold_group_table(c0, j, inv0),
-                  fold_group_table(c1, j, inv1), cur);
+      const char* buf = smem + s * kStageBytes;
+      fold_decode(buf, row_a, sh, fold_group_table(c0, j, inv0), fold_group_table(c1, j, inv1),
+                  cur);
       fold_mma(buf, cur, d, j == 0);
       if (j > 0) {
         wgmma_wait<1>();
@@ -173,14 +167,14 @@ __global__ void __launch_bounds__(kFoldThreads, 1) fold_gemm_kernel(const Params
     }
     wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < N; ++i) fence_reg(d[i]);
+    for (int i = 0; i < 64; ++i) fence_reg(d[i]);
     fence_a(a[0]);
     fence_a(a[1]);
     const int gl = g0 + ng - 1;
-    const float* sx =
-        reinterpret_cast<const float*>(smem + (gl % kStages) * G::kStage + G::kB + kABytes);
+    const float* sx = reinterpret_cast<const float*>(smem + (gl % kStages) * kStageBytes +
+                                                     kBBytes + kABytes);
 #pragma unroll
-    for (int j = 0; j < N / 4; ++j) {
+    for (int j = 0; j < 16; ++j) {
       const float2 sv = *reinterpret_cast<const float2*>(sx + 8 * j + 2 * tq);
       const float p00 = dw0 * sv.x, p01 = dw0 * sv.y, p10 = dw1 * sv.x, p11 = dw1 * sv.y;
       acc[4 * j + 0] += p00 * __int2float_rn(d[4 * j + 0]);
@@ -238,27 +232,9 @@ inline cudaError_t quantize_fold(const T* x, int64_t ldx, int m, int k, int8_t* 
   return cudaGetLastError();
 }
 
-// Tokens a CTA of the fold GEMM: 64 where the 128-token grid's waves on `sms` multiprocessors
-// (one CTA each) take clearly longer than twice as many half-size CTAs' (a last wave mostly
-// idle: 160 CTAs on 132 multiprocessors at M = 512 on the 5120-row projections), else 128. A
-// half-size wave is taken as 0.58 of a full one (its decoding serves half the MMAs).
-inline int fold_tokens(int m, int n, int sms) {
-  const int64_t rows = (n + kRows - 1) / kRows;
-  const int64_t ctas = rows * ((m + kTok - 1) / kTok), half = rows * ((m + 63) / 64);
-  const int64_t waves = (ctas + sms - 1) / sms, half_waves = (half + sms - 1) / sms;
-  return 58 * half_waves < 100 * waves ? 64 : 128;
-}
-
-// The fold GEMM with `tok` (64 or 128) tokens a CTA.
-inline cudaError_t fold_gemm_tokens(const Params& p, cudaStream_t stream, int tok) {
-  if (tok == 64)
-    return launch_gemm(fold_gemm_kernel<64>, kFoldThreads, p, stream, 64, Tile<64>::kSmem);
-  return launch_gemm(fold_gemm_kernel<128>, kFoldThreads, p, stream, 128, Tile<128>::kSmem);
-}
-
-// Needs K % 128 == 0 and the buffers of quantize_fold; sms: the device's multiprocessors.
-inline cudaError_t fold_gemm(const Params& p, cudaStream_t stream, int sms = 132) {
-  return fold_gemm_tokens(p, stream, fold_tokens(p.m, p.n, sms));
+// Needs K % 128 == 0 and the buffers of quantize_fold.
+inline cudaError_t fold_gemm(const Params& p, cudaStream_t stream) {
+  return launch_gemm(fold_gemm_kernel, kFoldThreads, p, stream);
 }
 
 }  // namespace wgmma_prefill

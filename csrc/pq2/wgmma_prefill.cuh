@@ -46,15 +46,6 @@ constexpr int kSBytes = kTok * 4;           // the tokens' scales of a group
 constexpr int kStageBytes = kBBytes + kABytes + kSBytes;
 constexpr int kSmem = kStages * (kStageBytes + 16);  // the stages and their two barriers
 
-// The same for a CTA of TOK tokens (128, or wgmma_fold.cuh's 64: half a tile of the layout).
-template <int TOK>
-struct Tile {
-  static constexpr int kB = TOK * 128;
-  static constexpr int kS = TOK * 4;
-  static constexpr int kStage = kB + kABytes + kS;
-  static constexpr int kSmem = kStages * (kStage + 16);
-};
-
 using Params = Pq2WgmmaParams;
 
 // Byte offset of token `tok`, K index `k` in the tiled activation of `groups` groups.
@@ -115,19 +106,6 @@ __device__ __forceinline__ void wgmma_s8(int32_t (&d)[64], const uint32_t (&a)[4
       "{%64, %65, %66, %67}, %69, p;\n}\n"
       : PQ2_R8(0), PQ2_R8(8), PQ2_R8(16), PQ2_R8(24), PQ2_R8(32), PQ2_R8(40), PQ2_R8(48),
         PQ2_R8(56)
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
-}
-
-// d (64 x 64 int32 of the warpgroup, 32 a thread) (+)= A (64 x 32, registers) x B (32 x 64).
-__device__ __forceinline__ void wgmma_s8(int32_t (&d)[32], const uint32_t (&a)[4], uint64_t desc,
-                                         int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 "
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-      "{%32, %33, %34, %35}, %37, p;\n}\n"
-      : PQ2_R8(0), PQ2_R8(8), PQ2_R8(16), PQ2_R8(24)
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(accumulate), "l"(desc));
 }
 #undef PQ2_R8
@@ -208,32 +186,29 @@ __device__ __forceinline__ void copy_arrive(uint64_t* bar) {
 // small bulk requests a group kept the TMA unit busy for longer than the MMAs took). The
 // tokens' scales are [tile][group / scale_groups][128] (scale_groups: 1, or wgmma_fold.cuh's
 // 8 a 1024-block).
-template <int TOK = kTok>
 __device__ __forceinline__ void produce(const Params& p, char* smem, uint64_t* full,
                                         uint64_t* empty, int scale_groups = 1) {
-  using G = Tile<TOK>;
   const int lane = threadIdx.x & 31;
-  const int r0 = blockIdx.x * kRows;
-  const int tile = blockIdx.y * TOK / kTok, sub = blockIdx.y * TOK % kTok;  // sub: first token
+  const int r0 = blockIdx.x * kRows, tile = blockIdx.y;
   const int64_t words = p.k / 16;
   const int scale_blocks = (p.groups + scale_groups - 1) / scale_groups;
   for (int g = 0; g < p.groups; ++g) {
     const int s = g % kStages;
     mbar_wait(&empty[s], ((g / kStages) & 1) ^ 1);
-    char* buf = smem + s * G::kStage;
+    char* buf = smem + s * kStageBytes;
     if (lane == 0) {
-      mbar_expect_tx(&full[s], G::kB + G::kS);
+      mbar_expect_tx(&full[s], kBBytes + kSBytes);
       const int64_t blk = int64_t(tile) * p.groups + g;
-      bulk_copy(buf, p.xt + (blk << 14) + sub * 128, G::kB, &full[s]);
-      bulk_copy(buf + G::kB + kABytes,
-                p.sxt + ((int64_t(tile) * scale_blocks + g / scale_groups) << 7) + sub, G::kS,
+      bulk_copy(buf, p.xt + (blk << 14), kBBytes, &full[s]);
+      bulk_copy(buf + kBBytes + kABytes,
+                p.sxt + ((int64_t(tile) * scale_blocks + g / scale_groups) << 7), kSBytes,
                 &full[s]);
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int c = lane + 32 * i, row = c >> 1;
       const bool ok = r0 + row < p.n;
-      copy16(buf + G::kB + c * 16, p.codes + (ok ? r0 + row : 0) * words + g * 8 + (c & 1) * 4,
+      copy16(buf + kBBytes + c * 16, p.codes + (ok ? r0 + row : 0) * words + g * 8 + (c & 1) * 4,
              ok);
     }
     copy_arrive(&full[s]);
@@ -242,9 +217,8 @@ __device__ __forceinline__ void produce(const Params& p, char* smem, uint64_t* f
 
 // The stages' full / empty mbarriers after the stage buffers, initialised by thread 0; every
 // thread returns the full ones (the empty ones follow).
-template <int TOK = kTok>
 __device__ __forceinline__ uint64_t* init_stage_barriers(char* smem) {
-  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * Tile<TOK>::kStage);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + kStages * kStageBytes);
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 1 + 32);  // the expect_tx arrival and the producer lanes' copies
@@ -256,15 +230,13 @@ __device__ __forceinline__ uint64_t* init_stage_barriers(char* smem) {
   return full;
 }
 
-// The CTA's output (TOK = 2 N tokens): element 4j + 2r + e of acc is row row_a + 8r, token
-// 8j + 2tq + e.
-template <int N>
-__device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[N], int row_a,
+// The CTA's output: element 4j + 2r + e of acc is row row_a + 8r, token 8j + 2tq + e.
+__device__ __forceinline__ void store_tile(const Params& p, const float (&acc)[64], int row_a,
                                            int tq) {
-  const int r0 = blockIdx.x * kRows, t0 = blockIdx.y * 2 * N;
+  const int r0 = blockIdx.x * kRows, t0 = blockIdx.y * kTok;
   const bool ok0 = r0 + row_a < p.n, ok1 = r0 + row_a + 8 < p.n;
 #pragma unroll
-  for (int j = 0; j < N / 4; ++j)
+  for (int j = 0; j < 16; ++j)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int tok = t0 + 8 * j + 2 * tq + e;
@@ -299,10 +271,10 @@ __device__ __forceinline__ void load_chunk(const T* x, int64_t ldx, int tok, int
   for (int i = 0; i < 16; ++i) v[i] = static_cast<float>(e[i]);
 }
 
-template <typename T, int N>
-__device__ __forceinline__ void zero(T (&x)[N]) {
+template <typename T>
+__device__ __forceinline__ void zero64(T (&x)[64]) {
 #pragma unroll
-  for (int i = 0; i < N; ++i) x[i] = T(0);
+  for (int i = 0; i < 64; ++i) x[i] = T(0);
 }
 
 // A consumer lane's place: its lane, k quarter tq, first row row_a of the CTA (and row_a + 8),
@@ -340,8 +312,8 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_kernel(const Params p) {
   const uint16_t *s0 = l.s0, *s1 = l.s1;
   float acc[64];  // the fp32 sums and the warpgroup's int32 ones
   int32_t d[64];
-  zero(acc);
-  zero(d);
+  zero64(acc);
+  zero64(d);
   uint16_t n0 = s0[0], n1 = s1[0];
   for (int g = 0; g < p.groups; ++g) {
     const float w0 = ok0 ? __half2float(__ushort_as_half(n0)) : 0.f;
@@ -429,14 +401,14 @@ inline cudaError_t quantize_tiled(const T* x, int64_t ldx, int m, int k, int8_t*
   return cudaGetLastError();
 }
 
-// A GEMM kernel of `threads` over 128-row x `tok`-token CTAs with `smem` bytes.
+// A GEMM kernel of `threads` over 128-row x 128-token CTAs.
 inline cudaError_t launch_gemm(void (*kernel)(Params), int threads, const Params& p,
-                               cudaStream_t stream, int tok = kTok, int smem = kSmem) {
+                               cudaStream_t stream) {
   const cudaError_t e =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
   if (e != cudaSuccess) return e;
-  const dim3 grid((p.n + kRows - 1) / kRows, (p.m + tok - 1) / tok);
-  kernel<<<grid, threads, smem, stream>>>(p);
+  const dim3 grid((p.n + kRows - 1) / kRows, (p.m + kTok - 1) / kTok);
+  kernel<<<grid, threads, kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
