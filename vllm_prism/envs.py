@@ -38,6 +38,12 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # split-KV kernel elsewhere; "triton" always the Triton kernel; "cuda" the same as "auto".
     # Read per call (inside vLLM's attention op, outside any traced graph).
     "VLLM_PRISM_ATTN_KERNEL": lambda: os.getenv("VLLM_PRISM_ATTN_KERNEL", "auto").strip().lower(),
+    # Prefill chunks at context 0 (a prompt's first chunk) in the PRISM attention backend:
+    # "1" (default) attends to the step's own K and V (one causal SDPA call, before any INT8
+    # rounding); "0" reads them back from the KV cache like every later chunk
+    # (attention/ops/prefill.py). Read per call, outside any traced graph.
+    "VLLM_PRISM_PREFILL_FRESH_KV": lambda: os.getenv("VLLM_PRISM_PREFILL_FRESH_KV",
+                                                     "1").strip().lower() in ("1", "true", "on"),
     # Tile overrides for the int8 GEMV (kernels/pq2/triton_gemv.py), to measure a variant
     # through vLLM: comma-separated key=value among n (rows per program), g (groups per step),
     # w (warps), depth (tiles in flight, 1..3), scales (1: scales travel with their tile),

@@ -67,3 +67,26 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def poisoned_out(q: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     return torch.full(q.shape, float("nan"), dtype=dtype or q.dtype, device=q.device)
+
+
+def causal_fp32(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """fp32 causal attention of q [m, Hq, hs] over k, v [m, Hkv, hs] (head h reads KV head
+    h // group), written out here independently of the kernels."""
+    g = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(g, 1).transpose(0, 1)  # [Hq, m, hs]
+    vf = v.float().repeat_interleave(g, 1).transpose(0, 1)
+    s = torch.einsum("qhd,hkd->hqk", q.float(), kf) / q.shape[-1] ** 0.5
+    m = q.shape[0]
+    s = s.masked_fill(torch.ones(m, m, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+    return torch.einsum("hqk,hkd->qhd", torch.softmax(s, -1), vf)
+
+
+def with_fresh_rows(ref: torch.Tensor, b, k_new: torch.Tensor, v_new: torch.Tensor,
+                    reqs: list[int]) -> torch.Tensor:
+    """``ref`` with the rows of requests ``reqs`` (chunks at context 0) replaced by causal
+    attention over the step's own K / V rows ``k_new``, ``v_new``."""
+    qsl = b.md.query_start_loc_cpu.tolist()
+    for r in reqs:
+        rows = slice(qsl[r], qsl[r + 1])
+        ref[rows] = causal_fp32(b.q[rows], k_new[rows], v_new[rows])
+    return ref

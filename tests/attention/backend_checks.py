@@ -10,7 +10,9 @@ import json
 import types
 
 import torch
-from attn_helpers import make_batch, rel_err
+import os
+
+from attn_helpers import causal_fp32, make_batch, rel_err
 from vllm.v1.attention.backend import AttentionType
 
 from vllm_prism.attention.backends.prism_attn import PrismAttentionImpl, prism_metadata
@@ -74,8 +76,41 @@ def check(kv_dtype: str, cache_dtype: torch.dtype, causal: bool = True) -> float
     return rel_err(out[:n], ref)
 
 
+def check_fresh(kv_dtype: str, cache_dtype: torch.dtype) -> dict:
+    """A step with a prefill chunk at context 0 (request 1) among decode and mid-context
+    prefill requests, with the step's K and V passed as vLLM passes them (rows of q, padded):
+    request 1 attends to them (they differ from its cache here), the others read the cache;
+    with VLLM_PRISM_PREFILL_FRESH_KV=0 request 1 reads its cache too."""
+    seq_lens, query_lens = [37, 40, 150, 21], [1, 40, 40, 1]
+    batch = make_batch(seq_lens, query_lens, cache_dtype, block_size=16, seed=9)
+    hs, n = batch.q.shape[-1], batch.q.shape[0]
+    md = triton_metadata(batch, len(seq_lens), n)
+    md.causal = True
+    g = torch.Generator().manual_seed(10)
+    shape = (n + 2, batch.cache.shape[1], hs)
+    key = torch.randn(shape, generator=g).to(batch.q.dtype)
+    value = torch.randn(shape, generator=g).to(batch.q.dtype)
+    q = torch.cat([batch.q, torch.zeros(2, *batch.q.shape[1:], dtype=batch.q.dtype)])
+    outs = {}
+    for flag in ("0", "1"):
+        os.environ["VLLM_PRISM_PREFILL_FRESH_KV"] = flag
+        outs[flag] = torch.full((n + 2, *batch.q.shape[1:]), float("nan"), dtype=batch.q.dtype)
+        impl_for(kv_dtype, hs).forward(None, q, key, value, batch.cache, md, outs[flag])
+    os.environ.pop("VLLM_PRISM_PREFILL_FRESH_KV")
+    # after the forward, as in check(): an INT8 cache's scale views are set up by it
+    cache_ref = reference_attention(batch.q, batch.cache, batch.block_table, seq_lens,
+                                    batch.md.query_start_loc_cpu)
+    ref = cache_ref.clone()
+    rows = slice(1, 41)
+    ref[rows] = causal_fp32(batch.q[rows], key[rows], value[rows])
+    return {"1": rel_err(outs["1"][:n], ref), "0": rel_err(outs["0"][:n], cache_ref),
+            "fresh_vs_cache_reference": rel_err(ref, cache_ref)}
+
+
 if __name__ == "__main__":
     print(json.dumps({"int8": check("int8_per_token_head", torch.int8),
                       "bf16": check("auto", torch.bfloat16),
                       "int8_noncausal": check("int8_per_token_head", torch.int8, causal=False),
-                      "bf16_noncausal": check("auto", torch.bfloat16, causal=False)}))
+                      "bf16_noncausal": check("auto", torch.bfloat16, causal=False),
+                      "int8_fresh": check_fresh("int8_per_token_head", torch.int8),
+                      "bf16_fresh": check_fresh("auto", torch.bfloat16)}))

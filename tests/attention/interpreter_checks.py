@@ -20,7 +20,7 @@ import traceback
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
-from attn_helpers import make_batch, poisoned_out, rel_err  # noqa: E402
+from attn_helpers import make_batch, poisoned_out, rel_err, with_fresh_rows  # noqa: E402
 
 from vllm_prism.attention.ops import (SplitGeometry, decode_attention,  # noqa: E402
                                       mixed_attention, prefill_attention, reference_attention,
@@ -240,6 +240,27 @@ def _prefill_expanded():
     finally:
         prefill_mod.NATIVE_GQA, prefill_mod.SQUARE_ROWS = old
     return expect(rel_err(out, ref), 1e-4, "expanded GQA, squares of 32")
+
+
+for dtype in (torch.int8, torch.bfloat16):
+    tag = str(dtype).split(".")[-1]
+
+    @check(f"prefill_fresh_kv_{tag}")
+    def _prefill_fresh(dtype=dtype):
+        # requests 0 and 2 at context 0 attend to the step's own K and V (different from what
+        # their cache holds); request 1 (context 40) reads its cache, through mixed_attention
+        b = make_batch([70, 60, 33], [70, 20, 33], dtype, q_dtype=torch.float32, seed=7)
+        g = torch.Generator().manual_seed(8)
+        shape = (b.q.shape[0], b.cache.shape[1], b.q.shape[2])
+        k_new, v_new = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+        ref = with_fresh_rows(ref_of(b), b, k_new, v_new, [0, 2])
+        out = poisoned_out(b.q)
+        mixed_attention(b.q, b.cache, b.md, out=out, fresh=(k_new, v_new))
+        msg = expect(rel_err(out, ref), 1e-4, "fresh K/V at context 0, cache elsewhere")
+        out = poisoned_out(b.q)
+        mixed_attention(b.q, b.cache, b.md, out=out)
+        assert rel_err(out, ref) > 0.1, "without fresh K/V the cache is read (the check bites)"
+        return msg
 
 
 @check("prefill_bf16_query")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn_helpers import make_batch, poisoned_out, rel_err
+from attn_helpers import make_batch, poisoned_out, rel_err, with_fresh_rows
 from vllm_prism._custom_ops import has_compiled_op
 from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry, decode_attention,
                                       mixed_attention, noncausal_attention, prefill_attention,
@@ -91,6 +91,22 @@ def test_prefill(dtype):
     out = poisoned_out(b.q)
     prefill_attention(b.q, b.cache, b.md, out=out)
     errs = _per_request(out, _ref(b), b)
+    assert max(errs) < TOL, errs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_prefill_fresh_kv(dtype):
+    # the chunks at context 0 (requests 0 and 2) attend to the step's own K / V, strided as
+    # vLLM passes them (slices of one qkv row); request 1 reads its cache
+    b = make_batch([3000, 41500, 700], [3000, 1500, 700], dtype, device="cuda", seed=3)
+    n, nkv, hs = b.q.shape[0], b.cache.shape[1], b.q.shape[2]
+    g = torch.Generator(device="cuda").manual_seed(4)
+    qkv = torch.randn(n, b.q.shape[1] + 2 * nkv, hs, device="cuda", generator=g).bfloat16()
+    k_new, v_new = qkv[:, -2 * nkv:-nkv], qkv[:, -nkv:]
+    ref = with_fresh_rows(_ref(b), b, k_new, v_new, [0, 2])
+    out = poisoned_out(b.q)
+    prefill_attention(b.q, b.cache, b.md, out=out, fresh=(k_new, v_new))
+    errs = _per_request(out, ref, b)
     assert max(errs) < TOL, errs
 
 

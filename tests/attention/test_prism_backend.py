@@ -31,6 +31,16 @@ def test_backend_forward_matches_reference(errors: dict, kv: str) -> None:
     assert errors[kv] < TOL, errors
 
 
+@pytest.mark.parametrize("kv", ["int8_fresh", "bf16_fresh"])
+def test_prefill_at_context_0_attends_to_the_steps_own_kv(errors: dict, kv: str) -> None:
+    """A prompt's first chunk attends to the K and V vLLM passes the forward (one causal call,
+    no read-back from the cache); VLLM_PRISM_PREFILL_FRESH_KV=0 reads the cache instead. The
+    two references differ by far more than the tolerance on this batch, so each can fail."""
+    e = errors[kv]
+    assert e["1"] < TOL and e["0"] < TOL, e
+    assert e["fresh_vs_cache_reference"] > 10 * TOL, e
+
+
 def test_the_noncausal_reference_differs_from_the_causal_one() -> None:
     """The non-causal check can fail: on its batch the two references disagree by far more
     than the tolerance, so a kernel that kept the causal mask would not pass it."""

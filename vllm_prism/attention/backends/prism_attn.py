@@ -30,6 +30,7 @@ from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend,
                                                     TritonAttentionImpl,
                                                     TritonAttentionMetadataBuilder)
 
+from vllm_prism import envs
 from vllm_prism.attention.ops.metadata import AttentionMetadata as PrismMetadata
 from vllm_prism.attention.ops.mixed import StepPlan, mixed_attention
 from vllm_prism.attention.ops.triton_split_kv import MAX_VERIFY_TOKENS
@@ -178,8 +179,19 @@ class PrismAttentionImpl(TritonAttentionImpl):
             self._prism_attn_fn = _section_attention_fn() if query.is_cuda else None
         mixed_attention(query[:n], kv_cache, attn_metadata.prism, scale=self.scale,
                         out=output[:n], attn_fn=self._prism_attn_fn,
-                        plan=attn_metadata.prism_plan, causal=causal)
+                        plan=attn_metadata.prism_plan, causal=causal,
+                        fresh=self._fresh_kv(key, value, n, attn_metadata))
         return output
+
+    def _fresh_kv(self, key: torch.Tensor | None, value: torch.Tensor | None, n: int,
+                  attn_metadata: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The step's own K and V for prefill chunks at context 0, where this layer wrote
+        them (not a layer that reads another's cache) and VLLM_PRISM_PREFILL_FRESH_KV is on."""
+        if (key is None or value is None or not attn_metadata.prism_plan.prefill
+                or getattr(self, "kv_sharing_target_layer_name", None) is not None
+                or not envs.VLLM_PRISM_PREFILL_FRESH_KV):
+            return None
+        return key[:n], value[:n]
 
 
 class PrismAttentionBackend(TritonAttentionBackend):

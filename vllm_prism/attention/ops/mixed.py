@@ -99,13 +99,16 @@ def mixed_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetada
                     attn_fn: SectionAttention | None = None,
                     scratch: torch.Tensor | None = None,
                     geometry: GpuGeometry | None = None,
-                    plan: StepPlan | None = None, causal: bool = True) -> torch.Tensor:
+                    plan: StepPlan | None = None, causal: bool = True,
+                    fresh: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Attention for every query token of a batch that mixes decode, verification and prefill
     requests; ``q`` and ``out`` are ``[num_tokens, num_heads, head_size]``. ``plan`` is the
     step's routing (made here from the host copy of the metadata when not given).
     ``causal=False`` (a DFlash drafter's block): every query token attends to its request's
     whole sequence; requests of 2..``verify_max`` tokens go through
-    :func:`noncausal_attention`, and longer ones are refused (no non-causal prefill path)."""
+    :func:`noncausal_attention`, and longer ones are refused (no non-causal prefill path).
+    ``fresh``: the step's own K and V for prefill chunks at context 0
+    (:func:`prefill_attention`)."""
     if out is None:
         out = torch.empty_like(q)
     if plan is None:
@@ -125,5 +128,5 @@ def mixed_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetada
                geometry=geometry.pick(True, is_int8) if geometry else None)
     if plan.prefill:
         prefill_attention(q, kv_cache, md, scale=scale, out=out, req_ids=plan.prefill,
-                          attn_fn=attn_fn, scratch=scratch)
+                          attn_fn=attn_fn, scratch=scratch, fresh=fresh)
     return out

@@ -240,10 +240,14 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
                       req_ids: Sequence[int] | None = None,
                       attn_fn: SectionAttention | None = None,
                       section_tokens: int | None = None,
-                      scratch: torch.Tensor | None = None) -> torch.Tensor:
+                      scratch: torch.Tensor | None = None,
+                      fresh: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Causal attention of each selected request's query chunk over its cached context and
     itself (eager: reads the host copies of the metadata). ``scratch`` (``[2, S, nkv, hs]`` in
-    q's dtype) can be shared between layers; otherwise one is allocated for this call."""
+    q's dtype) can be shared between layers; otherwise one is allocated for this call.
+    ``fresh``: the step's own K and V (``[num_tokens, nkv, hs]``, q's rows); a request whose
+    chunk is its whole sequence (context 0) attends to them directly, one causal call, instead
+    of reading its cache back (no gather, and the K / V before any INT8 rounding)."""
     fmt = kv_format(kv_cache, q.shape[-1])
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     attn_fn = attn_fn or sdpa_section_attention
@@ -255,6 +259,15 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
     if not reqs:
         return out
     sec = section_tokens or section_tokens_for(fmt.num_kv_heads, fmt.head_size)
+    if fresh is not None:
+        for r in [r for r in reqs if sls[r] == qsl[r + 1] - qsl[r] > 0]:
+            a, b = qsl[r], qsl[r + 1]
+            o, _ = attn_fn(q[a:b], fresh[0][a:b].to(q.dtype), fresh[1][a:b].to(q.dtype), True,
+                           scale)
+            out3[a:b] = o.to(out3.dtype)
+        reqs = [r for r in reqs if sls[r] != qsl[r + 1] - qsl[r]]
+        if not reqs:
+            return out
     need = min(sec, max(sls[r] for r in reqs))
     if scratch is None or scratch.shape[1] < need:
         scratch = torch.empty(2, need, fmt.num_kv_heads, fmt.head_size, dtype=q.dtype,
