@@ -122,6 +122,20 @@ def test_engine_process_switch(monkeypatch) -> None:
     assert bench_decode._kernel_label(drafter=True) == "auto"
 
 
+def test_fresh_kv_switch(monkeypatch) -> None:
+    """``--fresh-kv 1 0``: each kind of engine with the context-0 prefill on the step's own
+    K / V and reading them back, the second labelled."""
+    kids = _children(["m.gguf", "--kv", "auto", "--fresh-kv", "1", "0"])
+    assert [env["VLLM_PRISM_PREFILL_FRESH_KV"] for _, env in kids] == ["1", "0"]
+    for name in ("VLLM_PRISM_PQ2_KERNEL", "VLLM_PRISM_GEMV_TUNING", "VLLM_PRISM_DENSE_GEMV",
+                 "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_PRISM_PREFILL_FRESH_KV", "0")
+    assert bench_decode._kernel_label(drafter=False) == "auto [fresh kv 0]"
+    monkeypatch.setenv("VLLM_PRISM_PREFILL_FRESH_KV", "1")
+    assert bench_decode._kernel_label(drafter=False) == "auto"
+
+
 def test_the_drafter_switch_varies_only_the_engines_with_a_drafter() -> None:
     """``--draft-attention`` gives every DFlash engine each value, the plain engine (which has
     no drafter to switch) one run; a verify record's step ratio is over that plain step."""
