@@ -39,7 +39,8 @@ __all__ = ["CTAS_PER_SM", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP", "MAX_SEGMENTS",
 
 OP = "int8_decode_attention"
 VERIFY_OP = "int8_verify_attention"
-MAX_VERIFY_COLUMNS = 48  # query tokens x query heads per KV head (csrc/attention/int8_attention.cuh)
+# query tokens x query heads per KV head (csrc/attention/int8_attention.cuh)
+MAX_VERIFY_COLUMNS = 48
 HEAD_SIZES = (64, 128, 256)
 KV_HEADS = (1, 2, 4)
 MAX_GROUP = 8

@@ -9,8 +9,8 @@ empty (``min_tiles_per_segment`` keeps short contexts from being cut into sliver
 
 Entries are keyed by a substring of the device name; unknown GPUs get ``DEFAULT`` with the
 segment count scaled by their multiprocessor count. The H200 entry comes from
-``benchmarks/kernels/bench_attention.py --sweep`` (benchmarks/results/attention_h200_2026-11-29.md); the
-H100 reuses it unmeasured.
+``benchmarks/kernels/bench_attention.py --sweep``
+(benchmarks/results/attention_h200_2026-11-29.md); the H100 reuses it unmeasured.
 """
 
 from __future__ import annotations
