@@ -4,7 +4,8 @@
 // once per 128-group, so the consumer warpgroups issue their MMAs back to back.
 //
 // The weights: in the block b of row n (8 groups g), the group scale d[n, g] becomes
-// D[n, b] * q[n, g] with D = max_g |d| / 63 and q = rint(d / D) in -63..63, and the weight
+// D[n, b] * q[n, g] with D = max_g |d| / 63 (as 1 / (63 / max)) and q = rint(d * 63 / max)
+// in -63..63, and the weight
 // (c - 1) * q an int8 ((c - 1) in -1..2, so |(c - 1) q| <= 126). A lane builds each group's
 // table {-q, 0, q, 2q} in one register and turns four codes into four int8 weights with one
 // `prmt` (the codes as its selector nibbles: (word >> sh) & 0x3333, sh = 0, 2, 16, 18 by the
@@ -60,6 +61,7 @@ __device__ __forceinline__ uint32_t fold_group_table(const uint4& raw, int j, fl
   return fold_table(__float2int_rn(dj * inv));
 }
 
+// The 8 fp16 scales of block b of a row (zeros past its groups), 16 bytes.
 __device__ __forceinline__ uint4 load_block_scales(const uint16_t* row, int b, int groups) {
   if ((b + 1) * kBlockGroups <= groups) return *reinterpret_cast<const uint4*>(row + b * 8);
   uint32_t v[4];
