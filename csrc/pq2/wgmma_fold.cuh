@@ -3,14 +3,14 @@
 // int32 sums are promoted once per 1024-wide block of K (the Hadamard rotation's block), not
 // once per 128-group, so the consumer warpgroups issue their MMAs back to back.
 //
-// The weights: in the block b of row n (8 groups g), the group scale d[n, g] becomes D[n, b] * q[n,
-// g] with D = max_g |d| / 63 (as 1 / (63 / max)) and q = rint(d * 63 / max) in -63..63, and the
-// weight (c - 1) * q an int8 ((c - 1) in -1..2, so |(c - 1) q| <= 126). A lane builds each group's
-// table {-q, 0, q, 2q} in one register and turns four codes into four int8 weights with one `prmt`
-// (the codes as its selector nibbles: (word >> sh) & 0x3333, sh = 0, 2, 16, 18 by the lane's k
-// quarter, which takes k 0,8,1,9 / 4,12,5,13 / 2,10,3,11 / 6,14,7,15 of a 16-code word: the
-// activation's bytes are stored in that order, fold_perm). The scales are read from global one
-// block ahead (16 bytes a row and block) and q computed in the lane.
+// The weights: in the block b of row n (8 groups g), the group scale d[n, g] becomes D[n,b] *
+// q[n,g] with D = max_g |d| / 63 (as 1 / (63 / max)) and q = rint(d * 63 / max) in -63..63, and
+// the weight (c - 1) * q an int8 ((c - 1) in -1..2, so |(c - 1) q| <= 126). A lane builds each
+// group's table {-q, 0, q, 2q} in one register and turns four codes into four int8 weights with
+// one `prmt` (the codes as its selector nibbles: (word >> sh) & 0x3333, sh = 0, 2, 16, 18 by the
+// lane's k quarter, which takes k 0,8,1,9 / 4,12,5,13 / 2,10,3,11 / 6,14,7,15 of a 16-code word:
+// the activation's bytes are stored in that order, fold_perm). The scales are read from global
+// one block ahead (16 bytes a row and block) and q computed in the lane.
 //
 // The activation: int8 per token and 1024-block (scale max|x| / 127 over the block, the
 // producers' rounding rule), tiled as in wgmma_prefill.cuh with each 16-byte chunk permuted by
