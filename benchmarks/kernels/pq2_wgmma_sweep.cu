@@ -72,7 +72,7 @@ wp::Params tiled_input(const DeviceActivation& x, const WeightSlabs& w, int m, v
   float* sxt;
   CHECK(cudaMalloc(&xt, vllm_prism::pq2_wgmma_tiled_bytes(m, w.k)));
   CHECK(cudaMalloc(&sxt, 4 * std::max(vllm_prism::pq2_wgmma_tiled_scales(m, w.k),
-                                      wp::fold_tiled_scales(m, w.k))));
+                                      vllm_prism::pq2_wgmma_fold_tiled_scales(m, w.k))));
   tile_activation<<<4 * dev.sms, 256, 0, dev.s>>>(x.dx, x.dsx, m, w.k, xt, sxt);
   return wp::Params{w.codes(0), w.scales(0), xt, sxt, out, m, w.n, w.k, w.g128, w.gpad, w.n, 0};
 }

@@ -138,13 +138,13 @@ __device__ __forceinline__ void fill(T (&a)[A][B][C], T v) {
       for (int e = 0; e < C; ++e) a[i][j][e] = v;
 }
 
-// Exact int32 -> fp32 for |v| < 2^22: one integer and one float add.
 // The activations' int8 rule: t = x * 127 / max|x| rounded half away from zero, clamped to 127.
 __device__ __forceinline__ int round_q8(float t) {
   const int qa = min(static_cast<int>(fabsf(t) + 0.5f), 127);
   return t < 0.f ? -qa : qa;
 }
 
+// Exact int32 -> fp32 for |v| < 2^22: one integer and one float add.
 __device__ __forceinline__ float exact_float(int32_t v) {
   return __int_as_float(v + 0x4B400000) - 12582912.0f;
 }

@@ -35,6 +35,8 @@ constexpr int kFoldThreads = kConsumers + 128;
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 static_assert(128 * kProducerRegs + kConsumers * kConsumerRegs <= 65536, "register file");
+// The scales buffer is pq2_wgmma_fold_tiled_scales (wgmma_prefill_launch.h), whose 8 this is.
+static_assert(kBlockGroups == 8, "pq2_wgmma_fold_tiled_scales");
 
 // The int8 weights {-q, 0, q, 2q} of codes 0..3 as the bytes of one register.
 __device__ __forceinline__ uint32_t fold_table(int q) {
@@ -217,10 +219,6 @@ __global__ void __launch_bounds__(256) quantize_fold_kernel(const T* __restrict_
   const float inv = amax > 0.f ? 127.f / amax : 0.f;
   write_chunks<true>(xt + tiled_offset(tok, g * 128, groups) - (tok & 7) * 16, v, inv, r, jq);
   if (w == 0 && jq == 0) sxt[((int64_t(tok >> 7) * blocks + b) << 7) + (tok & 127)] = amax / 127.f;
-}
-
-inline int64_t fold_tiled_scales(int64_t m, int64_t k) {
-  return (m + 127) / 128 * 128 * ((k / 128 + kBlockGroups - 1) / kBlockGroups);
 }
 
 template <typename T>

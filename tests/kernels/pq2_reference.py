@@ -52,13 +52,7 @@ def reference_linear(x: torch.Tensor, raw: torch.Tensor, fmt: str, signs: torch.
 
 def quantize_q8(xt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-128-group int8 of a transformed activation [M, K]: (q int32, scale fp32 [M, G])."""
-    m, k = xt.shape
-    xg = xt.float().reshape(m, k // 128, 128)
-    amax = xg.abs().amax(dim=2)
-    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-    v = xg * inv.unsqueeze(-1)
-    q = torch.sign(v) * torch.floor(v.abs() + 0.5)
-    return q.reshape(m, k).to(torch.int32), amax / 127.0
+    return quantize_q8_blocks(xt, 128)
 
 
 def quantize_q8_blocks(xt: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

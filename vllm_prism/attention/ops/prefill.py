@@ -259,13 +259,14 @@ def prefill_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMeta
     if not reqs:
         return out
     sec = section_tokens or section_tokens_for(fmt.num_kv_heads, fmt.head_size)
-    if fresh is not None:
-        for r in [r for r in reqs if sls[r] == qsl[r + 1] - qsl[r] > 0]:
+    if fresh is not None:  # chunks at context 0: their own K / V, then the rest from the cache
+        at_0 = [r for r in reqs if sls[r] == qsl[r + 1] - qsl[r] > 0]
+        for r in at_0:
             a, b = qsl[r], qsl[r + 1]
             o, _ = attn_fn(q[a:b], fresh[0][a:b].to(q.dtype), fresh[1][a:b].to(q.dtype), True,
                            scale)
             out3[a:b] = o.to(out3.dtype)
-        reqs = [r for r in reqs if sls[r] != qsl[r + 1] - qsl[r]]
+        reqs = [r for r in reqs if r not in at_0]
         if not reqs:
             return out
     need = min(sec, max(sls[r] for r in reqs))

@@ -487,11 +487,12 @@ class WgmmaFoldKernel(WgmmaCudaKernel):
     activation is quantized per token and 1024-block, so the int32 sums are promoted once a
     block instead of once a 128-group and the MMAs run back to back. An approximation of the
     weights: a group scale moves by up to 0.5 / |q| of itself (0.8 % for the block's largest).
-    On the H200 it ran 1.29-1.42x faster than wgmma_cuda, 1.04-1.30x bf16 ``F.linear`` with
-    its quantization at M = 2048-4096 and on the two wide projections at M = 512, 0.75-0.78x
-    on the 5120-row ones at M = 512, with a relative error of 0.66-0.70 % where a block's
-    scales lie within +-12.5 % (benchmarks/results/pq2_wgmma_sweep_h200.md): only where
-    VLLM_PRISM_PQ2_KERNEL names it."""
+    On the H200 it ran 1.29-1.42x faster than wgmma_cuda; with its quantization 1.09-1.30x
+    bf16 ``F.linear`` at M = 2048-4096, 1.04-1.17x on the two wide projections at M = 512 and
+    0.75-0.78x on the 5120-row ones there, with a relative error of 0.66-0.70 % where a
+    block's scales lie within +-12.5 % (benchmarks/results/pq2_wgmma_sweep_h200.md); through
+    vLLM a 4K prefill 1.19-1.21x gemm_dq. Only where VLLM_PRISM_PQ2_KERNEL names it: its
+    effect on real weights' outputs is not measured."""
 
     name = "wgmma_fold"
     op = "pq2_wgmma_fold_prefill"
