@@ -38,6 +38,12 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # split-KV kernel elsewhere; "triton" always the Triton kernel; "cuda" the same as "auto".
     # Read per call (inside vLLM's attention op, outside any traced graph).
     "VLLM_PRISM_ATTN_KERNEL": lambda: os.getenv("VLLM_PRISM_ATTN_KERNEL", "auto").strip().lower(),
+    # Warps a (16-slot tile, KV head) in the CUDA C++ INT8 decode kernel
+    # (csrc/attention/int8_decode.cu): "2" (default) two, each over half of the head dimension
+    # (eight warps a CTA); "1" one (four warps a CTA, the kernel before 2026-12-04). Read per
+    # call, outside any traced graph.
+    "VLLM_PRISM_ATTN_DECODE_SPLIT": lambda: 1 if os.getenv("VLLM_PRISM_ATTN_DECODE_SPLIT",
+                                                           "2").strip() == "1" else 2,
     # Prefill chunks at context 0 (a prompt's first chunk) in the PRISM attention backend:
     # "1" (default) attends to the step's own K and V (one causal SDPA call, before any INT8
     # rounding); "0" reads them back from the KV cache like every later chunk

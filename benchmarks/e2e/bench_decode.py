@@ -6,7 +6,8 @@
         [--pq2-kernel auto [mma_cuda]] [--gemv-tuning '' ['depth=2,scales=1']]
         [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]]
         [--draft-attention prism [vllm]] [--gdn-verify prism [vllm]]
-        [--gdn-spec-kernel auto [triton]] [--fresh-kv 1 [0]] [--engine-process 0 [1]]
+        [--gdn-spec-kernel auto [triton]] [--fresh-kv 1 [0]] [--attn-decode-split 2 [1]]
+        [--engine-process 0 [1]]
         [--profile-batches 1 [8]] [--host-profile] [--side-by-side]
         [--out-dir benchmarks/results]
 
@@ -53,6 +54,8 @@ prefilled. Prompts are random token ids, distinct per request.
   decode attention against the Triton split-KV kernel); records carry ``attn_kernel``.
 * ``--fresh-kv 1 0`` likewise with ``VLLM_PRISM_PREFILL_FRESH_KV`` (a prompt's first chunk
   on the step's own K / V, or read back from the cache; ``[fresh kv 0]`` in the label).
+* ``--attn-decode-split 2 1`` likewise with ``VLLM_PRISM_ATTN_DECODE_SPLIT`` (the CUDA C++
+  INT8 decode kernel with two warps a tile and KV head, or one; ``[decode split 1]``).
 * ``--gdn-verify prism vllm`` likewise with ``VLLM_PRISM_GDN_VERIFY`` (the Gated DeltaNet
   recurrence of a verification step: vllm-prism's kernel reading its inputs in place, or
   vLLM's choice), for the engines with a drafter only.
@@ -734,6 +737,8 @@ def _kernel_label(drafter: bool) -> str:
     label = label if dense == _default("VLLM_PRISM_DENSE_GEMV") else f"{label} [dense {dense}]"
     if not envs.VLLM_PRISM_PREFILL_FRESH_KV:
         label = f"{label} [fresh kv 0]"
+    if envs.VLLM_PRISM_ATTN_DECODE_SPLIT != 2:
+        label = f"{label} [decode split {envs.VLLM_PRISM_ATTN_DECODE_SPLIT}]"
     if _engine_process():
         label = f"{label} [engine process]"
     if not drafter:
@@ -913,6 +918,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VLLM_PRISM_PREFILL_FRESH_KV for the engines, each in turn (1: a "
                    "prompt's first chunk attends to the step's own K and V; 0: it reads them "
                    "back from the KV cache)")
+    p.add_argument("--attn-decode-split", nargs="+", default=["2"], choices=["2", "1"],
+                   help="VLLM_PRISM_ATTN_DECODE_SPLIT for the engines, each in turn (warps a "
+                   "16-slot tile and KV head in the CUDA C++ INT8 decode kernel: 2 each over "
+                   "half of the head dimension, 1 the four-warp kernel)")
     p.add_argument("--engine-process", nargs="+", default=["0"], choices=["0", "1"],
                    help="VLLM_ENABLE_V1_MULTIPROCESSING for each engine in turn: 0 (default) "
                    "the engine core in the benchmark's process, where the torch profiler sees "
@@ -971,6 +980,7 @@ ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("gdn_verify", "VLLM_PRISM_GDN_VERIFY", "verify"),
                    ("gdn_spec_kernel", "VLLM_GDN_DECODE_KERNEL", "gdn"),
                    ("fresh_kv", "VLLM_PRISM_PREFILL_FRESH_KV", "fresh"),
+                   ("attn_decode_split", "VLLM_PRISM_ATTN_DECODE_SPLIT", "split"),
                    ("engine_process", "VLLM_ENABLE_V1_MULTIPROCESSING", "mp"))
 # what only an engine with a drafter reads (VLLM_PRISM_GDN_VERIFY and vLLM's
 # VLLM_GDN_DECODE_KERNEL choose for the speculative decoding path only)

@@ -271,11 +271,27 @@ def main() -> None:
                 if kv_name == "int8" and cuda_ready(cache):
                     # the CUDA C++ kernel, what decode runs on an INT8 cache by default
                     dec, err = ours_time(cache, ctx, 1, check=True, kernel="cuda")
+                    split = cuda_decode.decode_dim_split()
                     rec = dict(kind="decode", kernel="cuda", context=ctx, q_tokens=1,
-                               kv=kv_name, us=round(dec, 2),
+                               kv=kv_name, us=round(dec, 2), dim_split=split,
                                bw_frac=round(bytes_ / (dec * 1e-6) / 1e9 / read_bw, 3),
                                vs_sdpa=round(s_us / dec, 3), vs_triton=round(triton_dec / dec, 3),
                                sdpa_us=round(s_us, 2), err=float(f"{err:.3g}"))
+                    res["records"].append(rec)
+                    print(json.dumps(rec), flush=True)
+                    # the kernel's other form: one warp a (tile, head), or two
+                    other = 3 - split
+                    cuda_decode.DECODE_DIM_SPLIT = other
+                    try:
+                        o_us, o_err = ours_time(cache, ctx, 1, check=True, kernel="cuda")
+                    finally:
+                        cuda_decode.DECODE_DIM_SPLIT = None
+                    rec = dict(kind="decode", kernel=f"cuda dim_split={other}", context=ctx,
+                               q_tokens=1, kv=kv_name, us=round(o_us, 2), dim_split=other,
+                               bw_frac=round(bytes_ / (o_us * 1e-6) / 1e9 / read_bw, 3),
+                               vs_sdpa=round(s_us / o_us, 3),
+                               vs_triton=round(triton_dec / o_us, 3), sdpa_us=round(s_us, 2),
+                               vs_default=round(o_us / dec, 3), err=float(f"{o_err:.3g}"))
                     res["records"].append(rec)
                     print(json.dumps(rec), flush=True)
                 for ql in VERIFY_Q:
@@ -452,29 +468,33 @@ def sweep(cache: Cache, kv_name: str, res: dict, late, read_bw: float, save) -> 
 
 # (CTAs per multiprocessor, minimum 16-slot tiles per segment) of the CUDA decode kernel:
 # the batch-1 segment count is sms x CTAs per SM; the first is the library's default.
-CUDA_SWEEP = [(2, 4), (2, 8), (2, 16), (1, 4), (1, 8), (3, 4), (4, 4), (2, 2)]
+# (CTAs per SM, min tiles, warps a (tile, head)): the first is the library's default
+CUDA_SWEEP = [(2, 4, 2), (2, 4, 1), (2, 8, 2), (3, 4, 2), (1, 4, 2), (2, 2, 2)]
 
 
 def run_cuda_sweep(cache: Cache, res: dict, late, read_bw: float, save) -> None:
     """Time the CUDA decode kernel's segmentation variants at 4K / 32K / 128K (one request),
     each checked against the fp32 reference."""
-    default = (cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES)
+    default = (cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES, cuda_decode.DECODE_DIM_SPLIT)
     try:
-        for ctas, min_tiles in CUDA_SWEEP:
-            cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES = ctas, min_tiles
+        for ctas, min_tiles, split in CUDA_SWEEP:
+            (cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES,
+             cuda_decode.DECODE_DIM_SPLIT) = ctas, min_tiles, split
             for ctx in (4096, 32768, 131072):
                 if late():
                     return
                 us, err = ours_time(cache, ctx, 1, check=True, kernel="cuda")
                 rec = dict(kind="decode", kernel="cuda", kv="int8", context=ctx,
-                           ctas_per_sm=ctas, min_tiles=min_tiles, us=round(us, 2),
+                           ctas_per_sm=ctas, min_tiles=min_tiles, dim_split=split,
+                           us=round(us, 2),
                            bw_frac=round(ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw, 3),
                            err=float(f"{err:.3g}"))
                 res["cuda_sweep"].append(rec)
                 print(json.dumps(rec), flush=True)
             save()
     finally:
-        cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES = default
+        (cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES,
+         cuda_decode.DECODE_DIM_SPLIT) = default
 
 
 def cuda_ready(cache: Cache, q_len: int = 1) -> bool:
@@ -543,11 +563,12 @@ def markdown(res: dict) -> str:
     if res.get("cuda_sweep"):
         lines += ["", "CUDA C++ INT8 decode, segmentation variants (one request; first row of "
                   "each context: the library's default):", "",
-                  "| context | CTAs per SM | min tiles | us | bw_frac | rel err |",
-                  "|---|---|---|---|---|---|"]
+                  "| context | CTAs per SM | min tiles | warps a (tile, head) | us | bw_frac | "
+                  "rel err |",
+                  "|---|---|---|---|---|---|---|"]
         for r in sorted(res["cuda_sweep"], key=lambda r: r["context"]):
             lines.append(f"| {r['context']} | {r['ctas_per_sm']} | {r['min_tiles']} | "
-                         f"{r['us']} | {r['bw_frac']} | {r['err']} |")
+                         f"{r.get('dim_split', 1)} | {r['us']} | {r['bw_frac']} | {r['err']} |")
     if res.get("errors"):
         lines += ["", "Errors:", ""] + [f"    {e.splitlines()[-1]}" for e in res["errors"]]
     return "\n".join(lines) + "\n"

@@ -44,6 +44,7 @@ struct Int8AttnParams {
   int num_segs;
   int min_tiles;  // a segment holds at least this many 16-slot tiles
   int int_qk;  // verification: 1 runs Q.K on the int8 tensor cores (int8 query), 0 exact
+  int dim_split;  // decode: warps a (16-slot tile, KV head), each over 1 / dim_split of hd (1, 2)
 };
 
 constexpr int kInt8DecodeMaxGroup = 8;
@@ -53,7 +54,7 @@ constexpr int kInt8VerifyMaxCols = 48;  // query tokens x heads of a group (6 n-
 // 1 / 2 / 4).
 bool int8_decode_supported(int head_dim, int num_kv_heads);
 
-// Decode: grid (num_selected, num_segs) on `stream`.
+// Decode: grid (num_selected, num_segs) on `stream`, 4 * p.dim_split warps a CTA.
 cudaError_t int8_decode_launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream);
 
 // Whether a verification kernel is compiled for this head size (64 / 128 / 256).

@@ -1,10 +1,16 @@
 // Split-KV decode attention over the paged INT8 cache on the fp16 tensor cores
 // (int8_attention.cuh has the data layout and the parameters).
 //
-// One CTA = one (request, segment), 4 warps. A stage holds 64 (slot, KV head) rows: 16 slots of
-// every KV head (4 heads), or 2 x 16 slots of 2 heads, or 4 x 16 slots of one head; warp w
-// takes head w % heads of sub-tile w / heads. Per warp and 16-slot tile, with the tile's slots
-// as the MMA's M rows and the query heads of the GQA group (<= 8, zero padded) as its N columns:
+// One CTA = one (request, segment), 4 x SPLIT warps. A stage holds 64 (slot, KV head) rows: 16
+// slots of every KV head (4 heads), or 2 x 16 slots of 2 heads, or 4 x 16 slots of one head;
+// (tile, head) pair tw = w % 4 of warp w takes head tw % heads of sub-tile tw / heads. With
+// SPLIT = 2 two warps share a pair, warp w / 4 taking half of the head dimension in both
+// products: their halves of S^T meet through shared memory (one 64-thread barrier a stage),
+// both run the same softmax, each accumulates its half of O^T. That doubles the warps a
+// multiprocessor holds for the same shared memory (16 at head size 256: the one-warp form was
+// bound by its warps' dependency chains, 12 % occupancy; attention_h200_notes.md). Per warp
+// and 16-slot tile, with the tile's slots as the MMA's M rows and the query heads of the GQA
+// group (<= 8, zero padded) as its N columns:
 //
 //   S^T [16 slots x 8 heads] = K [16 x hd] . Q^T          (A = K rows, fp16 from int8 bits)
 //   O^T [hd x 8 heads]      += V^T [hd x 16 slots] . P^T  (A = V columns, B = P^T)
@@ -39,28 +45,41 @@ namespace {
 using namespace attn;
 
 constexpr int kSlots = 16;  // slots of a tile (the MMA's M)
-constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
+constexpr int kTileWarps = 4;  // (tile, head) pairs a stage holds: one per warp, or per warp pair
 constexpr int kHeads = 8;  // the MMA's N: query heads of a group, zero padded
-template <int HD, int NKV>
+template <int HD, int NKV, int SPLIT>
 struct Shape {
+  static constexpr int kWarps = kTileWarps * SPLIT;
+  static constexpr int kThreads = kWarps * 32;
   static constexpr int kRow = 2 * HD + 8;  // bytes of one (slot, head) row
   static constexpr int kSlotBytes = NKV * kRow;
   static constexpr int kSubBytes = kSlots * kSlotBytes;  // one 16-slot tile, every head
-  static constexpr int kSubs = kWarps / NKV;  // tiles a stage holds
+  static constexpr int kSubs = kTileWarps / NKV;  // tiles a stage holds
   static constexpr int kStageBytes = kSubs * kSubBytes;  // = 64 rows
   static constexpr int kStages = HD >= 256 ? 3 : 4;
-  static constexpr int kSmem = kStages * kStageBytes;
-  static constexpr int kFinalBytes = kWarps * (kHeads * HD + 2 * kHeads) * 4;
-  static_assert(kFinalBytes <= kSmem, "the merge of the warps reuses the stage buffers");
+  // SPLIT = 2: each warp's partial S^T (4 floats a lane) for its partner, after the stages
+  static constexpr int kXchgBytes = SPLIT > 1 ? kWarps * 32 * 16 : 0;
+  static constexpr int kSmem = kStages * kStageBytes + kXchgBytes;
+  static constexpr int kFinalBytes = kTileWarps * (kHeads * HD + 2 * kHeads) * 4;
+  static_assert(kFinalBytes <= kStages * kStageBytes,
+                "the merge of the warps reuses the stage buffers");
   static_assert(kSubBytes % 16 == 0, "16-byte copies");
+  static_assert(SPLIT == 1 || SPLIT == 2, "one warp a (tile, head) or two");
 };
 
-template <int HD, int NKV>
-__global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8AttnParams p) {
-  using S = Shape<HD, NKV>;
+// The pair of warps sharing a (tile, head) (SPLIT = 2) meets at named barrier 1 + tw.
+__device__ __forceinline__ void pair_sync(int tw) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + tw) : "memory");
+}
+
+template <int HD, int NKV, int SPLIT>
+__global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2 : 1)
+    int8_decode_kernel(const Int8AttnParams p) {
+  using S = Shape<HD, NKV, SPLIT>;
+  constexpr int kThreads = S::kThreads;
   constexpr int KSTEPS2 = HD / 32;  // pairs of k-steps (QK) = word groups (PV)
-  constexpr int MT = HD / 16;  // O^T accumulator tiles
+  constexpr int KH = KSTEPS2 / SPLIT;  // those of one warp: its part of the head dimension
+  constexpr int MT = HD / 16 / SPLIT;  // O^T accumulator tiles of one warp
   extern __shared__ __align__(16) uint8_t smem[];
 
   const int sel = blockIdx.x;
@@ -69,8 +88,11 @@ __global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8AttnPar
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-  const int head = warp % NKV;
-  const int sub = warp / NKV;
+  const int tw = SPLIT > 1 ? warp % kTileWarps : warp;  // the (tile, head) of the stage
+  const int half = SPLIT > 1 ? warp / kTileWarps : 0;  // its part of the head dimension
+  const int kk0 = half * KH;  // first k-step pair / word group of this warp
+  const int head = tw % NKV;
+  const int sub = tw / NKV;
 
   const int req = p.req_ids != nullptr ? p.req_ids[sel] : sel;
   const int q_row = p.qsl[req];
@@ -109,7 +131,7 @@ __global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8AttnPar
 
   // Q as the B operand of S^T = K . Q^T: k-step 2 * kk + e of thread (g, t) covers the query
   // dimensions 32 kk + 8 t + 4 e + 0..3 of head g.
-  uint32_t qf[KSTEPS2][4];
+  uint32_t qf[KH][4];
   {
     const int hq = head * p.group + g;
     if (g < p.group) {
@@ -117,11 +139,11 @@ __global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8AttnPar
                            static_cast<int64_t>(hq) * p.stride_qh;
       const uint8_t* qp = reinterpret_cast<const uint8_t*>(p.q) + elem * 2;
 #pragma unroll
-      for (int kk = 0; kk < KSTEPS2; ++kk) load_q8(qp + (32 * kk + 8 * t) * 2, p.q_dtype,
-                                                    p.qk_scale, qf[kk]);
+      for (int kk = 0; kk < KH; ++kk) load_q8(qp + (32 * (kk0 + kk) + 8 * t) * 2, p.q_dtype,
+                                               p.qk_scale, qf[kk]);
     } else {
 #pragma unroll
-      for (int kk = 0; kk < KSTEPS2; ++kk) qf[kk][0] = qf[kk][1] = qf[kk][2] = qf[kk][3] = 0u;
+      for (int kk = 0; kk < KH; ++kk) qf[kk][0] = qf[kk][1] = qf[kk][2] = qf[kk][3] = 0u;
     }
   }
 
@@ -151,18 +173,30 @@ __global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8AttnPar
     const uint8_t* row_g = base + rg * S::kSlotBytes;
     const uint8_t* row_g8 = base + rg8 * S::kSlotBytes;
 
-    // ---- S^T = K . Q^T
+    // ---- S^T = K . Q^T (SPLIT = 2: each warp of the pair over its half of the dimensions)
     float s[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int kk = 0; kk < KSTEPS2; ++kk) {
-      const uint2 ka = *reinterpret_cast<const uint2*>(row_g + 32 * kk + 8 * t);
-      const uint2 kb = *reinterpret_cast<const uint2*>(row_g8 + 32 * kk + 8 * t);
+    for (int kk = 0; kk < KH; ++kk) {
+      const uint2 ka = *reinterpret_cast<const uint2*>(row_g + 32 * (kk0 + kk) + 8 * t);
+      const uint2 kb = *reinterpret_cast<const uint2*>(row_g8 + 32 * (kk0 + kk) + 8 * t);
       const uint32_t xa = ka.x ^ kSignFlip, xb = kb.x ^ kSignFlip;
       mma16816(s, f16x2_of(xa, 0x4140), f16x2_of(xb, 0x4140), f16x2_of(xa, 0x4342),
                f16x2_of(xb, 0x4342), qf[kk][0], qf[kk][1]);
       const uint32_t ya = ka.y ^ kSignFlip, yb = kb.y ^ kSignFlip;
       mma16816(s, f16x2_of(ya, 0x4140), f16x2_of(yb, 0x4140), f16x2_of(ya, 0x4342),
                f16x2_of(yb, 0x4342), qf[kk][2], qf[kk][3]);
+    }
+    if constexpr (SPLIT > 1) {
+      // The pair's two halves: x + y in both warps (addition commutes, so both hold the same
+      // bits and run the same softmax). The next stage's top barrier orders the reuse.
+      float4* xs = reinterpret_cast<float4*>(smem + S::kStages * S::kStageBytes);
+      xs[warp * 32 + lane] = make_float4(s[0], s[1], s[2], s[3]);
+      pair_sync(tw);
+      const float4 o = xs[(warp ^ kTileWarps) * 32 + lane];
+      s[0] += o.x;
+      s[1] += o.y;
+      s[2] += o.z;
+      s[3] += o.w;
     }
 
     // ---- online softmax over the tile (columns: heads 2t, 2t+1)
@@ -210,14 +244,15 @@ __global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8AttnPar
     const uint32_t b0 = transpose8x8(pack_f16x2(p0 * wg, p1 * wg));
     const uint32_t b1 = transpose8x8(pack_f16x2(p2 * wg8, p3 * wg8));
 
-    // ---- O^T += V^T . P^T: word c = 8 pp + g of slots r0..r3 -> dims 4c..4c+3
+    // ---- O^T += V^T . P^T: word c = 8 pp + g of slots r0..r3 -> dims 4c..4c+3 (this warp's
+    // word groups kk0 .. kk0 + KH - 1)
     const uint8_t* v0 = base + r0 * S::kSlotBytes + HD + 4;
     const uint8_t* v1 = base + r1 * S::kSlotBytes + HD + 4;
     const uint8_t* v2 = base + r2 * S::kSlotBytes + HD + 4;
     const uint8_t* v3 = base + r3 * S::kSlotBytes + HD + 4;
 #pragma unroll
-    for (int pp = 0; pp < KSTEPS2; ++pp) {
-      const int off = 4 * (8 * pp + g);
+    for (int pp = 0; pp < KH; ++pp) {
+      const int off = 4 * (8 * (kk0 + pp) + g);
       const uint32_t w0 = ld_u32(v0 + off) ^ kSignFlip, w1 = ld_u32(v1 + off) ^ kSignFlip;
       const uint32_t w2 = ld_u32(v2 + off) ^ kSignFlip, w3 = ld_u32(v3 + off) ^ kSignFlip;
       const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
@@ -238,11 +273,11 @@ __global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8AttnPar
   cp_async_wait<0>();
   __syncthreads();
   float* fin = reinterpret_cast<float*>(smem);
-  float* facc = fin + warp * kHeads * HD;  // [8 heads][HD], true units
-  float* fml = fin + kWarps * kHeads * HD + warp * 2 * kHeads;  // m[8], l[8]
+  float* facc = fin + tw * kHeads * HD;  // [8 heads][HD], true units (a pair: its halves)
+  float* fml = fin + kTileWarps * kHeads * HD + tw * 2 * kHeads;  // m[8], l[8]
 #pragma unroll
-  for (int pp = 0; pp < KSTEPS2; ++pp) {
-    const int d = 4 * (8 * pp + g);
+  for (int pp = 0; pp < KH; ++pp) {
+    const int d = 4 * (8 * (kk0 + pp) + g);
     const float4 h0 = make_float4(acc[2 * pp][0] * cur_vmax, acc[2 * pp][2] * cur_vmax,
                                   acc[2 * pp + 1][0] * cur_vmax, acc[2 * pp + 1][2] * cur_vmax);
     const float4 h1 = make_float4(acc[2 * pp][1] * cur_vmax, acc[2 * pp][3] * cur_vmax,
@@ -250,7 +285,7 @@ __global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8AttnPar
     *reinterpret_cast<float4*>(facc + (2 * t) * HD + d) = h0;
     *reinterpret_cast<float4*>(facc + (2 * t + 1) * HD + d) = h1;
   }
-  if (g == 0) {
+  if (g == 0 && half == 0) {
     fml[2 * t] = m0;
     fml[2 * t + 1] = m1;
     fml[kHeads + 2 * t] = l0;
@@ -268,14 +303,14 @@ __global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8AttnPar
     float mmax = -INFINITY;
 #pragma unroll
     for (int s = 0; s < S::kSubs; ++s)
-      mmax = fmaxf(mmax, fin[kWarps * kHeads * HD + (s * NKV + h) * 2 * kHeads + j]);
+      mmax = fmaxf(mmax, fin[kTileWarps * kHeads * HD + (s * NKV + h) * 2 * kHeads + j]);
     float lsum = 0.f;
     float o[4] = {0.f, 0.f, 0.f, 0.f};
     if (mmax != -INFINITY) {
 #pragma unroll
       for (int s = 0; s < S::kSubs; ++s) {
         const int w = s * NKV + h;
-        const float* ml = fin + kWarps * kHeads * HD + w * 2 * kHeads;
+        const float* ml = fin + kTileWarps * kHeads * HD + w * 2 * kHeads;
         const float wgt = exp2f(ml[j] - mmax);
         lsum += ml[kHeads + j] * wgt;
         const float4 a = *reinterpret_cast<const float4*>(fin + w * kHeads * HD + j * HD + d);
@@ -306,25 +341,31 @@ __global__ void __launch_bounds__(kThreads) int8_decode_kernel(const Int8AttnPar
   }
 }
 
-template <int HD, int NKV>
+template <int HD, int NKV, int SPLIT>
 cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  using S = Shape<HD, NKV>;
+  using S = Shape<HD, NKV, SPLIT>;
   static const cudaError_t attr = cudaFuncSetAttribute(
-      int8_decode_kernel<HD, NKV>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+      int8_decode_kernel<HD, NKV, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (attr != cudaSuccess) return attr;
-  int8_decode_kernel<HD, NKV>
-      <<<dim3(num_selected, p.num_segs), kThreads, S::kSmem, stream>>>(p);
+  int8_decode_kernel<HD, NKV, SPLIT>
+      <<<dim3(num_selected, p.num_segs), S::kThreads, S::kSmem, stream>>>(p);
   return cudaGetLastError();
+}
+
+template <int HD, int SPLIT>
+cudaError_t launch_nkv(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
+  switch (p.num_kv_heads) {
+    case 1: return launch<HD, 1, SPLIT>(p, num_selected, stream);
+    case 2: return launch<HD, 2, SPLIT>(p, num_selected, stream);
+    case 4: return launch<HD, 4, SPLIT>(p, num_selected, stream);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 template <int HD>
 cudaError_t launch_hd(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  switch (p.num_kv_heads) {
-    case 1: return launch<HD, 1>(p, num_selected, stream);
-    case 2: return launch<HD, 2>(p, num_selected, stream);
-    case 4: return launch<HD, 4>(p, num_selected, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return p.dim_split == 2 ? launch_nkv<HD, 2>(p, num_selected, stream)
+                          : launch_nkv<HD, 1>(p, num_selected, stream);
 }
 
 }  // namespace
@@ -336,7 +377,8 @@ bool int8_decode_supported(int head_dim, int num_kv_heads) {
 
 cudaError_t int8_decode_launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
   if (num_selected <= 0 || p.num_segs <= 0) return cudaSuccess;
-  if (p.group < 1 || p.group > kInt8DecodeMaxGroup || p.block_size % kSlots != 0)
+  if (p.group < 1 || p.group > kInt8DecodeMaxGroup || p.block_size % kSlots != 0 ||
+      (p.dim_split != 1 && p.dim_split != 2))
     return cudaErrorInvalidValue;
   return attn::for_head_dim(p.head_dim, [&](auto hd) {
     return launch_hd<decltype(hd)::value>(p, num_selected, stream);

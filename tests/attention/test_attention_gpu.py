@@ -18,6 +18,7 @@ from vllm_prism._custom_ops import has_compiled_op
 from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry, decode_attention,
                                       mixed_attention, noncausal_attention, prefill_attention,
                                       reference_attention, verify_attention)
+from vllm_prism.attention.ops import cuda_decode
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
@@ -159,11 +160,14 @@ def _check_cuda_segmentations(b, attention) -> None:
 
 
 @needs_c
+@pytest.mark.parametrize("dim_split", [1, 2])
 @pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(
     *s[:4], str(s[4]).split(".")[-1]))
-def test_cuda_decode(shape):
-    """The CUDA C++ INT8 decode kernel: partial first/last tiles, every segment count from one
-    tile up, 128K context; and its one-segment (direct output) form."""
+def test_cuda_decode(shape, dim_split, monkeypatch):
+    """The CUDA C++ INT8 decode kernel, one warp or two a (tile, head): partial first/last
+    tiles, every segment count from one tile up, 128K context; and its one-segment (direct
+    output) form."""
+    monkeypatch.setattr(cuda_decode, "DECODE_DIM_SPLIT", dim_split)
     nkv, group, hs, bs, qdt = shape
     lens = [1, 15, 16, 17, 1000, 4101, 70001, 131072 if hs == 256 and nkv == 4 else 9000]
     b = make_batch(lens, [1] * len(lens), torch.int8, device="cuda", block_size=bs,

@@ -136,6 +136,20 @@ def test_fresh_kv_switch(monkeypatch) -> None:
     assert bench_decode._kernel_label(drafter=False) == "auto"
 
 
+def test_attn_decode_split_switch(monkeypatch) -> None:
+    """``--attn-decode-split 2 1``: each kind of engine with the INT8 decode kernel's two
+    warps a (tile, KV head) and with one, the second labelled."""
+    kids = _children(["m.gguf", "--kv", "int8_per_token_head", "--attn-decode-split", "2", "1"])
+    assert [env["VLLM_PRISM_ATTN_DECODE_SPLIT"] for _, env in kids] == ["2", "1"]
+    for name in ("VLLM_PRISM_PQ2_KERNEL", "VLLM_PRISM_GEMV_TUNING", "VLLM_PRISM_DENSE_GEMV",
+                 "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_PRISM_PREFILL_FRESH_KV"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_PRISM_ATTN_DECODE_SPLIT", "1")
+    assert bench_decode._kernel_label(drafter=False) == "auto [decode split 1]"
+    monkeypatch.setenv("VLLM_PRISM_ATTN_DECODE_SPLIT", "2")
+    assert bench_decode._kernel_label(drafter=False) == "auto"
+
+
 def test_the_drafter_switch_varies_only_the_engines_with_a_drafter() -> None:
     """``--draft-attention`` gives every DFlash engine each value, the plain engine (which has
     no drafter to switch) one run; a verify record's step ratio is over that plain step."""

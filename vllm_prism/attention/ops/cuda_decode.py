@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import torch
 
+from vllm_prism import envs
 from vllm_prism._custom_ops import has_compiled_op
 from vllm_prism.attention.ops.geometry import split_count
 from vllm_prism.attention.ops.layout import KVFormat
 from vllm_prism.kernels.common import device_capability
 
-__all__ = ["CTAS_PER_SM", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP", "MAX_SEGMENTS",
-           "MAX_VERIFY_COLUMNS", "MIN_TILES", "VERIFY_CTAS_PER_SM", "cuda_decode_problem",
-           "cuda_verify_problem", "launch_cuda_decode", "launch_cuda_verify", "layout_problem",
-           "num_cuda_segments"]
+__all__ = ["CTAS_PER_SM", "DECODE_DIM_SPLIT", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP",
+           "MAX_SEGMENTS", "MAX_VERIFY_COLUMNS", "MIN_TILES", "VERIFY_CTAS_PER_SM",
+           "cuda_decode_problem", "cuda_verify_problem", "decode_dim_split", "launch_cuda_decode",
+           "launch_cuda_verify", "layout_problem", "num_cuda_segments"]
 
 OP = "int8_decode_attention"
 VERIFY_OP = "int8_verify_attention"
@@ -46,6 +47,10 @@ KV_HEADS = (1, 2, 4)
 MAX_GROUP = 8
 TILE = 16  # slots a tile
 CTAS_PER_SM = 2  # resident decode CTAs a multiprocessor (about 100 KiB of shared memory each)
+# Warps a (16-slot tile, KV head) in the decode kernel, each over 1 / split of the head
+# dimension (2: eight warps a CTA, the pair's halves of S^T added through shared memory);
+# None: the VLLM_PRISM_ATTN_DECODE_SPLIT switch (a benchmark or a test sets 1 or 2 here)
+DECODE_DIM_SPLIT: int | None = None
 # verification: resident CTAs a multiprocessor (the kernel's __launch_bounds__; up to 103 KiB of
 # shared memory each at head size 256)
 VERIFY_CTAS_PER_SM = 2
@@ -148,6 +153,11 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                                              bool(int_qk))
 
 
+def decode_dim_split() -> int:
+    """Warps a (tile, KV head) the decode kernel runs with: DECODE_DIM_SPLIT or the switch."""
+    return DECODE_DIM_SPLIT or envs.VLLM_PRISM_ATTN_DECODE_SPLIT
+
+
 def launch_cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                        req_ids: torch.Tensor | None, out: torch.Tensor, part_o: torch.Tensor,
@@ -155,4 +165,5 @@ def launch_cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     """One launch: ``out`` directly (one segment) or the partials for the merge kernel."""
     torch.ops._C_prism.int8_decode_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
-                                             float(scale), int(num_segs), MIN_TILES)
+                                             float(scale), int(num_segs), MIN_TILES,
+                                             decode_dim_split())
