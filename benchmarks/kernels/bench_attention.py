@@ -294,6 +294,9 @@ def main() -> None:
                                vs_default=round(o_us / dec, 3), err=float(f"{o_err:.3g}"))
                     res["records"].append(rec)
                     print(json.dumps(rec), flush=True)
+                    rec = bf16_partials_record(cache, ctx, 1, dec, bytes_, read_bw)
+                    res["records"].append(rec)
+                    print(json.dumps(rec), flush=True)
                 for ql in VERIFY_Q:
                     us = ours_time(cache, ctx, ql, geometry=geom("verify", kv_name))
                     s_us, backend = sdpa(ctx, ql)
@@ -314,6 +317,9 @@ def main() -> None:
                                    vs_sdpa=round(s_us / us, 3), vs_decode=round(us / dec, 3),
                                    vs_triton=round(triton_us / us, 3), sdpa_us=round(s_us, 2),
                                    err=float(f"{err:.3g}"))
+                        res["records"].append(rec)
+                        print(json.dumps(rec), flush=True)
+                        rec = bf16_partials_record(cache, ctx, ql, us, bytes_, read_bw)
                         res["records"].append(rec)
                         print(json.dumps(rec), flush=True)
                         # the same kernel with Q.K on the int8 tensor cores (opt-in)
@@ -497,6 +503,22 @@ def run_cuda_sweep(cache: Cache, res: dict, late, read_bw: float, save) -> None:
          cuda_decode.DECODE_DIM_SPLIT) = default
 
 
+def bf16_partials_record(cache: Cache, ctx: int, q_len: int, default_us: float, bytes_: int,
+                         read_bw: float) -> dict:
+    """The CUDA C++ kernel (decode or verification) writing its segments' partials in bf16
+    (cuda_decode.PARTIALS_DTYPE) against ``default_us``, the same call with the default."""
+    saved = cuda_decode.PARTIALS_DTYPE
+    cuda_decode.PARTIALS_DTYPE = torch.bfloat16
+    try:
+        us, err = ours_time(cache, ctx, q_len, check=True, kernel="cuda")
+    finally:
+        cuda_decode.PARTIALS_DTYPE = saved
+    return dict(kind="decode" if q_len == 1 else "verify", kernel="cuda bf16 partials",
+                context=ctx, q_tokens=q_len, kv="int8", us=round(us, 2),
+                bw_frac=round(bytes_ / (us * 1e-6) / 1e9 / read_bw, 3),
+                vs_default=round(us / default_us, 3), err=float(f"{err:.3g}"))
+
+
 def cuda_ready(cache: Cache, q_len: int = 1) -> bool:
     """Whether the CUDA C++ INT8 kernel for ``q_len`` query tokens (decode at 1, else
     verification) can serve this cache (built, layout, aligned); says why not for decode."""
@@ -522,11 +544,12 @@ def markdown(res: dict) -> str:
              "decode); "
              "`vs_triton` = Triton time / CUDA C++ time of the same kind (`verify_int_qk`, "
              "the CUDA verification kernel with Q.K on the int8 tensor cores: the exact "
-             "kernel's time / its time); `err` = relative L2 error against the fp32 "
-             "reference.", "",
+             "kernel's time / its time); `vs_default` = a CUDA C++ kernel's variant (the "
+             "decode kernel's other `dim_split`, or bf16 partials) / the default form's "
+             "time; `err` = relative L2 error against the fp32 reference.", "",
              "| kind | kernel | kv | context | q tokens | us | bw_frac | vs_sdpa | vs_decode | "
-             "vs_triton | err | sdpa us | geometry |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "vs_triton | vs_default | err | sdpa us | geometry |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["records"]:
         if r["kind"] == "prefill":
             continue
@@ -534,7 +557,7 @@ def markdown(res: dict) -> str:
                      f"{r['context']} | {r['q_tokens']} | "
                      f"{r['us']} | {r.get('bw_frac', '')} | {r.get('vs_sdpa', '')} | "
                      f"{r.get('vs_decode', '')} | {r.get('vs_triton', r.get('vs_exact', ''))} | "
-                     f"{r.get('err', '')} | {r.get('sdpa_us', '')} | "
+                     f"{r.get('vs_default', '')} | {r.get('err', '')} | {r.get('sdpa_us', '')} | "
                      f"{r.get('geometry', '')} |")
     nc = [r for r in res["records"] if r["kind"] == "noncausal"]
     if nc:

@@ -50,19 +50,21 @@ inline void check_attention_io(const char* op, const torch::Tensor& q, const tor
   if (req_ids.has_value()) check_int32_vector(*req_ids, op, "req_ids");
 }
 
-// part_o fp32 [selected, rows, heads, segments, hs] (16-byte aligned rows) and part_lse fp32
-// [selected, rows, heads, segments], read only when the context is split (num_segs > 1).
+// part_o fp32 or bf16 [selected, rows, heads, segments, hs] (rows 16-byte aligned, 8-byte
+// in bf16) and part_lse fp32 [selected, rows, heads, segments], read only when the context is
+// split (num_segs > 1).
 inline void check_partials(const char* op, const torch::Tensor& part_o,
                            const torch::Tensor& part_lse, int64_t n_sel, int64_t rows,
                            int64_t heads, int64_t num_segs, int64_t hs) {
-  TORCH_CHECK(part_o.scalar_type() == torch::kFloat32 && part_o.dim() == 5 &&
+  const bool bf16 = part_o.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK((bf16 || part_o.scalar_type() == torch::kFloat32) && part_o.dim() == 5 &&
                   part_o.size(0) >= n_sel && part_o.size(1) >= rows && part_o.size(2) == heads &&
                   part_o.size(3) >= num_segs && part_o.size(4) == hs && part_o.stride(4) == 1 &&
-                  aligned_to(part_o, 16) && part_o.stride(0) % 4 == 0 &&
+                  aligned_to(part_o, bf16 ? 8 : 16) && part_o.stride(0) % 4 == 0 &&
                   part_o.stride(1) % 4 == 0 && part_o.stride(2) % 4 == 0 &&
                   part_o.stride(3) % 4 == 0,
-              op, ": part_o must be fp32 [selected, ", rows, ", heads, segments, head_size], "
-              "rows 16-byte aligned");
+              op, ": part_o must be fp32 or bf16 [selected, ", rows, ", heads, segments, "
+              "head_size], rows 16-byte (bf16: 8-byte) aligned");
   TORCH_CHECK(part_lse.scalar_type() == torch::kFloat32 && part_lse.dim() == 4 &&
                   part_lse.size(0) >= n_sel && part_lse.size(1) >= rows &&
                   part_lse.size(2) == heads && part_lse.size(3) >= num_segs &&
@@ -95,7 +97,8 @@ inline Int8AttnParams fill_int8_attn_params(
   Int8AttnParams p{};
   if (num_segs > 1) {
     check_partials(op, part_o, part_lse, num_selected, max_q, q.size(1), num_segs, hs);
-    p.part_o = part_o.data_ptr<float>();
+    p.part_o = part_o.data_ptr();
+    p.part_bf16 = part_o.scalar_type() == torch::kBFloat16 ? 1 : 0;
     p.part_lse = part_lse.data_ptr<float>();
     p.stride_pr = part_o.stride(0);
     p.stride_pt = part_o.stride(1);

@@ -31,7 +31,8 @@ struct Int8AttnParams {
   void* out;  // [tokens, q heads, hd], written when num_segs == 1
   int64_t stride_ot, stride_oh;
   int out_dtype;  // 1 fp16, 2 bf16
-  float* part_o;  // [selected, max_q, q heads, num_segs, hd] fp32 partial outputs (num_segs > 1)
+  void* part_o;  // [selected, max_q, q heads, num_segs, hd] partial outputs (num_segs > 1)
+  int part_bf16;  // part_o in bf16 (1) or fp32 (0)
   float* part_lse;  // [selected, max_q, q heads, num_segs] log2-sum-exp (-inf: empty segment)
   int64_t stride_pr, stride_pt, stride_ph, stride_ps;
   int64_t stride_lr, stride_lt, stride_lh;

@@ -331,8 +331,8 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
       store_out(op, p.out_dtype, o);
     } else {
       if (lsum > 0.f) {
-        float* po = p.part_o + sel * p.stride_pr + hq * p.stride_ph + seg * p.stride_ps + d;
-        *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
+        store_partial(p.part_o, p.part_bf16,
+                      sel * p.stride_pr + hq * p.stride_ph + seg * p.stride_ps + d, o);
       }
       if (d == 0)
         p.part_lse[sel * p.stride_lr + hq * p.stride_lh + seg] =

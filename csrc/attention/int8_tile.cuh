@@ -174,5 +174,17 @@ __device__ __forceinline__ void store_out(void* out, int dtype, const float (&v)
   }
 }
 
+// Four consecutive values of a segment's partial output at element `i` of part_o: fp32
+// (16 bytes) or bf16 (8 bytes, the merge kernel reads either).
+__device__ __forceinline__ void store_partial(void* part_o, int bf16, int64_t i,
+                                              const float (&v)[4]) {
+  if (bf16) {
+    store_out(static_cast<uint8_t*>(part_o) + i * 2, 2, v);
+  } else {
+    *reinterpret_cast<float4*>(static_cast<float*>(part_o) + i) = make_float4(v[0], v[1], v[2],
+                                                                             v[3]);
+  }
+}
+
 }  // namespace attn
 }  // namespace vllm_prism

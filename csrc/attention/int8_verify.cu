@@ -512,9 +512,10 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK>::kThreads, 2)
                          static_cast<int64_t>(hq) * p.stride_oh + d) * 2;
           store_out(op, p.out_dtype, o);
         } else if (ls > 0.f) {
-          float* po = p.part_o + sel * p.stride_pr + tq * p.stride_pt + hq * p.stride_ph +
-                      seg * p.stride_ps + d;
-          *reinterpret_cast<float4*>(po) = make_float4(o[0], o[1], o[2], o[3]);
+          store_partial(p.part_o, p.part_bf16,
+                        sel * p.stride_pr + tq * p.stride_pt + hq * p.stride_ph +
+                            seg * p.stride_ps + d,
+                        o);
         }
       }
     }

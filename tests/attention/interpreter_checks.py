@@ -263,6 +263,25 @@ for dtype in (torch.int8, torch.bfloat16):
         return msg
 
 
+@check("prefill_warm_gather")
+def _warm_gather():
+    # the gather kernel's warm-up run: position 0 of block 0, dequantised exactly as the fp32
+    # reference reads it, once per (device, layout, scratch dtype)
+    parts = []
+    for dtype, layout in ((torch.int8, "NHD"), (torch.bfloat16, "HND")):
+        b = make_batch([40], [40], dtype, layout=layout, seed=9)
+        prefill_mod._GATHER_WARM.clear()
+        got = prefill_mod.warm_gather_kv(b.cache, torch.float32)
+        assert got is not None, "the first call runs the kernel"
+        ref = gather_dequantized(b.cache, torch.zeros(1, dtype=torch.int32), 1, b.q.shape[-1])
+        for g, r in zip(got, ref):
+            torch.testing.assert_close(g, r, rtol=0, atol=0, equal_nan=True)
+        assert prefill_mod.warm_gather_kv(b.cache, torch.float32) is None, "once per layout"
+        assert prefill_mod.warm_gather_kv(b.cache, torch.bfloat16) is not None, "per dtype"
+        parts.append(f"{layout} {str(dtype).split('.')[-1]}: position 0 exact, then cached")
+    return "; ".join(parts)
+
+
 @check("prefill_bf16_query")
 def _prefill_bf16_q():
     b = make_batch([120], [50], torch.int8, seed=6)

@@ -19,6 +19,7 @@ from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry, decode_a
                                       mixed_attention, noncausal_attention, prefill_attention,
                                       reference_attention, verify_attention)
 from vllm_prism.attention.ops import cuda_decode
+from vllm_prism.attention.ops import prefill as prefill_mod
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
@@ -108,6 +109,36 @@ def test_prefill_fresh_kv(dtype):
     out = poisoned_out(b.q)
     prefill_attention(b.q, b.cache, b.md, out=out, fresh=(k_new, v_new))
     errs = _per_request(out, ref, b)
+    assert max(errs) < TOL, errs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_warm_gather_covers_later_chunks(dtype):
+    """After warm_gather_kv (what the PRISM backend runs at vLLM's warm-up), a prompt's chunk
+    past context 0 compiles no gather kernel: the warm-up's compilation is the one the real
+    chunks use (vLLM's JIT monitor flagged the first one while serving), and the chunk is
+    right."""
+    knobs = pytest.importorskip("triton").knobs
+    compiled: list[str] = []
+    prev = knobs.runtime.jit_post_compile_hook
+
+    def hook(**kwargs):
+        compiled.append(getattr(kwargs.get("fn"), "name", "?"))
+        return prev(**kwargs) if prev else None
+
+    b = make_batch([5000, 33000], [100, 2048], dtype, device="cuda", seed=31)
+    knobs.runtime.jit_post_compile_hook = hook
+    try:
+        prefill_mod._GATHER_WARM.clear()
+        assert prefill_mod.warm_gather_kv(b.cache, b.q.dtype, b.q.shape[-1]) is not None
+        compiled.clear()
+        out = poisoned_out(b.q)
+        prefill_attention(b.q, b.cache, b.md, out=out)
+        torch.cuda.synchronize()
+    finally:
+        knobs.runtime.jit_post_compile_hook = prev
+    assert "_gather_kv_kernel" not in compiled, compiled
+    errs = _per_request(out, _ref(b), b)
     assert max(errs) < TOL, errs
 
 
@@ -258,6 +289,23 @@ def test_cuda_verify(shape):
     b = make_batch(lens, q_lens, torch.int8, device="cuda", block_size=bs, layout=layout,
                    head_size=hs, num_kv_heads=nkv, group=group, q_dtype=qdt, seed=14)
     _check_cuda_segmentations(b, verify_attention)
+
+
+@needs_c
+@pytest.mark.parametrize("dim_split", [1, 2])
+def test_cuda_bf16_partials(dim_split, monkeypatch):
+    """The CUDA C++ decode and verification kernels writing their segments' partial outputs
+    in bf16 (cuda_decode.PARTIALS_DTYPE), merged by the log-sum-exp kernel: within the fp32
+    partials' tolerance of the reference, at the 27B layer's shape and a TP shard's."""
+    monkeypatch.setattr(cuda_decode, "PARTIALS_DTYPE", torch.bfloat16)
+    monkeypatch.setattr(cuda_decode, "DECODE_DIM_SPLIT", dim_split)
+    for nkv, group, hs in ((4, 6, 256), (2, 8, 128)):
+        dec = make_batch([17, 4101, 70001], [1, 1, 1], torch.int8, device="cuda",
+                         head_size=hs, num_kv_heads=nkv, group=group, seed=21)
+        _check_cuda_segmentations(dec, decode_attention)
+        ver = make_batch([100, 5000, 70001], [2, 6, 5], torch.int8, device="cuda",
+                         head_size=hs, num_kv_heads=nkv, group=group, seed=22)
+        _check_cuda_segmentations(ver, verify_attention)
 
 
 # (query heads per KV head, query tokens of the widest request): every warp layout of the

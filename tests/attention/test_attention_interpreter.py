@@ -19,7 +19,7 @@ EXPECTED = [f"{k}_{t}" for t in ("int8_NHD_bs16", "bfloat16_HND_bs32", "int8_HND
     "verify_single_request_k6", "noncausal_blocks", "verify_capture_seq_lens_one",
     "prefetch_and_m64_geometries", "int8_fp16_operands",
     "int_qk_error", "prefill_int8", "prefill_bfloat16",
-    "prefill_expanded_gqa", "prefill_bf16_query", "prefill_fresh_kv_int8",
+    "prefill_expanded_gqa", "prefill_bf16_query", "prefill_warm_gather", "prefill_fresh_kv_int8",
     "prefill_fresh_kv_bfloat16", "mixed_int8", "mixed_bfloat16"]
 
 

@@ -33,6 +33,7 @@ from vllm.v1.attention.backends.triton_attn import (TritonAttentionBackend,
 from vllm_prism import envs
 from vllm_prism.attention.ops.metadata import AttentionMetadata as PrismMetadata
 from vllm_prism.attention.ops.mixed import StepPlan, mixed_attention
+from vllm_prism.attention.ops.prefill import warm_gather_kv
 from vllm_prism.attention.ops.triton_split_kv import MAX_VERIFY_TOKENS
 
 logger = init_logger(__name__)
@@ -174,6 +175,7 @@ class PrismAttentionImpl(TritonAttentionImpl):
         # in one program per KV head (2.1 ms at 32K on the H200).
         if self._is_per_token_head_quant:
             self._ensure_scale_caches(kv_cache)
+        self._warm_prefill(query, kv_cache)
         n = attn_metadata.num_actual_tokens
         if not hasattr(self, "_prism_attn_fn"):
             self._prism_attn_fn = _section_attention_fn() if query.is_cuda else None
@@ -182,6 +184,17 @@ class PrismAttentionImpl(TritonAttentionImpl):
                         plan=attn_metadata.prism_plan, causal=causal,
                         fresh=self._fresh_kv(key, value, n, attn_metadata))
         return output
+
+    def _warm_prefill(self, query: torch.Tensor, kv_cache: torch.Tensor) -> None:
+        """Compile the prefill path's gather kernel at this layer's first eager forward with a
+        cache (vLLM's warm-up runs), not at a prompt's first chunk past context 0: the
+        warm-up's prefills start at context 0, which reads no cache (docs/attention.md)."""
+        if getattr(self, "_prism_warm", False) or not query.is_cuda:
+            return
+        if torch.cuda.is_current_stream_capturing():
+            return  # a capture records it; the eager warm-up before it runs it
+        warm_gather_kv(kv_cache, query.dtype, query.shape[-1])
+        self._prism_warm = True
 
     def _fresh_kv(self, key: torch.Tensor | None, value: torch.Tensor | None, n: int,
                   attn_metadata: Any) -> tuple[torch.Tensor, torch.Tensor] | None:

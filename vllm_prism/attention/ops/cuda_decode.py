@@ -34,9 +34,10 @@ from vllm_prism.attention.ops.layout import KVFormat
 from vllm_prism.kernels.common import device_capability
 
 __all__ = ["CTAS_PER_SM", "DECODE_DIM_SPLIT", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP",
-           "MAX_SEGMENTS", "MAX_VERIFY_COLUMNS", "MIN_TILES", "VERIFY_CTAS_PER_SM",
-           "cuda_decode_problem", "cuda_verify_problem", "decode_dim_split", "launch_cuda_decode",
-           "launch_cuda_verify", "layout_problem", "num_cuda_segments"]
+           "MAX_SEGMENTS", "MAX_VERIFY_COLUMNS", "MIN_TILES", "PARTIALS_DTYPE",
+           "VERIFY_CTAS_PER_SM", "cuda_decode_problem", "cuda_verify_problem",
+           "decode_dim_split", "launch_cuda_decode", "launch_cuda_verify", "layout_problem",
+           "num_cuda_segments"]
 
 OP = "int8_decode_attention"
 VERIFY_OP = "int8_verify_attention"
@@ -55,6 +56,10 @@ DECODE_DIM_SPLIT: int | None = None
 # shared memory each at head size 256)
 VERIFY_CTAS_PER_SM = 2
 MAX_SEGMENTS = 256
+# The segments' partial outputs the CUDA kernels write for the merge: fp32, or bf16 (half the
+# bytes written and read back: 6.3 MB a 32K decode call of the 27B layer in fp32; the Triton
+# verification path's partials are bf16). fp32 until bf16 is timed on a GPU.
+PARTIALS_DTYPE = torch.float32
 MIN_TILES = 4  # a segment covers at least 64 context tokens
 MIN_CAPABILITY = (8, 0)  # the extension's oldest target (CMakeLists.txt: sm_80)
 

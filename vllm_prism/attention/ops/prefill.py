@@ -26,6 +26,7 @@ torch's flash SDPA ops, which return the log-sum-exp.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Sequence
@@ -42,7 +43,7 @@ if HAS_TRITON:
     import triton.language as tl
 
 __all__ = ["SCRATCH_BYTES", "MAX_SECTION_TOKENS", "SectionAttention", "sdpa_section_attention",
-           "gather_kv_bf16", "prefill_attention", "section_tokens_for"]
+           "gather_kv_bf16", "prefill_attention", "section_tokens_for", "warm_gather_kv"]
 
 SCRATCH_BYTES = 128 << 20
 MAX_SECTION_TOKENS = 32768
@@ -110,6 +111,31 @@ def gather_kv_bf16(kv_cache: torch.Tensor, block_row: torch.Tensor, start: int, 
         HEAD_DIM=fmt.head_size, TILE=tile, K_OFF=fmt.k_off, V_OFF=fmt.v_off,
         KS_OFF=max(fmt.k_scale_off, 0), VS_OFF=max(fmt.v_scale_off, 0), IS_INT8=fmt.is_int8,
         ROW_ALIGN=fmt.row_align, num_warps=4)
+
+
+# (device, cache layout, scratch dtype) whose gather kernel has run (warm_gather_kv)
+_GATHER_WARM: set[tuple] = set()
+
+
+def warm_gather_kv(kv_cache: torch.Tensor, dtype: torch.dtype,
+                   head_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Run the gather kernel once, on position 0 of block 0 of ``kv_cache`` into a ``dtype``
+    scratch laid out as :func:`prefill_attention`'s, so that its compilation happens when the
+    caller chooses (the PRISM backend: during vLLM's warm-up) and not at a prompt's first
+    chunk past context 0, while serving (vLLM's JIT monitor warned of it on the H200). The
+    kernel compiles once for every request and chunk of a layout (``do_not_specialize``), so
+    one call covers them. Once per (device, layout, dtype): the gathered ``(k, v)`` of that
+    position ``[1, nkv, hs]`` the first time, None after."""
+    fmt = kv_format(kv_cache, head_size)
+    key = (str(kv_cache.device), dataclasses.replace(fmt, num_blocks=0), dtype)
+    if key in _GATHER_WARM or fmt.num_blocks < 1:
+        return None
+    scratch = torch.empty(2, 1, fmt.num_kv_heads, fmt.head_size, dtype=dtype,
+                          device=kv_cache.device)
+    row = torch.zeros(1, dtype=torch.int32, device=kv_cache.device)
+    gather_kv_bf16(kv_cache, row, 0, 1, scratch[0], scratch[1])
+    _GATHER_WARM.add(key)
+    return scratch[0], scratch[1]
 
 
 # ----------------------------------------------------------------------- section attention

@@ -50,8 +50,8 @@ import math
 import torch
 
 from vllm_prism import envs
-from vllm_prism.attention.ops.cuda_decode import (CTAS_PER_SM, VERIFY_CTAS_PER_SM,
-                                                  cuda_decode_problem, cuda_verify_problem,
+from vllm_prism.attention.ops import cuda_decode
+from vllm_prism.attention.ops.cuda_decode import (cuda_decode_problem, cuda_verify_problem,
                                                   launch_cuda_decode, launch_cuda_verify,
                                                   num_cuda_segments)
 from vllm_prism.attention.ops.geometry import (SplitGeometry, gpu_geometry, num_segments,
@@ -524,11 +524,13 @@ def _cuda_split_kv(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadat
     tensor cores) on the CUDA C++ kernels, merged here when they split the context."""
     verify = max_q > 1
     nkv = kv_cache.shape[1] if verify else 1
-    per_sm = VERIFY_CTAS_PER_SM if verify else CTAS_PER_SM
+    # read from the module at each call: a benchmark varies them
+    per_sm = cuda_decode.VERIFY_CTAS_PER_SM if verify else cuda_decode.CTAS_PER_SM
     segs = num_segs or num_cuda_segments(n_sel, sm_count(q.device), nkv, per_sm)
     hq, hs = q.shape[1], q.shape[2]
     if segs > 1:
-        part_o = torch.empty(n_sel, max_q, hq, segs, hs, dtype=torch.float32, device=q.device)
+        part_o = torch.empty(n_sel, max_q, hq, segs, hs, dtype=cuda_decode.PARTIALS_DTYPE,
+                             device=q.device)
         part_lse = torch.empty(n_sel, max_q, hq, segs, dtype=torch.float32, device=q.device)
     else:
         part_o = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
