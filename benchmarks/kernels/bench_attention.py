@@ -279,24 +279,20 @@ def main() -> None:
                                sdpa_us=round(s_us, 2), err=float(f"{err:.3g}"))
                     res["records"].append(rec)
                     print(json.dumps(rec), flush=True)
-                    # the kernel's other form: one warp a (tile, head), or two
+                    # the kernel's other form (one warp a (tile, head), or two), and bf16
+                    # partials
                     other = 3 - split
-                    cuda_decode.DECODE_DIM_SPLIT = other
-                    try:
-                        o_us, o_err = ours_time(cache, ctx, 1, check=True, kernel="cuda")
-                    finally:
-                        cuda_decode.DECODE_DIM_SPLIT = None
-                    rec = dict(kind="decode", kernel=f"cuda dim_split={other}", context=ctx,
-                               q_tokens=1, kv=kv_name, us=round(o_us, 2), dim_split=other,
-                               bw_frac=round(bytes_ / (o_us * 1e-6) / 1e9 / read_bw, 3),
-                               vs_sdpa=round(s_us / o_us, 3),
-                               vs_triton=round(triton_dec / o_us, 3), sdpa_us=round(s_us, 2),
-                               vs_default=round(o_us / dec, 3), err=float(f"{o_err:.3g}"))
-                    res["records"].append(rec)
-                    print(json.dumps(rec), flush=True)
-                    rec = bf16_partials_record(cache, ctx, 1, dec, bytes_, read_bw)
-                    res["records"].append(rec)
-                    print(json.dumps(rec), flush=True)
+                    for rec in (cuda_variant_record(cache, ctx, 1, dec, bytes_, read_bw,
+                                                    f"cuda dim_split={other}",
+                                                    {"DECODE_DIM_SPLIT": other},
+                                                    dict(dim_split=other,
+                                                         sdpa_us=round(s_us, 2)),
+                                                    s_us, triton_dec),
+                                cuda_variant_record(cache, ctx, 1, dec, bytes_, read_bw,
+                                                    "cuda bf16 partials",
+                                                    {"PARTIALS_DTYPE": torch.bfloat16})):
+                        res["records"].append(rec)
+                        print(json.dumps(rec), flush=True)
                 for ql in VERIFY_Q:
                     us = ours_time(cache, ctx, ql, geometry=geom("verify", kv_name))
                     s_us, backend = sdpa(ctx, ql)
@@ -319,7 +315,9 @@ def main() -> None:
                                    err=float(f"{err:.3g}"))
                         res["records"].append(rec)
                         print(json.dumps(rec), flush=True)
-                        rec = bf16_partials_record(cache, ctx, ql, us, bytes_, read_bw)
+                        rec = cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
+                                                  "cuda bf16 partials",
+                                                  {"PARTIALS_DTYPE": torch.bfloat16})
                         res["records"].append(rec)
                         print(json.dumps(rec), flush=True)
                         # the same kernel with Q.K on the int8 tensor cores (opt-in)
@@ -472,9 +470,9 @@ def sweep(cache: Cache, kv_name: str, res: dict, late, read_bw: float, save) -> 
             save()
 
 
-# (CTAs per multiprocessor, minimum 16-slot tiles per segment) of the CUDA decode kernel:
-# the batch-1 segment count is sms x CTAs per SM; the first is the library's default.
-# (CTAs per SM, min tiles, warps a (tile, head)): the first is the library's default
+# (CTAs per multiprocessor, minimum 16-slot tiles per segment, warps a (tile, KV head)) of the
+# CUDA decode kernel: the batch-1 segment count is sms x CTAs per SM (at most MAX_SEGMENTS);
+# the first is the library's default.
 CUDA_SWEEP = [(2, 4, 2), (2, 4, 1), (2, 8, 2), (3, 4, 2), (1, 4, 2), (2, 2, 2)]
 
 
@@ -503,20 +501,29 @@ def run_cuda_sweep(cache: Cache, res: dict, late, read_bw: float, save) -> None:
          cuda_decode.DECODE_DIM_SPLIT) = default
 
 
-def bf16_partials_record(cache: Cache, ctx: int, q_len: int, default_us: float, bytes_: int,
-                         read_bw: float) -> dict:
-    """The CUDA C++ kernel (decode or verification) writing its segments' partials in bf16
-    (cuda_decode.PARTIALS_DTYPE) against ``default_us``, the same call with the default."""
-    saved = cuda_decode.PARTIALS_DTYPE
-    cuda_decode.PARTIALS_DTYPE = torch.bfloat16
+def cuda_variant_record(cache: Cache, ctx: int, q_len: int, default_us: float, bytes_: int,
+                        read_bw: float, label: str, overrides: dict,
+                        extra: dict | None = None, sdpa_us: float | None = None,
+                        triton_us: float | None = None) -> dict:
+    """The CUDA C++ kernel (decode or verification) with cuda_decode's module settings
+    ``overrides`` (e.g. bf16 partials, the decode kernel's other dim_split), timed and checked
+    against the fp32 reference, and against ``default_us``, the same call without them."""
+    saved = {name: getattr(cuda_decode, name) for name in overrides}
+    for name, value in overrides.items():
+        setattr(cuda_decode, name, value)
     try:
         us, err = ours_time(cache, ctx, q_len, check=True, kernel="cuda")
     finally:
-        cuda_decode.PARTIALS_DTYPE = saved
-    return dict(kind="decode" if q_len == 1 else "verify", kernel="cuda bf16 partials",
-                context=ctx, q_tokens=q_len, kv="int8", us=round(us, 2),
-                bw_frac=round(bytes_ / (us * 1e-6) / 1e9 / read_bw, 3),
-                vs_default=round(us / default_us, 3), err=float(f"{err:.3g}"))
+        for name, value in saved.items():
+            setattr(cuda_decode, name, value)
+    rec = dict(kind="decode" if q_len == 1 else "verify", kernel=label, context=ctx,
+               q_tokens=q_len, kv="int8", us=round(us, 2), **(extra or {}),
+               bw_frac=round(bytes_ / (us * 1e-6) / 1e9 / read_bw, 3))
+    if sdpa_us is not None:
+        rec["vs_sdpa"] = round(sdpa_us / us, 3)
+    if triton_us is not None:
+        rec["vs_triton"] = round(triton_us / us, 3)
+    return dict(rec, vs_default=round(us / default_us, 3), err=float(f"{err:.3g}"))
 
 
 def cuda_ready(cache: Cache, q_len: int = 1) -> bool:

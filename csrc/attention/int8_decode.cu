@@ -7,8 +7,9 @@
 // SPLIT = 2 two warps share a pair, warp w / 4 taking half of the head dimension in both
 // products: their halves of S^T meet through shared memory (one 64-thread barrier a stage),
 // both run the same softmax, each accumulates its half of O^T. That doubles the warps a
-// multiprocessor holds for the same shared memory (16 at head size 256: the one-warp form was
-// bound by its warps' dependency chains, 12 % occupancy; attention_h200_notes.md). Per warp
+// multiprocessor holds for the same shared memory (16 at head size 256, against 8 at 12 %
+// occupancy): 1.14x at 4K, 1.01-1.03x at 32K-128K on the H200, where a call's fixed cost
+// (the merge, the partials, the fill and drain) bounds it (attention_h200_notes.md). Per warp
 // and 16-slot tile, with the tile's slots as the MMA's M rows and the query heads of the GQA
 // group (<= 8, zero padded) as its N columns:
 //
