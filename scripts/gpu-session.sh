@@ -23,6 +23,8 @@
 #   bash scripts/gpu-session.sh ptq1mem      weight memory of the 27B-shaped PQ2_0 and PTQ1_0 files
 #   bash scripts/gpu-session.sh ncu ARGS     Nsight Compute: what bounds each PQ2 kernel
 #        (add --attention 4096,32768,131072 for the decode and verify attention)
+#   bash scripts/gpu-session.sh sass [CTX [Q]]  Nsight Compute's per-instruction counts and
+#        stall samples of the CUDA INT8 decode and verification attention ($OUT/attn_sass.csv)
 #   bash scripts/gpu-session.sh cache        vLLM's compile cache and Triton's kernel cache as
 #        $OUT/compile-cache.tgz.part-* (15 MiB pieces: at most 16 MiB comes back per file;
 #        23.5 MB on 2026-12-01): copied here to .gpu-cache/ (git-ignored) and carried
@@ -180,6 +182,21 @@ case $stage in
     timeout $(limit 560) python3 benchmarks/kernels/profile_pq2_ncu.py "$@" 2>&1 \
       | tee "$OUT/ncu.log" | tail -80
     cp benchmarks/results/pq2_ncu_*.json benchmarks/results/pq2_ncu_*.md "$OUT"/ 2>/dev/null
+    ;;
+  sass)  # per-instruction counts and stall samples of the CUDA INT8 attention kernels at
+    # context ${2:-32768} (Nsight Compute's source page, SASS): $OUT/attn_sass.csv, details
+    shift
+    ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
+    timeout $(limit 300) "$ncu_bin" --clock-control none --profile-from-start off \
+      -k regex:int8_ --section SourceCounters --section WarpStateStats \
+      --section LaunchStats --section Occupancy --import-source no -f -o "$OUT/attn" \
+      python3 benchmarks/kernels/profile_pq2_ncu.py --child --shapes none --m 1 \
+      --attention "${1:-32768}" --verify-q "${2:-6}" >"$OUT/sass-run.log" 2>&1
+    "$ncu_bin" -i "$OUT/attn.ncu-rep" --page source --csv --print-source sass \
+      >"$OUT/attn_sass.csv" 2>"$OUT/sass-err.log"
+    "$ncu_bin" -i "$OUT/attn.ncu-rep" --page details --csv >"$OUT/attn_details.csv" \
+      2>>"$OUT/sass-err.log"
+    ls -la "$OUT"; tail -5 "$OUT/sass-run.log" "$OUT/sass-err.log"
     ;;
   quality)
     shift

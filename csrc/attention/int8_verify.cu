@@ -8,9 +8,17 @@
 //
 // One CTA = one (request, KV head, segment); a stage is T 16-slot tiles of the head's rows
 // (T = 4; 2 at head size 64). Each int8 V element becomes an fp16 operand once in the CTA, each
-// K element once or twice: warp w builds S^T of tile w % T for the n-tiles of its column half
-// w / T (two halves, 8 warps, at head size 256 with two or more n-tiles; one half, T warps,
-// otherwise); the tiles' column maxima meet in shared memory (one barrier); each warp writes
+// K element once (twice at 6 n-tiles): warp w owns S^T of tile w % T for the n-tiles of its
+// column half w / T (two halves, 8 warps, at head size 256 with two or more n-tiles; one
+// half, T warps, otherwise). With two halves and up to 5 n-tiles the pair of warps of a tile
+// splits the head dimension instead of the columns for the MMAs (warp w converts the K bytes
+// of its half and runs its k-steps for every n-tile), then hands its partner the partial sums
+// of the partner's columns through shared memory (a named barrier a pair): each K element is
+// converted once and both warps run the same MMAs, where each pair converted every K element
+// twice and the three-n-tile half ran half as many MMAs again as the other (the Nsight
+// Compute profile in attention_h200_notes.md). At 6 n-tiles the exchange's 12 KB would leave
+// one CTA a multiprocessor: each warp runs the full head dimension for its half's n-tiles.
+// The tiles' column maxima meet in shared memory (one barrier); each warp writes
 // its P^T (fp16, scaled by v_scale / the running maximum of the V scales) to shared memory and
 // the column's first tile its accumulator factor (the softmax's alpha times the V-scale
 // ratio); after a second barrier warp w runs O^T += V^T . P^T for its HD / warps dimensions
@@ -21,7 +29,9 @@
 // 32 by cp.async, two stages (the next one copied while the current one is computed): with
 // 16-byte aligned cache blocks and slots (vLLM's NHD layout) in 16-byte pieces and one 8-byte
 // piece (a row then starts 8 bytes into its shared row where the head's offset is 8 mod 16),
-// in any other layout in 8-byte pieces. The decode kernel's bank-conflict-free slot order
+// in any other layout in 8-byte pieces. A copying thread issues its 16-byte pieces at
+// immediate offsets from one address (the profile counted 394 instructions a stage for 17
+// copies when each piece computed its own). The decode kernel's bank-conflict-free slot order
 // applies. Prefix and causal tail run in one pass: column (token t, head j) sees positions
 // <= prefix + t. A segment covers a multiple of T tiles.
 //
@@ -73,7 +83,13 @@ struct VShape {
   static constexpr int kPOff = kQsOff + (IQK ? kCols * 4 : 0);
   static constexpr int kRedOff = kPOff + kCols * kPRow;  // fp32 [column][tile]
   static constexpr int kFacOff = kRedOff + kCols * kTiles * 4;  // fp32 [column]
-  static constexpr int kSmem = kFacOff + kCols * 4;
+  // The pair of warps of a tile splits S^T's head dimension (each converts half of the tile's
+  // K once and runs its half of the k-steps for every n-tile), and each hands the other the
+  // partial sums of the other's columns through shared memory ([tile][n-tile][lane][4]):
+  // where the two CTAs a multiprocessor keep fitting (up to 5 n-tiles)
+  static constexpr bool kDimSplit = kHalves == 2 && NT <= 5;
+  static constexpr int kXchgOff = kFacOff + kCols * 4;
+  static constexpr int kSmem = kXchgOff + (kDimSplit ? kTiles * NT * 32 * 16 : 0);
   // With 5 n-tiles the first column half has three, the second two: the second half's warps
   // alone copy the stages (at 3 n-tiles that was slower: the copies start later)
   static constexpr bool kCopyHalf1 = kHalves == 2 && NT == 5;
@@ -81,7 +97,7 @@ struct VShape {
   static constexpr int kTpr = kCopyThreads / kStageSlots;  // threads copying a row
   static_assert(kSRow >= kRow + 8 && (kSRow / 4) % 32 == 8 && kSRow % 16 == 0, "row layout");
   static_assert(kUnits >= 1 && HD == 32 * kWarps * kUnits, "dimension split");
-  static_assert(kTpr * kStageSlots == kCopyThreads, "threads a row");
+  static_assert(kTpr * kStageSlots == kCopyThreads && (HD / 8) % kTpr == 0, "threads a row");
   static_assert(!IQK || ((kQRow / 4) % 32 == 8 && kQRow >= HD), "int8 query rows");
   static_assert(!IQK || (kCols * (HD / 8)) % 32 == 0, "whole warps quantise the query");
 };
@@ -136,6 +152,11 @@ __device__ __forceinline__ void for_half_columns(int warp, int t, F&& f) {
       for (int e = 0; e < 2; ++e) f(n, e, 8 * (N0 + n) + 2 * t + e);
     }
   });
+}
+
+// The two warps of a tile (S::kDimSplit) meet at named barrier 1 + tile.
+__device__ __forceinline__ void pair_sync(int tile) {
+  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + tile) : "memory");
 }
 
 // Q into shared memory: column c = token * group + head of the group (zero past the request's
@@ -236,16 +257,18 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK>::kThreads, 2)
                          static_cast<int64_t>(pos % p.block_size) * p.stride_cn;
     const uint32_t dst = smem_u32(smem + (st & 1) * S::kStageBytes + row * S::kSRow);
     if (vec16) {
-      // pieces j = 0..HD/8: 16 bytes each but one of 8 (the first where shift = 8, else last)
-      constexpr int kPieces = HD / 8 + 1;
+      // the row's first 2 HD bytes in HD / 8 pieces of 16 from the 16-byte boundary at or
+      // before it (piece j0 + k of the shared row holds cache bytes 16 (j0 + k) - shift ..,
+      // j0 = shift / 8), thread `sub` every kTpr-th piece at immediate offsets; its last 8
+      // bytes (shift = 0) or its first 8 (shift = 8) in one 8-byte piece
+      const int j0 = shift >> 3;
+      const uint8_t* s16 = src - shift + 16 * (j0 + sub);
+      const uint32_t d16 = dst + 16 * (j0 + sub);
 #pragma unroll
-      for (int i = 0; i < (kPieces + kTpr - 1) / kTpr; ++i) {
-        const int j = sub + kTpr * i;
-        if (j < kPieces) {
-          const bool half = shift == 0 ? j == HD / 8 : j == 0;
-          if (half) cp_async8(dst + (shift == 0 ? 2 * HD : 8), src + (shift == 0 ? 2 * HD : 0));
-          else cp_async16(dst + 16 * j, src + 16 * j - shift);
-        }
+      for (int i = 0; i < HD / 8 / kTpr; ++i) cp_async16(d16 + 16 * kTpr * i, s16 + 16 * kTpr * i);
+      if (sub == kTpr - 1) {
+        if (shift == 0) cp_async8(dst + 2 * HD, src + 2 * HD);
+        else cp_async8(dst + 8, src);
       }
     } else {
 #pragma unroll 4
@@ -311,41 +334,89 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK>::kThreads, 2)
       constexpr int NN = NT - N0 < NH ? NT - N0 : NH;
       const uint8_t* row_g = base + (tile * kSlots + rg) * S::kSRow;
       const uint8_t* row_g8 = base + (tile * kSlots + rg8) * S::kSRow;
-      float s[NH][4];
-      int si[NH][4];  // IQK: the int32 scores
+      // Q.K over the k-steps [KB, KB + KC) for the n-tiles [NB, NB + NC) into sf / sn (n - NB)
+      auto qk = [&](auto nb, auto nc, auto kb, auto kc, auto& sf, auto& sn) {
+        constexpr int NB = decltype(nb)::value, NC = decltype(nc)::value;
+        constexpr int KB = decltype(kb)::value, KC = decltype(kc)::value;
 #pragma unroll
-      for (int n = 0; n < NH; ++n) {
-        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-        si[n][0] = si[n][1] = si[n][2] = si[n][3] = 0;
-      }
+        for (int n = 0; n < NC; ++n) {
+          sf[n][0] = sf[n][1] = sf[n][2] = sf[n][3] = 0.f;
+          sn[n][0] = sn[n][1] = sn[n][2] = sn[n][3] = 0;
+        }
 #pragma unroll
-      for (int kk = 0; kk < KSTEPS2; ++kk) {
-        const uint2 ka = *reinterpret_cast<const uint2*>(row_g + 32 * kk + 8 * t);
-        const uint2 kb = *reinterpret_cast<const uint2*>(row_g8 + 32 * kk + 8 * t);
-        if constexpr (IQK) {
-          // a lane's 8 bytes of rows g and g + 8 are its A fragment as they are: bytes 0..3
-          // at k 4t.., 4..7 at k 16 + 4t.. (the query's columns stored in the same order)
+        for (int kk = KB; kk < KB + KC; ++kk) {
+          const uint2 ka = *reinterpret_cast<const uint2*>(row_g + 32 * kk + 8 * t);
+          const uint2 kb2 = *reinterpret_cast<const uint2*>(row_g8 + 32 * kk + 8 * t);
+          if constexpr (IQK) {
+            // a lane's 8 bytes of rows g and g + 8 are its A fragment as they are: bytes 0..3
+            // at k 4t.., 4..7 at k 16 + 4t.. (the query's columns stored in the same order)
 #pragma unroll
-          for (int n = 0; n < NN; ++n) {
-            const uint2 qv = *reinterpret_cast<const uint2*>(
-                qs + (8 * (N0 + n) + g) * S::kQRow + 32 * kk + 8 * t);
-            mma16832_s8(si[n], ka.x, kb.x, ka.y, kb.y, qv.x, qv.y);
-          }
-        } else {
-          const uint32_t xa = ka.x ^ kSignFlip, xb = kb.x ^ kSignFlip;
-          const uint32_t ya = ka.y ^ kSignFlip, yb = kb.y ^ kSignFlip;
-          const uint32_t a0 = f16x2_sel<0x4140>(xa, k64), a1 = f16x2_sel<0x4140>(xb, k64);
-          const uint32_t a2 = f16x2_sel<0x4342>(xa, k64), a3 = f16x2_sel<0x4342>(xb, k64);
-          const uint32_t c0 = f16x2_sel<0x4140>(ya, k64), c1 = f16x2_sel<0x4140>(yb, k64);
-          const uint32_t c2 = f16x2_sel<0x4342>(ya, k64), c3 = f16x2_sel<0x4342>(yb, k64);
+            for (int n = 0; n < NC; ++n) {
+              const uint2 qv = *reinterpret_cast<const uint2*>(
+                  qs + (8 * (NB + n) + g) * S::kQRow + 32 * kk + 8 * t);
+              mma16832_s8(sn[n], ka.x, kb2.x, ka.y, kb2.y, qv.x, qv.y);
+            }
+          } else {
+            const uint32_t xa = ka.x ^ kSignFlip, xb = kb2.x ^ kSignFlip;
+            const uint32_t ya = ka.y ^ kSignFlip, yb = kb2.y ^ kSignFlip;
+            const uint32_t a0 = f16x2_sel<0x4140>(xa, k64), a1 = f16x2_sel<0x4140>(xb, k64);
+            const uint32_t a2 = f16x2_sel<0x4342>(xa, k64), a3 = f16x2_sel<0x4342>(xb, k64);
+            const uint32_t c0 = f16x2_sel<0x4140>(ya, k64), c1 = f16x2_sel<0x4140>(yb, k64);
+            const uint32_t c2 = f16x2_sel<0x4342>(ya, k64), c3 = f16x2_sel<0x4342>(yb, k64);
 #pragma unroll
-          for (int n = 0; n < NN; ++n) {
-            const uint4 qv = *reinterpret_cast<const uint4*>(
-                qs + (8 * (N0 + n) + g) * S::kQRow + 16 * t + 64 * kk);
-            mma16816(s[n], a0, a1, a2, a3, qv.x, qv.y);
-            mma16816(s[n], c0, c1, c2, c3, qv.z, qv.w);
+            for (int n = 0; n < NC; ++n) {
+              const uint4 qv = *reinterpret_cast<const uint4*>(
+                  qs + (8 * (NB + n) + g) * S::kQRow + 16 * t + 64 * kk);
+              mma16816(sf[n], a0, a1, a2, a3, qv.x, qv.y);
+              mma16816(sf[n], c0, c1, c2, c3, qv.z, qv.w);
+            }
           }
         }
+      };
+      using I0 = std::integral_constant<int, 0>;
+      float s[NH][4];
+      int si[NH][4];  // IQK: the int32 scores
+      if constexpr (S::kDimSplit) {
+        // this warp's half of the head dimension for every n-tile; the partner's columns'
+        // partial sums out, this warp's columns' in (raw accumulators: fp32, IQK int32)
+        constexpr int KH = KSTEPS2 / 2;
+        float sp[NT][4];
+        int sip[NT][4];
+        qk(I0{}, std::integral_constant<int, NT>{},
+           std::integral_constant<int, decltype(half)::value * KH>{},
+           std::integral_constant<int, KH>{}, sp, sip);
+        uint4* xc = reinterpret_cast<uint4*>(smem + S::kXchgOff) + tile * NT * 32 + lane;
+        auto bits = [&](int n) {
+          if constexpr (IQK) {
+            return make_uint4(sip[n][0], sip[n][1], sip[n][2], sip[n][3]);
+          } else {
+            return make_uint4(__float_as_uint(sp[n][0]), __float_as_uint(sp[n][1]),
+                              __float_as_uint(sp[n][2]), __float_as_uint(sp[n][3]));
+          }
+        };
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          if (n < N0 || n >= N0 + NN) xc[n * 32] = bits(n);
+        }
+        pair_sync(tile);
+#pragma unroll
+        for (int n = 0; n < NN; ++n) {
+          const uint4 o = xc[(N0 + n) * 32];
+          if constexpr (IQK) {
+            si[n][0] = sip[N0 + n][0] + static_cast<int>(o.x);
+            si[n][1] = sip[N0 + n][1] + static_cast<int>(o.y);
+            si[n][2] = sip[N0 + n][2] + static_cast<int>(o.z);
+            si[n][3] = sip[N0 + n][3] + static_cast<int>(o.w);
+          } else {
+            s[n][0] = sp[N0 + n][0] + __uint_as_float(o.x);
+            s[n][1] = sp[N0 + n][1] + __uint_as_float(o.y);
+            s[n][2] = sp[N0 + n][2] + __uint_as_float(o.z);
+            s[n][3] = sp[N0 + n][3] + __uint_as_float(o.w);
+          }
+        }
+      } else {
+        qk(std::integral_constant<int, N0>{}, std::integral_constant<int, NN>{}, I0{},
+           std::integral_constant<int, KSTEPS2>{}, s, si);
       }
       if constexpr (IQK) {  // the columns' query scales
 #pragma unroll
