@@ -315,11 +315,16 @@ def main() -> None:
                                    err=float(f"{err:.3g}"))
                         res["records"].append(rec)
                         print(json.dumps(rec), flush=True)
-                        rec = cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
-                                                  "cuda bf16 partials",
-                                                  {"PARTIALS_DTYPE": torch.bfloat16})
-                        res["records"].append(rec)
-                        print(json.dumps(rec), flush=True)
+                        other = 3 - cuda_decode.VERIFY_DIM_SPLIT
+                        for rec in (cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
+                                                        "cuda bf16 partials",
+                                                        {"PARTIALS_DTYPE": torch.bfloat16}),
+                                    cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
+                                                        f"cuda dim_split={other}",
+                                                        {"VERIFY_DIM_SPLIT": other},
+                                                        dict(dim_split=other))):
+                            res["records"].append(rec)
+                            print(json.dumps(rec), flush=True)
                         # the same kernel with Q.K on the int8 tensor cores (opt-in)
                         exact_us = us
                         us, err = ours_time(cache, ctx, ql, check=True, kernel="cuda",
@@ -506,7 +511,7 @@ def cuda_variant_record(cache: Cache, ctx: int, q_len: int, default_us: float, b
                         extra: dict | None = None, sdpa_us: float | None = None,
                         triton_us: float | None = None) -> dict:
     """The CUDA C++ kernel (decode or verification) with cuda_decode's module settings
-    ``overrides`` (e.g. bf16 partials, the decode kernel's other dim_split), timed and checked
+    ``overrides`` (e.g. bf16 partials, the kernel's other dim_split), timed and checked
     against the fp32 reference, and against ``default_us``, the same call without them."""
     saved = {name: getattr(cuda_decode, name) for name in overrides}
     for name, value in overrides.items():
@@ -552,7 +557,8 @@ def markdown(res: dict) -> str:
              "`vs_triton` = Triton time / CUDA C++ time of the same kind (`verify_int_qk`, "
              "the CUDA verification kernel with Q.K on the int8 tensor cores: the exact "
              "kernel's time / its time); `vs_default` = a CUDA C++ kernel's variant (the "
-             "decode kernel's other `dim_split`, or bf16 partials) / the default form's "
+             "decode or verification kernel's other `dim_split`, or bf16 partials) / the "
+             "default form's "
              "time; `err` = relative L2 error against the fp32 reference.", "",
              "| kind | kernel | kv | context | q tokens | us | bw_frac | vs_sdpa | vs_decode | "
              "vs_triton | vs_default | err | sdpa us | geometry |",

@@ -45,7 +45,9 @@ struct Int8AttnParams {
   int num_segs;
   int min_tiles;  // a segment holds at least this many 16-slot tiles
   int int_qk;  // verification: 1 runs Q.K on the int8 tensor cores (int8 query), 0 exact
-  int dim_split;  // decode: warps a (16-slot tile, KV head), each over 1 / dim_split of hd (1, 2)
+  // decode: warps a (16-slot tile, KV head), each over 1 / dim_split of hd (1, 2); verification:
+  // 2 lets the pair of warps of a tile split S^T's head dimension where it can, 1 its columns
+  int dim_split;
 };
 
 constexpr int kInt8DecodeMaxGroup = 8;

@@ -57,7 +57,7 @@ using namespace attn;
 
 constexpr int kSlots = 16;
 
-template <int HD, int NT, bool IQK = false>
+template <int HD, int NT, bool IQK = false, bool DS = true>
 struct VShape {
   static constexpr int kTiles = HD >= 128 ? 4 : 2;  // 16-slot tiles a stage
   // column halves: at head size 256 two warps share a tile's S^T (each its half of the
@@ -87,7 +87,7 @@ struct VShape {
   // K once and runs its half of the k-steps for every n-tile), and each hands the other the
   // partial sums of the other's columns through shared memory ([tile][n-tile][lane][4]):
   // where the two CTAs a multiprocessor keep fitting (up to 5 n-tiles)
-  static constexpr bool kDimSplit = kHalves == 2 && NT <= 5;
+  static constexpr bool kDimSplit = DS && kHalves == 2 && NT <= 5;
   static constexpr int kXchgOff = kFacOff + kCols * 4;
   static constexpr int kSmem = kXchgOff + (kDimSplit ? kTiles * NT * 32 * 16 : 0);
   // With 5 n-tiles the first column half has three, the second two: the second half's warps
@@ -198,10 +198,10 @@ __device__ __forceinline__ void stage_query(const Int8AttnParams& p, int kvh, in
   }
 }
 
-template <int HD, int NT, bool IQK>
-__global__ void __launch_bounds__(VShape<HD, NT, IQK>::kThreads, 2)
+template <int HD, int NT, bool IQK, bool DS>
+__global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
     int8_verify_kernel(const Int8AttnParams p) {
-  using S = VShape<HD, NT, IQK>;
+  using S = VShape<HD, NT, IQK, DS>;
   constexpr int T = S::kTiles;
   constexpr int U = S::kUnits;
   constexpr int NH = S::kHalfNT;
@@ -244,16 +244,22 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK>::kThreads, 2)
                      p.stride_cn % 16 == 0;
   const int shift = vec16 ? static_cast<int>((static_cast<int64_t>(kvh) * p.stride_ch) % 16) : 0;
 
-  // stage `st`: kTpr threads a row, tiles past the context not copied (their slots are masked)
-  auto issue = [&](int st) {
-    constexpr int kTpr = S::kTpr;
-    const int ct = static_cast<int>(threadIdx.x) - (S::kCopyHalf1 ? S::kCopyThreads : 0);
-    if (ct < 0) return;
-    const int row = ct / kTpr, sub = ct % kTpr;
+  // stage `st`: kTpr threads a row, tiles past the context not copied (their slots are masked).
+  // A copying thread's row is the same in every stage; the cache block of its row in stage
+  // `st` (-1 past the context) is read one stage before the copy (block_of), so that the
+  // block table's latency hides behind a stage's compute instead of stalling the warp.
+  const int ct = static_cast<int>(threadIdx.x) - (S::kCopyHalf1 ? S::kCopyThreads : 0);
+  const int row = ct / S::kTpr, sub = ct % S::kTpr;
+  auto block_of = [&](int st) -> int {
     const int tl = t0 + st * T + row / kSlots;
-    if (tl >= n_tiles) return;
-    const int pos = tl * kSlots + row % kSlots;
-    const uint8_t* src = cache + static_cast<int64_t>(bt[pos / p.block_size]) * p.stride_cb +
+    if (ct < 0 || st >= n_stages || tl >= n_tiles) return -1;
+    return bt[(tl * kSlots + row % kSlots) / p.block_size];
+  };
+  auto issue = [&](int st, int blk) {
+    constexpr int kTpr = S::kTpr;
+    if (blk < 0) return;
+    const int pos = (t0 + st * T + row / kSlots) * kSlots + row % kSlots;
+    const uint8_t* src = cache + static_cast<int64_t>(blk) * p.stride_cb +
                          static_cast<int64_t>(pos % p.block_size) * p.stride_cn;
     const uint32_t dst = smem_u32(smem + (st & 1) * S::kStageBytes + row * S::kSRow);
     if (vec16) {
@@ -276,8 +282,9 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK>::kThreads, 2)
     }
   };
 
-  if (n_stages > 0) issue(0);
+  issue(0, block_of(0));
   cp_async_commit();
+  int blk_next = block_of(1);  // the row's block in the next stage to copy
 
   stage_query<HD, NT, IQK>(p, kvh, q_start, n_cols, qs, qsc);
 
@@ -309,8 +316,9 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK>::kThreads, 2)
   for (int st = 0; st < n_stages; ++st) {
     cp_async_wait<0>();
     __syncthreads();  // the stage is in; every warp is done with the previous one
-    if (st + 1 < n_stages) issue(st + 1);
+    issue(st + 1, blk_next);
     cp_async_commit();
+    blk_next = block_of(st + 2);
 
     const uint8_t* base = smem + (st & 1) * S::kStageBytes + shift;
     const int stage_pos = (t0 + st * T) * kSlots;
@@ -593,26 +601,36 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK>::kThreads, 2)
   }
 }
 
-template <int HD, int NT, bool IQK>
+template <int HD, int NT, bool IQK, bool DS>
 cudaError_t launch_variant(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  using S = VShape<HD, NT, IQK>;
+  using S = VShape<HD, NT, IQK, DS>;
   static const cudaError_t attr = cudaFuncSetAttribute(
-      int8_verify_kernel<HD, NT, IQK>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+      int8_verify_kernel<HD, NT, IQK, DS>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (attr != cudaSuccess) return attr;
   // the largest shared-memory carveout: the driver's default may leave room for one CTA
   static const cudaError_t carve = cudaFuncSetAttribute(
-      int8_verify_kernel<HD, NT, IQK>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      int8_verify_kernel<HD, NT, IQK, DS>, cudaFuncAttributePreferredSharedMemoryCarveout,
       cudaSharedmemCarveoutMaxShared);
   if (carve != cudaSuccess) return carve;
-  int8_verify_kernel<HD, NT, IQK>
+  int8_verify_kernel<HD, NT, IQK, DS>
       <<<dim3(num_selected, p.num_kv_heads, p.num_segs), S::kThreads, S::kSmem, stream>>>(p);
   return cudaGetLastError();
 }
 
+// The head-dimension split (p.dim_split = 2) where the shape has one; a kernel without it
+// otherwise (the two forms are the same kernel there).
+template <int HD, int NT, bool IQK>
+cudaError_t launch_split(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
+  if constexpr (VShape<HD, NT, IQK, true>::kDimSplit) {
+    if (p.dim_split == 2) return launch_variant<HD, NT, IQK, true>(p, num_selected, stream);
+  }
+  return launch_variant<HD, NT, IQK, false>(p, num_selected, stream);
+}
+
 template <int HD, int NT>
 cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  return p.int_qk ? launch_variant<HD, NT, true>(p, num_selected, stream)
-                  : launch_variant<HD, NT, false>(p, num_selected, stream);
+  return p.int_qk ? launch_split<HD, NT, true>(p, num_selected, stream)
+                  : launch_split<HD, NT, false>(p, num_selected, stream);
 }
 
 // n-tiles of 8 columns for the widest request (the registers follow them)

@@ -11,13 +11,17 @@ void int8_verify_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
                            const torch::Tensor& query_start_loc,
                            const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
                            torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
-                           int64_t max_q, int64_t num_segs, int64_t min_tiles, bool int_qk) {
+                           int64_t max_q, int64_t num_segs, int64_t min_tiles, bool int_qk,
+                           int64_t dim_split) {
   const char* op = "int8_verify_attention";
   int64_t n_sel = 0;
   vllm_prism::Int8AttnParams p = vllm_prism::fill_int8_attn_params(
       op, q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o, part_lse,
       scale, max_q, num_segs, min_tiles, n_sel);
+  TORCH_CHECK(dim_split == 1 || dim_split == 2, op, ": dim_split must be 1 or 2, not ",
+              dim_split);
   p.int_qk = int_qk ? 1 : 0;
+  p.dim_split = static_cast<int>(dim_split);
   TORCH_CHECK(vllm_prism::aligned_to(kv_cache, 8) && kv_cache.stride(0) % 8 == 0 &&
                   kv_cache.stride(1) % 8 == 0 && kv_cache.stride(2) % 8 == 0 &&
                   p.block_size % 16 == 0,

@@ -316,11 +316,14 @@ VERIFY_COLUMN_CASES = [(4, 2), (6, 2), (6, 3), (6, 5), (6, 6), (6, 8)]
 
 
 @needs_c
+@pytest.mark.parametrize("dim_split", [1, 2])
 @pytest.mark.parametrize("case", VERIFY_COLUMN_CASES, ids=lambda c: f"g{c[0]}_q{c[1]}")
-def test_cuda_verify_column_blocks(case):
+def test_cuda_verify_column_blocks(case, dim_split, monkeypatch):
     """The verification kernel's warp layouts (columns = query tokens x GQA heads split over
-    one or two n-tiles a warp), requests narrower than the widest in the same launch, the
-    causal tail inside and across tiles, against the fp32 reference."""
+    one or two n-tiles a warp; with dim_split 2 the pair of warps of a tile splitting S^T's
+    head dimension up to 5 n-tiles), requests narrower than the widest in the same launch,
+    the causal tail inside and across tiles, against the fp32 reference."""
+    monkeypatch.setattr(cuda_decode, "VERIFY_DIM_SPLIT", dim_split)
     group, max_q = case
     q_lens = [max_q, 2, max(2, max_q - 1), max_q]
     lens = [20, 3001, 700, 40000]
@@ -371,11 +374,14 @@ def test_int_qk_error():
 @needs_c
 @pytest.mark.parametrize("shape", VERIFY_SHAPES, ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(
     *s[:5]))
-def test_cuda_verify_int_qk(shape):
+@pytest.mark.parametrize("dim_split", [1, 2])
+def test_cuda_verify_int_qk(shape, dim_split, monkeypatch):
     """Integer Q.K in the CUDA verification kernel (opt-in): every compiled head size, both
-    copy layouts, many segments and one, against the fp32 reference within the integer
-    path's bound, no further from it than the Triton kernel's integer Q.K (the same query
-    quantisation, absmax / 127 per token and head) allows, and not the exact path."""
+    copy layouts, both warp splits of S^T, many segments and one, against the fp32 reference
+    within the integer path's bound, no further from it than the Triton kernel's integer Q.K
+    (the same query quantisation, absmax / 127 per token and head) allows, and not the exact
+    path."""
+    monkeypatch.setattr(cuda_decode, "VERIFY_DIM_SPLIT", dim_split)
     nkv, group, hs, bs, layout, qdt = shape
     q_lens = [2, 6, 3, 6, 5]
     lens = [2, 100, 17, 5000, 70001]

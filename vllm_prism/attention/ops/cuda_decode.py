@@ -35,7 +35,7 @@ from vllm_prism.kernels.common import device_capability
 
 __all__ = ["CTAS_PER_SM", "DECODE_DIM_SPLIT", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP",
            "MAX_SEGMENTS", "MAX_VERIFY_COLUMNS", "MIN_TILES", "PARTIALS_DTYPE",
-           "VERIFY_CTAS_PER_SM", "cuda_decode_problem", "cuda_verify_problem",
+           "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "cuda_decode_problem", "cuda_verify_problem",
            "decode_dim_split", "launch_cuda_decode", "launch_cuda_verify", "layout_problem",
            "num_cuda_segments"]
 
@@ -55,6 +55,11 @@ DECODE_DIM_SPLIT: int | None = None
 # verification: resident CTAs a multiprocessor (the kernel's __launch_bounds__; up to 103 KiB of
 # shared memory each at head size 256)
 VERIFY_CTAS_PER_SM = 2
+# verification: 2 lets the pair of warps of a 16-slot tile split S^T's head dimension (each
+# converts half of the tile's K, both run every column's MMAs over their half, the partial
+# sums handed over through shared memory) where the kernel has that form (head size 256, up to
+# 40 columns); 1 splits the columns between them (each converts all of K). A benchmark sets it.
+VERIFY_DIM_SPLIT = 2
 MAX_SEGMENTS = 256
 # The segments' partial outputs the CUDA kernels write for the merge: fp32, or bf16 (half the
 # bytes written and read back: 6.3 MB a 32K decode call of the 27B layer in fp32; the Triton
@@ -155,7 +160,7 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
                                              float(scale), int(max_q), int(num_segs), MIN_TILES,
-                                             bool(int_qk))
+                                             bool(int_qk), VERIFY_DIM_SPLIT)
 
 
 def decode_dim_split() -> int:
