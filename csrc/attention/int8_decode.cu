@@ -106,20 +106,15 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.stride_bt;
   const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.cache);
 
-  // The cache block of sub-tile s of iteration `it` (-1 past the segment): read one iteration
-  // before its copy is issued, so that the block table's latency hides behind an iteration's
-  // compute instead of stalling every warp at the issue.
-  auto block_of = [&](int it, int s) -> int {
-    const int tile = t0 + it * S::kSubs + s;
-    return tile < t1 ? bt[tile * kSlots / p.block_size] : -1;
-  };
-  auto issue = [&](int it, const int (&blk)[S::kSubs]) {
+  auto issue = [&](int it) {
     uint8_t* dst = smem + (it % S::kStages) * S::kStageBytes;
 #pragma unroll
     for (int s = 0; s < S::kSubs; ++s) {
-      if (blk[s] >= 0) {
-        const int pos0 = (t0 + it * S::kSubs + s) * kSlots;
-        const uint8_t* src = cache + static_cast<int64_t>(blk[s]) * p.stride_cb +
+      const int tile = t0 + it * S::kSubs + s;
+      if (tile < t1) {
+        const int pos0 = tile * kSlots;
+        const int blk = bt[pos0 / p.block_size];
+        const uint8_t* src = cache + static_cast<int64_t>(blk) * p.stride_cb +
                              static_cast<int64_t>(pos0 % p.block_size) * p.stride_cn;
         const uint32_t d = smem_u32(dst + s * S::kSubBytes);
         for (int c = threadIdx.x; c < S::kSubBytes / 16; c += kThreads)
@@ -129,16 +124,11 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   };
 
   // Start the copies before anything else.
-  int blk_next[S::kSubs];  // the blocks of the next iteration to copy
 #pragma unroll
   for (int s = 0; s < S::kStages - 1; ++s) {
-#pragma unroll
-    for (int j = 0; j < S::kSubs; ++j) blk_next[j] = block_of(s, j);
-    issue(s, blk_next);
+    if (s < n_iter) issue(s);
     cp_async_commit();
   }
-#pragma unroll
-  for (int j = 0; j < S::kSubs; ++j) blk_next[j] = block_of(S::kStages - 1, j);
 
   // Q as the B operand of S^T = K . Q^T: k-step 2 * kk + e of thread (g, t) covers the query
   // dimensions 32 kk + 8 t + 4 e + 0..3 of head g.
@@ -174,10 +164,8 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   for (int it = 0; it < n_iter; ++it) {
     cp_async_wait<S::kStages - 2>();
     __syncthreads();
-    issue(it + S::kStages - 1, blk_next);
+    if (it + S::kStages - 1 < n_iter) issue(it + S::kStages - 1);
     cp_async_commit();
-#pragma unroll
-    for (int j = 0; j < S::kSubs; ++j) blk_next[j] = block_of(it + S::kStages, j);
 
     const int tile = t0 + it * S::kSubs + sub;
     if (tile >= t1) continue;

@@ -8,16 +8,17 @@
 //
 // One CTA = one (request, KV head, segment); a stage is T 16-slot tiles of the head's rows
 // (T = 4; 2 at head size 64). Each int8 V element becomes an fp16 operand once in the CTA, each
-// K element once (twice at 6 n-tiles): warp w owns S^T of tile w % T for the n-tiles of its
-// column half w / T (two halves, 8 warps, at head size 256 with two or more n-tiles; one
-// half, T warps, otherwise). With two halves and up to 5 n-tiles the pair of warps of a tile
+// K element once or twice: warp w owns S^T of tile w % T for the n-tiles of its column half
+// w / T (two halves, 8 warps, at head size 256 with two or more n-tiles; one half, T warps,
+// otherwise). With two halves and up to 4 n-tiles (dim_split 2) the pair of warps of a tile
 // splits the head dimension instead of the columns for the MMAs (warp w converts the K bytes
 // of its half and runs its k-steps for every n-tile), then hands its partner the partial sums
 // of the partner's columns through shared memory (a named barrier a pair): each K element is
 // converted once and both warps run the same MMAs, where each pair converted every K element
-// twice and the three-n-tile half ran half as many MMAs again as the other (the Nsight
-// Compute profile in attention_h200_notes.md). At 6 n-tiles the exchange's 12 KB would leave
-// one CTA a multiprocessor: each warp runs the full head dimension for its half's n-tiles.
+// twice (attention_h200_notes.md: 3-4 % faster at 4 query tokens x 6 heads). At 5 n-tiles
+// the split form spills in its 128 registers and measured 3-6 % slower, at 6 its 12 KB
+// exchange would leave one CTA a multiprocessor: there each warp runs the full head
+// dimension for its half's n-tiles.
 // The tiles' column maxima meet in shared memory (one barrier); each warp writes
 // its P^T (fp16, scaled by v_scale / the running maximum of the V scales) to shared memory and
 // the column's first tile its accumulator factor (the softmax's alpha times the V-scale
@@ -29,9 +30,7 @@
 // 32 by cp.async, two stages (the next one copied while the current one is computed): with
 // 16-byte aligned cache blocks and slots (vLLM's NHD layout) in 16-byte pieces and one 8-byte
 // piece (a row then starts 8 bytes into its shared row where the head's offset is 8 mod 16),
-// in any other layout in 8-byte pieces. A copying thread issues its 16-byte pieces at
-// immediate offsets from one address (the profile counted 394 instructions a stage for 17
-// copies when each piece computed its own). The decode kernel's bank-conflict-free slot order
+// in any other layout in 8-byte pieces. The decode kernel's bank-conflict-free slot order
 // applies. Prefix and causal tail run in one pass: column (token t, head j) sees positions
 // <= prefix + t. A segment covers a multiple of T tiles.
 //
@@ -85,9 +84,9 @@ struct VShape {
   static constexpr int kFacOff = kRedOff + kCols * kTiles * 4;  // fp32 [column]
   // The pair of warps of a tile splits S^T's head dimension (each converts half of the tile's
   // K once and runs its half of the k-steps for every n-tile), and each hands the other the
-  // partial sums of the other's columns through shared memory ([tile][n-tile][lane][4]):
-  // where the two CTAs a multiprocessor keep fitting (up to 5 n-tiles)
-  static constexpr bool kDimSplit = DS && kHalves == 2 && NT <= 5;
+  // partial sums of the other's columns through shared memory ([tile][n-tile][lane][4]), up
+  // to 4 n-tiles
+  static constexpr bool kDimSplit = DS && kHalves == 2 && NT <= 4;
   static constexpr int kXchgOff = kFacOff + kCols * 4;
   static constexpr int kSmem = kXchgOff + (kDimSplit ? kTiles * NT * 32 * 16 : 0);
   // With 5 n-tiles the first column half has three, the second two: the second half's warps
@@ -97,7 +96,7 @@ struct VShape {
   static constexpr int kTpr = kCopyThreads / kStageSlots;  // threads copying a row
   static_assert(kSRow >= kRow + 8 && (kSRow / 4) % 32 == 8 && kSRow % 16 == 0, "row layout");
   static_assert(kUnits >= 1 && HD == 32 * kWarps * kUnits, "dimension split");
-  static_assert(kTpr * kStageSlots == kCopyThreads && (HD / 8) % kTpr == 0, "threads a row");
+  static_assert(kTpr * kStageSlots == kCopyThreads, "threads a row");
   static_assert(!IQK || ((kQRow / 4) % 32 == 8 && kQRow >= HD), "int8 query rows");
   static_assert(!IQK || (kCols * (HD / 8)) % 32 == 0, "whole warps quantise the query");
 };
@@ -244,37 +243,29 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
                      p.stride_cn % 16 == 0;
   const int shift = vec16 ? static_cast<int>((static_cast<int64_t>(kvh) * p.stride_ch) % 16) : 0;
 
-  // stage `st`: kTpr threads a row, tiles past the context not copied (their slots are masked).
-  // A copying thread's row is the same in every stage; the cache block of its row in stage
-  // `st` (-1 past the context) is read one stage before the copy (block_of), so that the
-  // block table's latency hides behind a stage's compute instead of stalling the warp.
-  const int ct = static_cast<int>(threadIdx.x) - (S::kCopyHalf1 ? S::kCopyThreads : 0);
-  const int row = ct / S::kTpr, sub = ct % S::kTpr;
-  auto block_of = [&](int st) -> int {
-    const int tl = t0 + st * T + row / kSlots;
-    if (ct < 0 || st >= n_stages || tl >= n_tiles) return -1;
-    return bt[(tl * kSlots + row % kSlots) / p.block_size];
-  };
-  auto issue = [&](int st, int blk) {
+  // stage `st`: kTpr threads a row, tiles past the context not copied (their slots are masked)
+  auto issue = [&](int st) {
     constexpr int kTpr = S::kTpr;
-    if (blk < 0) return;
-    const int pos = (t0 + st * T + row / kSlots) * kSlots + row % kSlots;
-    const uint8_t* src = cache + static_cast<int64_t>(blk) * p.stride_cb +
+    const int ct = static_cast<int>(threadIdx.x) - (S::kCopyHalf1 ? S::kCopyThreads : 0);
+    if (ct < 0) return;
+    const int row = ct / kTpr, sub = ct % kTpr;
+    const int tl = t0 + st * T + row / kSlots;
+    if (tl >= n_tiles) return;
+    const int pos = tl * kSlots + row % kSlots;
+    const uint8_t* src = cache + static_cast<int64_t>(bt[pos / p.block_size]) * p.stride_cb +
                          static_cast<int64_t>(pos % p.block_size) * p.stride_cn;
     const uint32_t dst = smem_u32(smem + (st & 1) * S::kStageBytes + row * S::kSRow);
     if (vec16) {
-      // the row's first 2 HD bytes in HD / 8 pieces of 16 from the 16-byte boundary at or
-      // before it (piece j0 + k of the shared row holds cache bytes 16 (j0 + k) - shift ..,
-      // j0 = shift / 8), thread `sub` every kTpr-th piece at immediate offsets; its last 8
-      // bytes (shift = 0) or its first 8 (shift = 8) in one 8-byte piece
-      const int j0 = shift >> 3;
-      const uint8_t* s16 = src - shift + 16 * (j0 + sub);
-      const uint32_t d16 = dst + 16 * (j0 + sub);
+      // pieces j = 0..HD/8: 16 bytes each but one of 8 (the first where shift = 8, else last)
+      constexpr int kPieces = HD / 8 + 1;
 #pragma unroll
-      for (int i = 0; i < HD / 8 / kTpr; ++i) cp_async16(d16 + 16 * kTpr * i, s16 + 16 * kTpr * i);
-      if (sub == kTpr - 1) {
-        if (shift == 0) cp_async8(dst + 2 * HD, src + 2 * HD);
-        else cp_async8(dst + 8, src);
+      for (int i = 0; i < (kPieces + kTpr - 1) / kTpr; ++i) {
+        const int j = sub + kTpr * i;
+        if (j < kPieces) {
+          const bool half = shift == 0 ? j == HD / 8 : j == 0;
+          if (half) cp_async8(dst + (shift == 0 ? 2 * HD : 8), src + (shift == 0 ? 2 * HD : 0));
+          else cp_async16(dst + 16 * j, src + 16 * j - shift);
+        }
       }
     } else {
 #pragma unroll 4
@@ -282,9 +273,8 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
     }
   };
 
-  issue(0, block_of(0));
+  if (n_stages > 0) issue(0);
   cp_async_commit();
-  int blk_next = block_of(1);  // the row's block in the next stage to copy
 
   stage_query<HD, NT, IQK>(p, kvh, q_start, n_cols, qs, qsc);
 
@@ -316,9 +306,8 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
   for (int st = 0; st < n_stages; ++st) {
     cp_async_wait<0>();
     __syncthreads();  // the stage is in; every warp is done with the previous one
-    issue(st + 1, blk_next);
+    if (st + 1 < n_stages) issue(st + 1);
     cp_async_commit();
-    blk_next = block_of(st + 2);
 
     const uint8_t* base = smem + (st & 1) * S::kStageBytes + shift;
     const int stage_pos = (t0 + st * T) * kSlots;

@@ -321,7 +321,7 @@ VERIFY_COLUMN_CASES = [(4, 2), (6, 2), (6, 3), (6, 5), (6, 6), (6, 8)]
 def test_cuda_verify_column_blocks(case, dim_split, monkeypatch):
     """The verification kernel's warp layouts (columns = query tokens x GQA heads split over
     one or two n-tiles a warp; with dim_split 2 the pair of warps of a tile splitting S^T's
-    head dimension up to 5 n-tiles), requests narrower than the widest in the same launch,
+    head dimension up to 4 n-tiles), requests narrower than the widest in the same launch,
     the causal tail inside and across tiles, against the fp32 reference."""
     monkeypatch.setattr(cuda_decode, "VERIFY_DIM_SPLIT", dim_split)
     group, max_q = case

@@ -58,7 +58,7 @@ VERIFY_CTAS_PER_SM = 2
 # verification: 2 lets the pair of warps of a 16-slot tile split S^T's head dimension (each
 # converts half of the tile's K, both run every column's MMAs over their half, the partial
 # sums handed over through shared memory) where the kernel has that form (head size 256, up to
-# 40 columns); 1 splits the columns between them (each converts all of K). A benchmark sets it.
+# 32 columns); 1 splits the columns between them (each converts all of K). A benchmark sets it.
 VERIFY_DIM_SPLIT = 2
 MAX_SEGMENTS = 256
 # The segments' partial outputs the CUDA kernels write for the merge: fp32, or bf16 (half the
