@@ -316,13 +316,18 @@ def main() -> None:
                         res["records"].append(rec)
                         print(json.dumps(rec), flush=True)
                         other = 3 - cuda_decode.VERIFY_DIM_SPLIT
+                        lazy = cuda_decode.VERIFY_LAZY_MAX
                         for rec in (cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
                                                         "cuda bf16 partials",
                                                         {"PARTIALS_DTYPE": torch.bfloat16}),
                                     cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
                                                         f"cuda dim_split={other}",
                                                         {"VERIFY_DIM_SPLIT": other},
-                                                        dict(dim_split=other))):
+                                                        dict(dim_split=other)),
+                                    cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
+                                                        "cuda lazy max" if not lazy
+                                                        else "cuda exact max",
+                                                        {"VERIFY_LAZY_MAX": not lazy})):
                             res["records"].append(rec)
                             print(json.dumps(rec), flush=True)
                         # the same kernel with Q.K on the int8 tensor cores (opt-in)
@@ -557,7 +562,8 @@ def markdown(res: dict) -> str:
              "`vs_triton` = Triton time / CUDA C++ time of the same kind (`verify_int_qk`, "
              "the CUDA verification kernel with Q.K on the int8 tensor cores: the exact "
              "kernel's time / its time); `vs_default` = a CUDA C++ kernel's variant (the "
-             "decode or verification kernel's other `dim_split`, or bf16 partials) / the "
+             "decode or verification kernel's other `dim_split`, the verification kernel's "
+             "lazy maxima, or bf16 partials) / the "
              "default form's "
              "time; `err` = relative L2 error against the fp32 reference.", "",
              "| kind | kernel | kv | context | q tokens | us | bw_frac | vs_sdpa | vs_decode | "

@@ -48,6 +48,10 @@ struct Int8AttnParams {
   // decode: warps a (16-slot tile, KV head), each over 1 / dim_split of hd (1, 2); verification:
   // 2 lets the pair of warps of a tile split S^T's head dimension where it can, 1 its columns
   int dim_split;
+  // verification (exact Q.K): 1 keeps each column's running maximum and the running V-scale
+  // maximum while a stage's scores and scales stay within bounds of them (one barrier a stage
+  // fewer, no maxima exchanged), the exact per-stage softmax otherwise; 0 the exact one always
+  int lazy_max;
 };
 
 constexpr int kInt8DecodeMaxGroup = 8;

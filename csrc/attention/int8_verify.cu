@@ -55,6 +55,8 @@ namespace {
 using namespace attn;
 
 constexpr int kSlots = 16;
+// LM: how far (log2) a score may exceed its column's running maximum on the lazy path (P <= 256)
+constexpr float kLazyHeadroom = 8.f;
 
 template <int HD, int NT, bool IQK = false, bool DS = true>
 struct VShape {
@@ -197,7 +199,7 @@ __device__ __forceinline__ void stage_query(const Int8AttnParams& p, int kvh, in
   }
 }
 
-template <int HD, int NT, bool IQK, bool DS>
+template <int HD, int NT, bool IQK, bool DS, bool LM>
 __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
     int8_verify_kernel(const Int8AttnParams p) {
   using S = VShape<HD, NT, IQK, DS>;
@@ -312,17 +314,23 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
     const uint8_t* base = smem + (st & 1) * S::kStageBytes + shift;
     const int stage_pos = (t0 + st * T) * kSlots;
 
-    // the stage's V-scale maximum, the same in every warp
-    float vmax = 0.f;
+    // the stage's V-scale maximum, the same in every warp (LM: on the exact path only)
+    float new_vmax, vr, inv_vmax;
+    auto stage_vmax = [&]() {
+      float vmax = 0.f;
 #pragma unroll
-    for (int r = lane; r < S::kStageSlots; r += 32) {
-      if (stage_pos + r < seq_len) vmax = fmaxf(vmax, ld_f32(base + r * S::kSRow + 2 * HD + 4));
-    }
+      for (int r = lane; r < S::kStageSlots; r += 32) {
+        if (stage_pos + r < seq_len)
+          vmax = fmaxf(vmax, ld_f32(base + r * S::kSRow + 2 * HD + 4));
+      }
 #pragma unroll
-    for (int o = 1; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
-    const float new_vmax = fmaxf(run_vmax, vmax);
-    const float vr = new_vmax > run_vmax ? run_vmax / new_vmax : 1.f;
-    const float inv_vmax = 1.f / new_vmax;
+      for (int o = 1; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
+      new_vmax = fmaxf(run_vmax, vmax);
+      vr = new_vmax > run_vmax ? run_vmax / new_vmax : 1.f;
+      inv_vmax = 1.f / new_vmax;
+    };
+    if constexpr (!LM) stage_vmax();
+    bool exact = true;  // LM: false where the stage took the lazy path
 
     // S^T of this warp's tile for the n-tiles N0 .. N0 + NN - 1 of its half, the tile's column
     // maxima through shared memory (one barrier), then their P^T to shared memory
@@ -445,7 +453,56 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
           }
           s[n][e] = sa;
           s[n][2 + e] = sb;
-          float mx = fmaxf(sa, sb);
+        }
+      }
+      if constexpr (LM) {
+        // The lazy path (after the first stage): P against the running maxima and the running
+        // V-scale maximum as they are, no tile maxima exchanged; valid where no score of the
+        // stage exceeds its column's maximum by more than kLazyHeadroom (P <= 2^8 in fp16) and
+        // no V scale the running maximum. One barrier that also ORs the lanes' verdicts: if
+        // any lane's values leave those bounds the stage is redone on the exact path below.
+        if (st > 0) {
+          const float inv_ref = 1.f / run_vmax;
+          bool over = vs_g > run_vmax || vs_g8 > run_vmax;
+          float linc[NH][2];
+#pragma unroll
+          for (int n = 0; n < NN; ++n) {
+            float pv[4];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              const float mo = m[n][e];
+              const float hi = fmaxf(s[n][e], s[n][2 + e]);
+              over |= mo == -INFINITY ? hi > -INFINITY : hi - mo > kLazyHeadroom;
+              const float mu = mo == -INFINITY ? 0.f : mo;
+              const float pa = exp2f(s[n][e] - mu), pb = exp2f(s[n][2 + e] - mu);
+              linc[n][e] = pa + pb;
+              pv[e] = pa * vs_g * inv_ref;
+              pv[2 + e] = pb * vs_g8 * inv_ref;
+            }
+            const uint32_t lo = transpose8x8(pack_f16x2(pv[0], pv[1]));
+            const uint32_t hi = transpose8x8(pack_f16x2(pv[2], pv[3]));
+            uint8_t* prow = ps + (8 * (N0 + n) + g) * S::kPRow + (kSlots * tile + 2 * t) * 2;
+            *reinterpret_cast<uint32_t*>(prow) = lo;
+            *reinterpret_cast<uint32_t*>(prow + 16) = hi;
+          }
+          if (!__syncthreads_or(over)) {  // every P^T is in, the accumulators stand
+#pragma unroll
+            for (int n = 0; n < NN; ++n) {
+              l[n][0] += linc[n][0];
+              l[n][1] += linc[n][1];
+            }
+            exact = false;
+            return;
+          }
+        }
+        stage_vmax();
+      }
+#pragma unroll
+      for (int n = 0; n < NN; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * (N0 + n) + 2 * t + e;
+          float mx = fmaxf(s[n][e], s[n][2 + e]);
 #pragma unroll
           for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
           if (g == 0) red[col * T + tile] = mx;
@@ -478,29 +535,31 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
     };
     with_half<T, S::kHalves>(warp, scores);
 
-    run_vmax = new_vmax;
-    __syncthreads();  // the stage's P^T and the columns' factors are in
+    if (exact) {  // the same in every thread
+      run_vmax = new_vmax;
+      __syncthreads();  // the stage's P^T and the columns' factors are in
 
-    // ---- the accumulator's factors of every column (written by the columns' first tile)
-    float f[NT][2];
-    bool rescale = false;
+      // ---- the accumulator's factors of every column (written by the columns' first tile)
+      float f[NT][2];
+      bool rescale = false;
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const float2 fv = *reinterpret_cast<const float2*>(fac + 8 * n + 2 * t);
-      f[n][0] = fv.x;
-      f[n][1] = fv.y;
-      rescale |= fv.x != 1.f || fv.y != 1.f;
-    }
-    if (__any_sync(0xffffffffu, rescale)) {
+      for (int n = 0; n < NT; ++n) {
+        const float2 fv = *reinterpret_cast<const float2*>(fac + 8 * n + 2 * t);
+        f[n][0] = fv.x;
+        f[n][1] = fv.y;
+        rescale |= fv.x != 1.f || fv.y != 1.f;
+      }
+      if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-      for (int i = 0; i < 2 * U; ++i)
+        for (int i = 0; i < 2 * U; ++i)
 #pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          acc[i][n][0] *= f[n][0];
-          acc[i][n][1] *= f[n][1];
-          acc[i][n][2] *= f[n][0];
-          acc[i][n][3] *= f[n][1];
-        }
+          for (int n = 0; n < NT; ++n) {
+            acc[i][n][0] *= f[n][0];
+            acc[i][n][1] *= f[n][1];
+            acc[i][n][2] *= f[n][0];
+            acc[i][n][3] *= f[n][1];
+          }
+      }
     }
 
     // ---- O^T += V^T . P^T over the stage's tiles, this warp's dimensions: word c = 8 pp + g
@@ -590,20 +649,30 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
   }
 }
 
-template <int HD, int NT, bool IQK, bool DS>
-cudaError_t launch_variant(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
+template <int HD, int NT, bool IQK, bool DS, bool LM>
+cudaError_t launch_form(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
   using S = VShape<HD, NT, IQK, DS>;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      int8_verify_kernel<HD, NT, IQK, DS>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(int8_verify_kernel<HD, NT, IQK, DS, LM>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (attr != cudaSuccess) return attr;
   // the largest shared-memory carveout: the driver's default may leave room for one CTA
   static const cudaError_t carve = cudaFuncSetAttribute(
-      int8_verify_kernel<HD, NT, IQK, DS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      int8_verify_kernel<HD, NT, IQK, DS, LM>, cudaFuncAttributePreferredSharedMemoryCarveout,
       cudaSharedmemCarveoutMaxShared);
   if (carve != cudaSuccess) return carve;
-  int8_verify_kernel<HD, NT, IQK, DS>
+  int8_verify_kernel<HD, NT, IQK, DS, LM>
       <<<dim3(num_selected, p.num_kv_heads, p.num_segs), S::kThreads, S::kSmem, stream>>>(p);
   return cudaGetLastError();
+}
+
+// The lazy maxima (p.lazy_max, exact Q.K only) or the exact softmax every stage.
+template <int HD, int NT, bool IQK, bool DS>
+cudaError_t launch_variant(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
+  if constexpr (!IQK) {
+    if (p.lazy_max) return launch_form<HD, NT, IQK, DS, true>(p, num_selected, stream);
+  }
+  return launch_form<HD, NT, IQK, DS, false>(p, num_selected, stream);
 }
 
 // The head-dimension split (p.dim_split = 2) where the shape has one; a kernel without it

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn_helpers import make_batch, poisoned_out, rel_err, with_fresh_rows
+from attn_helpers import GROUP, HKV, make_batch, poisoned_out, rel_err, with_fresh_rows
 from vllm_prism._custom_ops import has_compiled_op
 from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry, decode_attention,
                                       mixed_attention, noncausal_attention, prefill_attention,
-                                      reference_attention, verify_attention)
+                                      reference_attention, verify_attention, write_kv)
 from vllm_prism.attention.ops import cuda_decode
 from vllm_prism.attention.ops import prefill as prefill_mod
 
@@ -276,13 +276,15 @@ VERIFY_SHAPES = [(4, 6, 256, 16, "NHD", torch.bfloat16), (4, 6, 256, 784, "HND",
 
 
 @needs_c
+@pytest.mark.parametrize("lazy_max", [False, True])
 @pytest.mark.parametrize("shape", VERIFY_SHAPES, ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(
     *s[:5]))
-def test_cuda_verify(shape):
+def test_cuda_verify(shape, lazy_max, monkeypatch):
     """The CUDA C++ INT8 verification kernel (the automatic choice): 2..8 query tokens,
     requests of different lengths in one launch, the causal tail inside a tile and across
     tiles, contexts to 70K; many segments and one; NHD (16-byte copies, heads at 0 or 8 mod
-    16) and HND (8-byte copies)."""
+    16) and HND (8-byte copies); the exact per-stage softmax and the lazy maxima."""
+    monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
     nkv, group, hs, bs, layout, qdt = shape
     q_lens = [2, 6, 3, 8 if group * 8 <= 48 else 6, 5, 4]
     lens = [2, 100, 17, 5000, 70001, 33]
@@ -316,19 +318,51 @@ VERIFY_COLUMN_CASES = [(4, 2), (6, 2), (6, 3), (6, 5), (6, 6), (6, 8)]
 
 
 @needs_c
+@pytest.mark.parametrize("lazy_max", [False, True])
 @pytest.mark.parametrize("dim_split", [1, 2])
 @pytest.mark.parametrize("case", VERIFY_COLUMN_CASES, ids=lambda c: f"g{c[0]}_q{c[1]}")
-def test_cuda_verify_column_blocks(case, dim_split, monkeypatch):
+def test_cuda_verify_column_blocks(case, dim_split, lazy_max, monkeypatch):
     """The verification kernel's warp layouts (columns = query tokens x GQA heads split over
     one or two n-tiles a warp; with dim_split 2 the pair of warps of a tile splitting S^T's
     head dimension up to 4 n-tiles), requests narrower than the widest in the same launch,
-    the causal tail inside and across tiles, against the fp32 reference."""
+    the causal tail inside and across tiles, against the fp32 reference; the exact per-stage
+    softmax and the lazy maxima."""
     monkeypatch.setattr(cuda_decode, "VERIFY_DIM_SPLIT", dim_split)
+    monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
     group, max_q = case
     q_lens = [max_q, 2, max(2, max_q - 1), max_q]
     lens = [20, 3001, 700, 40000]
     b = make_batch(lens, q_lens, torch.int8, device="cuda", num_kv_heads=4, group=group,
                    head_size=256, seed=16 + max_q)
+    _check_cuda_segmentations(b, verify_attention)
+
+
+@needs_c
+@pytest.mark.parametrize("q_len", [4, 6])
+def test_cuda_verify_lazy_max_spikes(q_len, monkeypatch):
+    """The lazy maxima where they must fall back: a few positions deep into the context whose
+    keys point along the request's queries (scores far above every earlier one, 2^8 past the
+    running maxima) and whose values are 40x larger (V scales past the running maximum), so
+    that stages after the first take the exact path again. Against the fp32 reference, and
+    the spikes change the output (a kernel that skipped them would fail)."""
+    monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", True)
+    lens = [5000, 70001]
+    b = make_batch(lens, [q_len, q_len], torch.int8, device="cuda", seed=31, q_gain=1.0)
+    ref_before = _ref(b)
+    qsl = b.md.query_start_loc_cpu.tolist()
+    bs = 16  # make_batch's block size
+    gen = torch.Generator(device="cuda").manual_seed(32)
+    for r, n in enumerate(lens):
+        pos = torch.tensor([n * 3 // 5, n * 3 // 5 + 1, n * 9 // 10], device="cuda")
+        qmean = b.q[qsl[r]:qsl[r + 1]].float().view(-1, HKV, GROUP, b.q.shape[-1])
+        qmean = qmean.mean(dim=(0, 2))  # [nkv, hs]: along every query of the KV head
+        k = qmean / qmean.norm(dim=-1, keepdim=True) * 120.0
+        k = k.expand(len(pos), -1, -1).contiguous()
+        v = torch.randn(len(pos), HKV, b.q.shape[-1], device="cuda", generator=gen) * 40.0
+        blocks = b.block_table[r][pos // bs].long()
+        write_kv(b.cache, k, v, blocks * bs + pos % bs)
+    ref = _ref(b)
+    assert rel_err(ref_before, ref) > 0.5  # the spikes dominate the output
     _check_cuda_segmentations(b, verify_attention)
 
 

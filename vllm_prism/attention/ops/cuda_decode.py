@@ -35,7 +35,8 @@ from vllm_prism.kernels.common import device_capability
 
 __all__ = ["CTAS_PER_SM", "DECODE_DIM_SPLIT", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP",
            "MAX_SEGMENTS", "MAX_VERIFY_COLUMNS", "MIN_TILES", "PARTIALS_DTYPE",
-           "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "cuda_decode_problem", "cuda_verify_problem",
+           "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "VERIFY_LAZY_MAX", "cuda_decode_problem",
+           "cuda_verify_problem",
            "decode_dim_split", "launch_cuda_decode", "launch_cuda_verify", "layout_problem",
            "num_cuda_segments"]
 
@@ -60,6 +61,11 @@ VERIFY_CTAS_PER_SM = 2
 # sums handed over through shared memory) where the kernel has that form (head size 256, up to
 # 32 columns); 1 splits the columns between them (each converts all of K). A benchmark sets it.
 VERIFY_DIM_SPLIT = 2
+# verification with exact Q.K: keep each column's running maximum (and the running V-scale
+# maximum) across stages while a stage's scores stay within 2^8 of it (one CTA barrier a stage
+# fewer, no tile maxima exchanged), the exact per-stage softmax where they do not. Off until
+# timed on a GPU; a benchmark sets it.
+VERIFY_LAZY_MAX = False
 MAX_SEGMENTS = 256
 # The segments' partial outputs the CUDA kernels write for the merge: fp32, or bf16 (half the
 # bytes written and read back: 6.3 MB a 32K decode call of the 27B layer in fp32; the Triton
@@ -160,7 +166,7 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
                                              float(scale), int(max_q), int(num_segs), MIN_TILES,
-                                             bool(int_qk), VERIFY_DIM_SPLIT)
+                                             bool(int_qk), VERIFY_DIM_SPLIT, VERIFY_LAZY_MAX)
 
 
 def decode_dim_split() -> int:
