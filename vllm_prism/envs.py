@@ -44,6 +44,12 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # call, outside any traced graph.
     "VLLM_PRISM_ATTN_DECODE_SPLIT": lambda: 1 if os.getenv("VLLM_PRISM_ATTN_DECODE_SPLIT",
                                                            "2").strip() == "1" else 2,
+    # The CUDA C++ INT8 verification kernel (csrc/attention/int8_verify.cu, exact Q.K): "1"
+    # (default) keeps each column's running maximum across stages while a stage's scores stay
+    # within 2^8 of it (one CTA barrier a stage fewer; the exact softmax where they do not);
+    # "0" the exact per-stage softmax every stage. Read per call, outside any traced graph.
+    "VLLM_PRISM_ATTN_VERIFY_LAZY": lambda: os.getenv("VLLM_PRISM_ATTN_VERIFY_LAZY",
+                                                     "1").strip() != "0",
     # Prefill chunks at context 0 (a prompt's first chunk) in the PRISM attention backend:
     # "1" (default) attends to the step's own K and V (one causal SDPA call, before any INT8
     # rounding); "0" reads them back from the KV cache like every later chunk

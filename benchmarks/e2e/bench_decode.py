@@ -56,6 +56,9 @@ prefilled. Prompts are random token ids, distinct per request.
   on the step's own K / V, or read back from the cache; ``[fresh kv 0]`` in the label).
 * ``--attn-decode-split 2 1`` likewise with ``VLLM_PRISM_ATTN_DECODE_SPLIT`` (the CUDA C++
   INT8 decode kernel with two warps a tile and KV head, or one; ``[decode split 1]``).
+* ``--attn-verify-lazy 1 0`` likewise with ``VLLM_PRISM_ATTN_VERIFY_LAZY`` (the CUDA C++
+  INT8 verification kernel with its lazy running maxima, or the exact softmax every stage;
+  ``[verify lazy 0]``), for the engines with a drafter only.
 * ``--gdn-verify prism vllm`` likewise with ``VLLM_PRISM_GDN_VERIFY`` (the Gated DeltaNet
   recurrence of a verification step: vllm-prism's kernel reading its inputs in place, or
   vLLM's choice), for the engines with a drafter only.
@@ -747,6 +750,8 @@ def _kernel_label(drafter: bool) -> str:
         label = f"{label} [draft attention {draft}]"
     if envs.VLLM_PRISM_GDN_VERIFY != _default("VLLM_PRISM_GDN_VERIFY"):
         label = f"{label} [gdn verify {envs.VLLM_PRISM_GDN_VERIFY}]"
+    if not envs.VLLM_PRISM_ATTN_VERIFY_LAZY:
+        label = f"{label} [verify lazy 0]"
     return label if gdn == "auto" else f"{label} [gdn {gdn}]"
 
 
@@ -758,14 +763,18 @@ def _variant(r: dict) -> tuple:
 
 
 def _plain_variant(r: dict) -> tuple:
-    """_variant without the drafter's attention label (a plain engine has no drafter)."""
-    kern = re.sub(r" \[draft attention \w+\]", "", r.get("pq2_kernel", "auto"))
+    """_variant without the labels of the switches only an engine with a drafter reads (the
+    drafter's attention, the verification step's Gated DeltaNet and attention kernels): a
+    plain engine runs each with its first value, unlabelled."""
+    kern = re.sub(r" \[(draft attention|gdn verify|gdn|verify lazy) [\w-]+\]", "",
+                  r.get("pq2_kernel", "auto"))
     return _variant({**r, "pq2_kernel": kern})
 
 
 def _add_verify_ratios(records: list[dict]) -> None:
     """``ratio_to_plain`` of each verify record: over the plain batch-1 decode step of the same
-    run, KV dtype, mode, tp and context (and the same switches, the drafter's aside)."""
+    run, KV dtype, mode, tp and context (and the same switches, those of the speculative path
+    aside)."""
     plain = {_plain_variant(r) + (r["context"],): r["ms_per_step"]
              for r in records if r["kind"] == "decode" and r["batch"] == 1}
     for r in records:
@@ -922,6 +931,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VLLM_PRISM_ATTN_DECODE_SPLIT for the engines, each in turn (warps a "
                    "16-slot tile and KV head in the CUDA C++ INT8 decode kernel: 2 each over "
                    "half of the head dimension, 1 the four-warp kernel)")
+    p.add_argument("--attn-verify-lazy", nargs="+", default=["1"], choices=["1", "0"],
+                   help="VLLM_PRISM_ATTN_VERIFY_LAZY for the engines with a drafter, each in "
+                   "turn (1: the CUDA C++ INT8 verification kernel keeps its running maxima "
+                   "across stages while the scores stay within 2^8 of them; 0: the exact "
+                   "softmax every stage)")
     p.add_argument("--engine-process", nargs="+", default=["0"], choices=["0", "1"],
                    help="VLLM_ENABLE_V1_MULTIPROCESSING for each engine in turn: 0 (default) "
                    "the engine core in the benchmark's process, where the torch profiler sees "
@@ -981,10 +995,11 @@ ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("gdn_spec_kernel", "VLLM_GDN_DECODE_KERNEL", "gdn"),
                    ("fresh_kv", "VLLM_PRISM_PREFILL_FRESH_KV", "fresh"),
                    ("attn_decode_split", "VLLM_PRISM_ATTN_DECODE_SPLIT", "split"),
+                   ("attn_verify_lazy", "VLLM_PRISM_ATTN_VERIFY_LAZY", "lazy"),
                    ("engine_process", "VLLM_ENABLE_V1_MULTIPROCESSING", "mp"))
 # what only an engine with a drafter reads (VLLM_PRISM_GDN_VERIFY and vLLM's
 # VLLM_GDN_DECODE_KERNEL choose for the speculative decoding path only)
-SPEC_ONLY_SWITCHES = {"draft_attention", "gdn_verify", "gdn_spec_kernel"}
+SPEC_ONLY_SWITCHES = {"draft_attention", "gdn_verify", "gdn_spec_kernel", "attn_verify_lazy"}
 
 
 def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,

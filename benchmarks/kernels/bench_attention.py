@@ -316,7 +316,7 @@ def main() -> None:
                         res["records"].append(rec)
                         print(json.dumps(rec), flush=True)
                         other = 3 - cuda_decode.VERIFY_DIM_SPLIT
-                        lazy = cuda_decode.VERIFY_LAZY_MAX
+                        lazy = cuda_decode.verify_lazy_max()
                         for rec in (cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
                                                         "cuda bf16 partials",
                                                         {"PARTIALS_DTYPE": torch.bfloat16}),

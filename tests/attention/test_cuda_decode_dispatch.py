@@ -71,3 +71,29 @@ def test_kernel_choice_refusals(monkeypatch):
         verify_attention(f.q, f.cache, f.md, out=poisoned_out(f.q), kernel="cuda")
     with pytest.raises(ValueError, match="decode with exact Q.K"):
         decode_attention(b.q, b.cache, b.md, out=poisoned_out(b.q), kernel="cuda", int_qk=True)
+
+
+def test_verify_lazy_maxima_switch(monkeypatch):
+    """The verification kernel's lazy maxima: on unless VLLM_PRISM_ATTN_VERIFY_LAZY=0, a
+    module setting (a benchmark's, a test's) over the switch, and what the op is given."""
+    calls = []
+
+    class FakeOps:
+        def int8_verify_attention(self, *args):
+            calls.append(args)
+
+    monkeypatch.setattr(torch.ops, "_C_prism", FakeOps(), raising=False)
+    monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", None)
+    args = (None,) * 9 + (0.0625, 6, 4)
+    monkeypatch.delenv("VLLM_PRISM_ATTN_VERIFY_LAZY", raising=False)
+    assert cuda_decode.verify_lazy_max() is True
+    cuda_decode.launch_cuda_verify(*args)
+    monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_LAZY", "0")
+    assert cuda_decode.verify_lazy_max() is False
+    cuda_decode.launch_cuda_verify(*args)
+    monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", True)
+    assert cuda_decode.verify_lazy_max() is True
+    cuda_decode.launch_cuda_verify(*args, int_qk=True)
+    assert [c[-1] for c in calls] == [True, False, True]  # lazy_max, the op's last argument
+    assert [c[-3] for c in calls] == [False, False, True]  # int_qk
+    assert [c[-2] for c in calls] == [cuda_decode.VERIFY_DIM_SPLIT] * 3

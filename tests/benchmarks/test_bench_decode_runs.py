@@ -166,6 +166,32 @@ def test_the_drafter_switch_varies_only_the_engines_with_a_drafter() -> None:
     assert [r["ratio_to_plain"] for r in spec] == [1.5, 2.5]
 
 
+def test_verify_lazy_switch_varies_only_the_engines_with_a_drafter(monkeypatch) -> None:
+    """``--attn-verify-lazy 1 0``: the DFlash engines with the verification kernel's lazy
+    maxima and without (labelled ``[verify lazy 0]``), the plain engine once; both verify
+    records get their ratio over that plain step."""
+    kids = _children(["m.gguf", "--kv", "int8_per_token_head", "--spec-k", "5",
+                      "--attn-verify-lazy", "1", "0"])
+    assert [(a.spec_k, env["VLLM_PRISM_ATTN_VERIFY_LAZY"]) for a, env in kids] == [
+        ([], "1"), ([5], "1"), ([5], "0")]
+    for name in ("VLLM_PRISM_PQ2_KERNEL", "VLLM_PRISM_GEMV_TUNING", "VLLM_PRISM_DENSE_GEMV",
+                 "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_PRISM_PREFILL_FRESH_KV",
+                 "VLLM_PRISM_ATTN_DECODE_SPLIT", "VLLM_PRISM_DRAFT_ATTENTION",
+                 "VLLM_PRISM_GDN_VERIFY", "VLLM_GDN_DECODE_KERNEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_LAZY", "0")
+    assert bench_decode._kernel_label(drafter=True) == "auto [verify lazy 0]"
+    assert bench_decode._kernel_label(drafter=False) == "auto"
+    monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_LAZY", "1")
+    assert bench_decode._kernel_label(drafter=True) == "auto"
+    base = {"kind": "decode", "batch": 1, "context": 4, "ms_per_step": 2.0, "kv": "k",
+            "mode": "default", "pq2_kernel": "auto"}
+    spec = [{**base, "kind": "verify", "ms_per_step": 3.0},
+            {**base, "kind": "verify", "ms_per_step": 4.0, "pq2_kernel": "auto [verify lazy 0]"}]
+    bench_decode._add_verify_ratios([base, *spec])
+    assert [r["ratio_to_plain"] for r in spec] == [1.5, 2.0]
+
+
 @pytest.mark.parametrize("stage", ["ready", "done"])
 def test_barrier_waits_for_every_engine_then_lets_go(tmp_path, stage: str) -> None:
     """Side-by-side engines measure only once all are warm, and leave only once all have

@@ -36,9 +36,8 @@ from vllm_prism.kernels.common import device_capability
 __all__ = ["CTAS_PER_SM", "DECODE_DIM_SPLIT", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP",
            "MAX_SEGMENTS", "MAX_VERIFY_COLUMNS", "MIN_TILES", "PARTIALS_DTYPE",
            "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "VERIFY_LAZY_MAX", "cuda_decode_problem",
-           "cuda_verify_problem",
-           "decode_dim_split", "launch_cuda_decode", "launch_cuda_verify", "layout_problem",
-           "num_cuda_segments"]
+           "cuda_verify_problem", "decode_dim_split", "launch_cuda_decode", "launch_cuda_verify",
+           "layout_problem", "num_cuda_segments", "verify_lazy_max"]
 
 OP = "int8_decode_attention"
 VERIFY_OP = "int8_verify_attention"
@@ -65,8 +64,9 @@ VERIFY_DIM_SPLIT = 2
 # maximum) across stages while a stage's scores stay within 2^8 of it (one CTA barrier a stage
 # fewer, no tile maxima exchanged), the exact per-stage softmax where they do not. On the
 # H200 (attention_h200_2026-12-04c.md): 0.89-0.97x the exact form's time at 128K, 0.97-1.01x at
-# 32K, the same error. A benchmark or a test sets False.
-VERIFY_LAZY_MAX = True
+# 32K, the same error. None: the VLLM_PRISM_ATTN_VERIFY_LAZY switch (default on); a benchmark
+# or a test sets True or False here.
+VERIFY_LAZY_MAX: bool | None = None
 MAX_SEGMENTS = 256
 # The segments' partial outputs the CUDA kernels write for the merge: fp32, or bf16 (half the
 # bytes written and read back: 6.3 MB a 32K decode call of the 27B layer in fp32; the Triton
@@ -167,7 +167,13 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
                                              float(scale), int(max_q), int(num_segs), MIN_TILES,
-                                             bool(int_qk), VERIFY_DIM_SPLIT, VERIFY_LAZY_MAX)
+                                             bool(int_qk), VERIFY_DIM_SPLIT, verify_lazy_max())
+
+
+def verify_lazy_max() -> bool:
+    """Whether the verification kernel keeps its running maxima across stages: VERIFY_LAZY_MAX
+    or the switch."""
+    return envs.VLLM_PRISM_ATTN_VERIFY_LAZY if VERIFY_LAZY_MAX is None else VERIFY_LAZY_MAX
 
 
 def decode_dim_split() -> int:
