@@ -196,7 +196,7 @@ case $stage in
       >"$OUT/attn_sass.csv" 2>"$OUT/sass-err.log"
     "$ncu_bin" -i "$OUT/attn.ncu-rep" --page details --csv >"$OUT/attn_details.csv" \
       2>>"$OUT/sass-err.log"
-    ls -la "$OUT"; tail -5 "$OUT/sass-run.log" "$OUT/sass-err.log"
+    ls -la "$OUT"; tail -n 5 "$OUT/sass-run.log" "$OUT/sass-err.log"
     ;;
   quality)
     shift

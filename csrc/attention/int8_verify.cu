@@ -465,6 +465,14 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
           s[n][2 + e] = sb;
         }
       }
+      // P^T of n-tile n (the half's n-tile N0 + n) into shared memory: v = rows g (e = 0, 1)
+      // and g + 8 (2, 3); after the transpose lane (g, t) holds column 8n + g at k rows 2t,
+      // 2t + 1 (and + 8)
+      auto store_pt = [&](int n, const float (&v)[4]) {
+        uint8_t* prow = ps + (8 * (N0 + n) + g) * S::kPRow + (kSlots * tile + 2 * t) * 2;
+        *reinterpret_cast<uint32_t*>(prow) = transpose8x8(pack_f16x2(v[0], v[1]));
+        *reinterpret_cast<uint32_t*>(prow + 16) = transpose8x8(pack_f16x2(v[2], v[3]));
+      };
       if constexpr (LM) {
         // The lazy path (after the first stage): P against the running maxima and the running
         // V-scale maximum as they are, no tile maxima exchanged; valid where no score of the
@@ -489,11 +497,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
               pv[e] = pa * vs_g * inv_ref;
               pv[2 + e] = pb * vs_g8 * inv_ref;
             }
-            const uint32_t lo = transpose8x8(pack_f16x2(pv[0], pv[1]));
-            const uint32_t hi = transpose8x8(pack_f16x2(pv[2], pv[3]));
-            uint8_t* prow = ps + (8 * (N0 + n) + g) * S::kPRow + (kSlots * tile + 2 * t) * 2;
-            *reinterpret_cast<uint32_t*>(prow) = lo;
-            *reinterpret_cast<uint32_t*>(prow + 16) = hi;
+            store_pt(n, pv);
           }
           if (!__syncthreads_or(over)) {  // every P^T is in, the accumulators stand
 #pragma unroll
@@ -535,12 +539,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
           s[n][e] = pa * vs_g * inv_vmax;
           s[n][2 + e] = pb * vs_g8 * inv_vmax;
         }
-        // after the transpose lane (g, t) holds column 8n + g at k rows 2t, 2t + 1 (and + 8)
-        const uint32_t lo = transpose8x8(pack_f16x2(s[n][0], s[n][1]));
-        const uint32_t hi = transpose8x8(pack_f16x2(s[n][2], s[n][3]));
-        uint8_t* prow = ps + (8 * (N0 + n) + g) * S::kPRow + (kSlots * tile + 2 * t) * 2;
-        *reinterpret_cast<uint32_t*>(prow) = lo;
-        *reinterpret_cast<uint32_t*>(prow + 16) = hi;
+        store_pt(n, s[n]);
       }
     };
     with_half<T, S::kHalves>(warp, scores);
@@ -676,29 +675,27 @@ cudaError_t launch_form(const Int8AttnParams& p, int num_selected, cudaStream_t 
   return cudaGetLastError();
 }
 
-// The lazy maxima (p.lazy_max, exact Q.K only) or the exact softmax every stage.
-template <int HD, int NT, bool IQK, bool DS>
-cudaError_t launch_variant(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  if constexpr (!IQK) {
-    if (p.lazy_max) return launch_form<HD, NT, IQK, DS, true>(p, num_selected, stream);
-  }
-  return launch_form<HD, NT, IQK, DS, false>(p, num_selected, stream);
-}
-
-// The head-dimension split (p.dim_split = 2) where the shape has one; a kernel without it
-// otherwise (the two forms are the same kernel there).
+// The kernel form of the call: the head-dimension split (p.dim_split = 2) where the shape has
+// one (the two forms are the same kernel elsewhere), the lazy maxima (p.lazy_max) with exact
+// Q.K.
 template <int HD, int NT, bool IQK>
-cudaError_t launch_split(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  if constexpr (VShape<HD, NT, IQK, true>::kDimSplit) {
-    if (p.dim_split == 2) return launch_variant<HD, NT, IQK, true>(p, num_selected, stream);
+cudaError_t launch_variant(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
+  constexpr bool kCanSplit = VShape<HD, NT, IQK, true>::kDimSplit;
+  const bool split = kCanSplit && p.dim_split == 2;
+  if constexpr (!IQK) {
+    if (p.lazy_max) {
+      return split ? launch_form<HD, NT, IQK, kCanSplit, true>(p, num_selected, stream)
+                   : launch_form<HD, NT, IQK, false, true>(p, num_selected, stream);
+    }
   }
-  return launch_variant<HD, NT, IQK, false>(p, num_selected, stream);
+  return split ? launch_form<HD, NT, IQK, kCanSplit, false>(p, num_selected, stream)
+               : launch_form<HD, NT, IQK, false, false>(p, num_selected, stream);
 }
 
 template <int HD, int NT>
 cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  return p.int_qk ? launch_split<HD, NT, true>(p, num_selected, stream)
-                  : launch_split<HD, NT, false>(p, num_selected, stream);
+  return p.int_qk ? launch_variant<HD, NT, true>(p, num_selected, stream)
+                  : launch_variant<HD, NT, false>(p, num_selected, stream);
 }
 
 // n-tiles of 8 columns for the widest request (the registers follow them)
