@@ -50,6 +50,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # "0" the exact per-stage softmax every stage. Read per call, outside any traced graph.
     "VLLM_PRISM_ATTN_VERIFY_LAZY": lambda: os.getenv("VLLM_PRISM_ATTN_VERIFY_LAZY",
                                                      "1").strip() != "0",
+    # The CUDA C++ INT8 decode and verification kernels and their merge with programmatic
+    # dependent launch (attention/ops/cuda_decode.py): "1" (default) wherever VLLM_PRISM_PDL
+    # gives it to the PQ2 kernels (Hopper and newer); "0" never. Read per call, outside any
+    # traced graph.
+    "VLLM_PRISM_ATTN_PDL": lambda: os.getenv("VLLM_PRISM_ATTN_PDL", "1").strip() != "0",
     # Prefill chunks at context 0 (a prompt's first chunk) in the PRISM attention backend:
     # "1" (default) attends to the step's own K and V (one causal SDPA call, before any INT8
     # rounding); "0" reads them back from the KV cache like every later chunk

@@ -56,6 +56,8 @@ prefilled. Prompts are random token ids, distinct per request.
   on the step's own K / V, or read back from the cache; ``[fresh kv 0]`` in the label).
 * ``--attn-decode-split 2 1`` likewise with ``VLLM_PRISM_ATTN_DECODE_SPLIT`` (the CUDA C++
   INT8 decode kernel with two warps a tile and KV head, or one; ``[decode split 1]``).
+* ``--attn-pdl 1 0`` likewise with ``VLLM_PRISM_ATTN_PDL`` (the CUDA C++ INT8 attention
+  kernels and their merge with programmatic dependent launch, or without; ``[attn pdl 0]``).
 * ``--attn-verify-lazy 1 0`` likewise with ``VLLM_PRISM_ATTN_VERIFY_LAZY`` (the CUDA C++
   INT8 verification kernel with its lazy running maxima, or the exact softmax every stage;
   ``[verify lazy 0]``), for the engines with a drafter only.
@@ -742,6 +744,8 @@ def _kernel_label(drafter: bool) -> str:
         label = f"{label} [fresh kv 0]"
     if envs.VLLM_PRISM_ATTN_DECODE_SPLIT != 2:
         label = f"{label} [decode split {envs.VLLM_PRISM_ATTN_DECODE_SPLIT}]"
+    if not envs.VLLM_PRISM_ATTN_PDL:
+        label = f"{label} [attn pdl 0]"
     if _engine_process():
         label = f"{label} [engine process]"
     if not drafter:
@@ -821,8 +825,8 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
                      f"{r.get('ceiling_frac', float('nan')):.3f} | "
                      f"{r.get('gpu_busy_frac', float('nan')):.3f} | "
                      f"{r.get('ratio_to_plain', float('nan')):.3f} |")
-    if notes:
-        lines += ["", f"\\* Not a measurement to rely on: {notes[0]}."]
+    for note in dict.fromkeys(notes):
+        lines += ["", f"\\* Not a measurement to rely on: {note}."]
     prof = [r for r in merged if "kernel_us_per_step" in r]
     for r in prof:
         step_kind = ("decode step" if r["kind"] == "decode"
@@ -931,6 +935,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="VLLM_PRISM_ATTN_DECODE_SPLIT for the engines, each in turn (warps a "
                    "16-slot tile and KV head in the CUDA C++ INT8 decode kernel: 2 each over "
                    "half of the head dimension, 1 the four-warp kernel)")
+    p.add_argument("--attn-pdl", nargs="+", default=["1"], choices=["1", "0"],
+                   help="VLLM_PRISM_ATTN_PDL for the engines, each in turn (1: the CUDA C++ "
+                   "INT8 attention kernels and their merge with programmatic dependent launch "
+                   "where VLLM_PRISM_PDL allows it; 0: without)")
     p.add_argument("--attn-verify-lazy", nargs="+", default=["1"], choices=["1", "0"],
                    help="VLLM_PRISM_ATTN_VERIFY_LAZY for the engines with a drafter, each in "
                    "turn (1: the CUDA C++ INT8 verification kernel keeps its running maxima "
@@ -995,6 +1003,7 @@ ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("gdn_spec_kernel", "VLLM_GDN_DECODE_KERNEL", "gdn"),
                    ("fresh_kv", "VLLM_PRISM_PREFILL_FRESH_KV", "fresh"),
                    ("attn_decode_split", "VLLM_PRISM_ATTN_DECODE_SPLIT", "split"),
+                   ("attn_pdl", "VLLM_PRISM_ATTN_PDL", "attnpdl"),
                    ("attn_verify_lazy", "VLLM_PRISM_ATTN_VERIFY_LAZY", "lazy"),
                    ("engine_process", "VLLM_ENABLE_V1_MULTIPROCESSING", "mp"))
 # what only an engine with a drafter reads (VLLM_PRISM_GDN_VERIFY and vLLM's

@@ -52,6 +52,8 @@ from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry,  # noqa:
                                       make_kv_cache, noncausal_attention, prefill_attention,
                                       reference_attention, verify_attention)
 from vllm_prism.attention.ops.layout import kv_format  # noqa: E402
+from vllm_prism.attention.ops.triton_split_kv import _merge  # noqa: E402
+from vllm_prism.kernels.common import sm_count  # noqa: E402
 
 DEVICE = "cuda"
 HQ, HKV, HS = 24, 4, 256
@@ -190,6 +192,10 @@ def main() -> None:
     ap.add_argument("--cuda-sweep", action="store_true",
                     help="first time the CUDA C++ INT8 decode kernel's segmentation variants "
                     "(CTAs per SM x minimum tiles per segment, CUDA_SWEEP)")
+    ap.add_argument("--cuda-decompose", action="store_true",
+                    help="first time the CUDA C++ INT8 decode call's parts at each context: "
+                    "the decode kernel alone, the merge alone, the whole call, and the same "
+                    "grid over a one-token context (the call's floor)")
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -212,7 +218,8 @@ def main() -> None:
                                                     "head_size": HS},
            "geometry": {k: g.short()
                         for k, g in vars(gpu_geometry(torch.device(DEVICE))).items()},
-           "read_gbps": None, "records": [], "sweep": [], "cuda_sweep": [], "errors": []}
+           "read_gbps": None, "records": [], "sweep": [], "cuda_sweep": [],
+           "cuda_decompose": [], "errors": []}
 
     def save():
         (out_dir / f"attention_{gpu}.json").write_text(json.dumps(res, indent=1))
@@ -235,6 +242,12 @@ def main() -> None:
         cache = Cache(torch.int8, args.block_size, 131072)
         if cuda_ready(cache):
             run_cuda_sweep(cache, res, late, read_bw, save)
+        del cache
+        torch.cuda.empty_cache()
+    if args.cuda_decompose and DEVICE == "cuda":
+        cache = Cache(torch.int8, args.block_size, max(contexts))
+        if cuda_ready(cache):
+            run_cuda_decompose(cache, contexts, res, late, read_bw, save)
         del cache
         torch.cuda.empty_cache()
     best: dict[tuple[str, str], SplitGeometry] = {}
@@ -511,6 +524,63 @@ def run_cuda_sweep(cache: Cache, res: dict, late, read_bw: float, save) -> None:
          cuda_decode.DECODE_DIM_SPLIT) = default
 
 
+def decompose_calls(cache: Cache, ctx: int, part: str) -> list[Callable[[], object]]:
+    """Calls (one per cache copy) of one part of the CUDA decode call at ``ctx``: ``kernel``
+    (the decode kernel writing its partials), ``merge`` (the log-sum-exp merge of partials the
+    kernel wrote once), both without programmatic dependent launch, or ``call pdl 0`` /
+    ``call pdl 1`` (both, as decode_attention runs them, without / with it)."""
+    q = torch.randn(1, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
+    copies = cache.copies(ctx)
+    mds = [cache.metadata(ctx, 1, i) for i in range(copies)]
+    outs = [torch.empty_like(q) for _ in range(copies)]
+    segs = cuda_decode.num_cuda_segments(1, sm_count(q.device))
+    parts = [(torch.empty(1, 1, HQ, segs, HS, dtype=cuda_decode.PARTIALS_DTYPE,
+                          device=DEVICE),
+              torch.empty(1, 1, HQ, segs, dtype=torch.float32, device=DEVICE))
+             for _ in range(copies)]
+
+    def kernel(i: int) -> None:
+        md = mds[i]
+        cuda_decode.launch_cuda_decode(q, cache.cache, md.block_table, md.seq_lens,
+                                       md.query_start_loc, None, outs[i], *parts[i],
+                                       HS ** -0.5, segs)
+
+    def merge(i: int) -> None:
+        _merge(*parts[i], outs[i], mds[i].query_start_loc, mds[i], 1, 1, segs, False)
+
+    if part.startswith("call"):
+        pdl = part.endswith("1")
+
+        def call(i: int) -> None:
+            saved, cuda_decode.ATTN_PDL = cuda_decode.ATTN_PDL, pdl
+            try:
+                decode_attention(q, cache.cache, mds[i], out=outs[i], kernel="cuda")
+            finally:
+                cuda_decode.ATTN_PDL = saved
+        return [lambda i=i: call(i) for i in range(copies)]
+    for i in range(copies):
+        kernel(i)
+    fn = kernel if part == "kernel" else merge
+    return [lambda i=i: fn(i) for i in range(copies)]
+
+
+def run_cuda_decompose(cache: Cache, contexts: list[int], res: dict, late, read_bw: float,
+                       save) -> None:
+    """Where a CUDA decode call's time goes at each context: the kernel, the merge, the call,
+    and the call over a one-token context with the same grid (launch, empty CTAs, merge)."""
+    for ctx in [1, *contexts]:
+        for part in ("kernel", "merge", "call pdl 0", "call pdl 1"):
+            if late():
+                return
+            calls = decompose_calls(cache, ctx, part)
+            us = time_graph(calls * max(1, 20 // len(calls)))
+            rec = dict(kind="decode", kernel="cuda", part=part, context=ctx, us=round(us, 2),
+                       bw_frac=round(ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw, 3))
+            res["cuda_decompose"].append(rec)
+            print(json.dumps(rec), flush=True)
+        save()
+
+
 def cuda_variant_record(cache: Cache, ctx: int, q_len: int, default_us: float, bytes_: int,
                         read_bw: float, label: str, overrides: dict,
                         extra: dict | None = None, sdpa_us: float | None = None,
@@ -611,6 +681,12 @@ def markdown(res: dict) -> str:
         for r in sorted(res["cuda_sweep"], key=lambda r: r["context"]):
             lines.append(f"| {r['context']} | {r['ctas_per_sm']} | {r['min_tiles']} | "
                          f"{r.get('dim_split', 1)} | {r['us']} | {r['bw_frac']} | {r['err']} |")
+    if res.get("cuda_decompose"):
+        lines += ["", "CUDA C++ INT8 decode, the call's parts (one request; context 1: the same "
+                  "grid over one token):", "", "| context | part | us | bw_frac |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['context']} | {r['part']} | {r['us']} | {r['bw_frac']} |"
+                  for r in res["cuda_decompose"]]
     if res.get("errors"):
         lines += ["", "Errors:", ""] + [f"    {e.splitlines()[-1]}" for e in res["errors"]]
     return "\n".join(lines) + "\n"

@@ -52,6 +52,11 @@ struct Int8AttnParams {
   // maximum while a stage's scores and scales stay within bounds of them (one barrier a stage
   // fewer, no maxima exchanged), the exact per-stage softmax otherwise; 0 the exact one always
   int lazy_max;
+  // launched with programmatic dependent launch: the kernel copies the tiles written before
+  // this step (every slot before the request's first query token) while the kernel before it
+  // finishes, and reads the query, the new tiles and the outputs' buffers only after
+  // griddepcontrol.wait (the caller passes 0 where other slots may be new: a drafter's context)
+  int pdl;
 };
 
 constexpr int kInt8DecodeMaxGroup = 8;

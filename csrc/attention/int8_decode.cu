@@ -123,9 +123,23 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
     }
   };
 
-  // Start the copies before anything else.
-#pragma unroll
-  for (int s = 0; s < S::kStages - 1; ++s) {
+  // Start the copies before anything else. With PDL, the stages of tiles wholly before the
+  // step's token (position seq_len - 1: earlier steps wrote them) start while the kernel
+  // before this one finishes; everything this step wrote or allocated is read after the wait.
+  const int old_tiles = (seq_len - 1) / kSlots;
+  int early = 0;
+  if (p.pdl) {
+    while (early < S::kStages - 1 && early < n_iter &&
+           min(t0 + (early + 1) * S::kSubs, t1) <= old_tiles)
+      ++early;
+  }
+  for (int s = 0; s < early; ++s) {
+    issue(s);
+    cp_async_commit();
+  }
+  pdl_launch_dependents();
+  pdl_wait();
+  for (int s = early; s < S::kStages - 1; ++s) {
     if (s < n_iter) issue(s);
     cp_async_commit();
   }
@@ -348,9 +362,8 @@ cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t strea
   static const cudaError_t attr = cudaFuncSetAttribute(
       int8_decode_kernel<HD, NKV, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (attr != cudaSuccess) return attr;
-  int8_decode_kernel<HD, NKV, SPLIT>
-      <<<dim3(num_selected, p.num_segs), S::kThreads, S::kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(int8_decode_kernel<HD, NKV, SPLIT>, dim3(num_selected, p.num_segs),
+                       S::kThreads, S::kSmem, stream, p);
 }
 
 template <int HD, int SPLIT>

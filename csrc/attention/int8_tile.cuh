@@ -1,7 +1,7 @@
 // Device helpers shared by the INT8 attention kernels (int8_decode.cu, int8_verify.cu): the
 // 16-byte / 8-byte cp.async pipeline, int8 -> fp16 operands from the bits, the fp16 MMA, the
-// 8x8 transpose that turns an S^T accumulator into a P^T operand, ldmatrix, and the slot order
-// of a tile.
+// 8x8 transpose that turns an S^T accumulator into a P^T operand, ldmatrix, the slot order
+// of a tile, and the launch with programmatic dependent launch (../pdl.cuh).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <type_traits>
+
+#include "../pdl.cuh"
 
 namespace vllm_prism {
 namespace attn {
@@ -184,6 +186,21 @@ __device__ __forceinline__ void store_partial(void* part_o, int bf16, int64_t i,
     *reinterpret_cast<float4*>(static_cast<float*>(part_o) + i) = make_float4(v[0], v[1], v[2],
                                                                              v[3]);
   }
+}
+
+// Launch `kernel(p)` on `grid` x `threads` with `smem` bytes of dynamic shared memory, with the
+// programmatic-dependent-launch attribute where p.pdl.
+template <class Params>
+cudaError_t launch_kernel(void (*kernel)(Params), dim3 grid, int threads, int smem,
+                          cudaStream_t stream, const Params& p) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = dim3(threads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr;
+  set_pdl(cfg, attr, p.pdl != 0);
+  return cudaLaunchKernelEx(&cfg, kernel, p);
 }
 
 }  // namespace attn

@@ -285,7 +285,13 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
     }
   };
 
-  if (n_stages > 0) issue(0);
+  // With PDL, stage 0 starts before griddepcontrol.wait where its tiles lie wholly before the
+  // request's first query token (earlier steps wrote them); else after it.
+  const bool early = p.pdl && n_stages > 0 && min(t0 + T, n_tiles) * kSlots <= prefix;
+  if (early) issue(0);
+  pdl_launch_dependents();
+  pdl_wait();
+  if (!early && n_stages > 0) issue(0);
   cp_async_commit();
 
   stage_query<HD, NT, IQK>(p, kvh, q_start, n_cols, qs, qsc);
@@ -670,9 +676,9 @@ cudaError_t launch_form(const Int8AttnParams& p, int num_selected, cudaStream_t 
       int8_verify_kernel<HD, NT, IQK, DS, LM>, cudaFuncAttributePreferredSharedMemoryCarveout,
       cudaSharedmemCarveoutMaxShared);
   if (carve != cudaSuccess) return carve;
-  int8_verify_kernel<HD, NT, IQK, DS, LM>
-      <<<dim3(num_selected, p.num_kv_heads, p.num_segs), S::kThreads, S::kSmem, stream>>>(p);
-  return cudaGetLastError();
+  return launch_kernel(int8_verify_kernel<HD, NT, IQK, DS, LM>,
+                       dim3(num_selected, p.num_kv_heads, p.num_segs), S::kThreads, S::kSmem,
+                       stream, p);
 }
 
 // The kernel form of the call: the head-dimension split (p.dim_split = 2) where the shape has

@@ -1,4 +1,4 @@
-// Device helpers shared by the PQ2 kernels of csrc/pq2: programmatic dependent launch,
+// Device helpers shared by the PQ2 kernels of csrc/pq2: programmatic dependent launch (../pdl.cuh),
 // cp.async, the int8 mma.sync (and one 128-group in the permuted k order), accumulator fills,
 // the exact int32 -> fp32 conversion, and loads/stores of the dtypes Pq2LinearParams names.
 #pragma once
@@ -9,18 +9,6 @@
 #include "pq2_params.cuh"
 
 namespace vllm_prism {
-
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
-#endif
-}
-
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
 
 // cp.async (sm_80+): global -> shared copies that bypass the registers, waited on by commit
 // group.

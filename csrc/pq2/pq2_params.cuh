@@ -9,6 +9,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "../pdl.cuh"
+
 namespace vllm_prism {
 
 // dtypes: 0 = float32, 1 = float16, 2 = bfloat16.
@@ -47,15 +49,6 @@ inline int max_dynamic_smem_per_block() {
     cached[dev] = v;
   }
   return cached[dev];
-}
-
-// The programmatic-dependent-launch attribute of a launch config, when `pdl` (`attr` must
-// outlive the launch).
-inline void set_pdl(cudaLaunchConfig_t& cfg, cudaLaunchAttribute& attr, bool pdl) {
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = &attr;
-  cfg.numAttrs = pdl ? 1 : 0;
 }
 
 }  // namespace vllm_prism

@@ -367,6 +367,53 @@ def test_cuda_verify_lazy_max_spikes(q_len, monkeypatch):
 
 
 @needs_c
+@pytest.mark.parametrize("q_len", [1, 6])
+def test_cuda_pdl_reads_new_slots_after_their_writer(q_len, monkeypatch):
+    """Programmatic dependent launch: the step's slots (a request's last ``q_len``) are written
+    by a kernel that lets the attention kernel launch at once and writes them after a spin
+    (~0.1 ms); the decode / verification kernel copies the older tiles before its wait and
+    those slots after it. Against the fp32 reference on the cache as written, and the new
+    slots change the output (a kernel that read them early would fail)."""
+    from vllm_prism.kernels.common import _triton_has_pdl
+    if torch.cuda.get_device_capability() < (9, 0) or not _triton_has_pdl():
+        pytest.skip("programmatic dependent launch needs sm_90 and a Triton with gdc")
+    from pdl_writer import slow_copy_slots
+    monkeypatch.setattr(cuda_decode, "ATTN_PDL", True)
+    lens = [5000, 70001]
+    b = make_batch(lens, [q_len, q_len], torch.int8, device="cuda", seed=41, q_gain=1.0)
+    old = b.cache.clone()
+    ref_old = _ref(b)
+    qsl = b.md.query_start_loc_cpu.tolist()
+    bs = 16  # make_batch's block size
+    gen = torch.Generator(device="cuda").manual_seed(42)
+    offsets = []
+    for r, n in enumerate(lens):
+        pos = torch.arange(n - q_len, n, device="cuda")
+        qmean = b.q[qsl[r]:qsl[r + 1]].float().view(-1, HKV, GROUP, b.q.shape[-1])
+        qmean = qmean.mean(dim=(0, 2))
+        k = (qmean / qmean.norm(dim=-1, keepdim=True) * 120.0).expand(q_len, -1, -1)
+        v = torch.randn(q_len, HKV, b.q.shape[-1], device="cuda", generator=gen) * 40.0
+        blocks = b.block_table[r][pos // bs].long()
+        write_kv(b.cache, k.contiguous(), v, blocks * bs + pos % bs)
+        offsets += (blocks * b.cache.stride(0) + (pos % bs) * b.cache.stride(2)).tolist()
+    new = b.cache.clone()
+    ref = _ref(b)
+    assert rel_err(ref_old, ref) > 0.5  # the new slots dominate the output
+    attention = decode_attention if q_len == 1 else verify_attention
+    for segs in (None, 1):
+        b.cache.copy_(old)
+        out = poisoned_out(b.q)
+        torch.cuda.synchronize()
+        slow_copy_slots(b.cache, new, torch.tensor(offsets, device="cuda"),
+                        b.cache.stride(2))
+        attention(b.q, b.cache, b.md, out=out, kernel="cuda", num_segs=segs)
+        torch.cuda.synchronize()
+        assert torch.equal(b.cache, new)
+        errs = _per_request(out, ref, b)
+        assert max(errs) < CUDA_TOL, (segs, errs)
+
+
+@needs_c
 def test_cuda_verify_selected_requests_and_graph():
     """Verification requests picked by index in a mixed step, captured in a CUDA graph and
     replayed after the contexts grew."""

@@ -10,7 +10,8 @@ import torch
 
 from attn_helpers import make_batch, poisoned_out
 from vllm_prism.attention.ops import (cuda_decode, decode_attention, kv_format, make_kv_cache,
-                                      verify_attention)
+                                      noncausal_attention, verify_attention)
+from vllm_prism.attention.ops import triton_split_kv as split_mod
 from vllm_prism.attention.ops.cuda_decode import layout_problem, num_cuda_segments
 
 
@@ -94,6 +95,41 @@ def test_verify_lazy_maxima_switch(monkeypatch):
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", True)
     assert cuda_decode.verify_lazy_max() is True
     cuda_decode.launch_cuda_verify(*args, int_qk=True)
-    assert [c[-1] for c in calls] == [True, False, True]  # lazy_max, the op's last argument
-    assert [c[-3] for c in calls] == [False, False, True]  # int_qk
-    assert [c[-2] for c in calls] == [cuda_decode.VERIFY_DIM_SPLIT] * 3
+    assert [c[-2] for c in calls] == [True, False, True]  # lazy_max
+    assert [c[-4] for c in calls] == [False, False, True]  # int_qk
+    assert [c[-3] for c in calls] == [cuda_decode.VERIFY_DIM_SPLIT] * 3
+    assert [c[-1] for c in calls] == [False] * 3  # pdl, the op's last argument
+
+
+def test_attention_pdl_switch(monkeypatch):
+    """Programmatic dependent launch of the attention kernels: where the PQ2 kernels have it
+    and VLLM_PRISM_ATTN_PDL is not 0, a module setting over both; never on the CPU."""
+    monkeypatch.setattr(cuda_decode, "ATTN_PDL", None)
+    monkeypatch.delenv("VLLM_PRISM_ATTN_PDL", raising=False)
+    assert cuda_decode.attention_pdl(torch.device("cpu")) is False
+    monkeypatch.setattr(cuda_decode, "use_pdl", lambda device: True)
+    assert cuda_decode.attention_pdl(torch.device("cpu")) is True
+    monkeypatch.setenv("VLLM_PRISM_ATTN_PDL", "0")
+    assert cuda_decode.attention_pdl(torch.device("cpu")) is False
+    monkeypatch.setattr(cuda_decode, "ATTN_PDL", True)
+    assert cuda_decode.attention_pdl(torch.device("cpu")) is True
+    monkeypatch.setattr(cuda_decode, "use_pdl", lambda device: False)
+    monkeypatch.setattr(cuda_decode, "ATTN_PDL", None)
+    monkeypatch.delenv("VLLM_PRISM_ATTN_PDL")
+    assert cuda_decode.attention_pdl(torch.device("cpu")) is False
+
+
+def test_pdl_only_for_causal_calls(monkeypatch):
+    """The CUDA path launches with PDL for causal calls (the step wrote only the query
+    tokens' slots), never for a DFlash drafter's non-causal call (its step also writes context
+    slots before the draft block), here a one-token draft block that takes the decode
+    kernel."""
+    seen = []
+    monkeypatch.setattr(split_mod, "cuda_decode_problem", lambda *a, **k: None)
+    monkeypatch.setattr(split_mod, "attention_pdl", lambda device: True)
+    monkeypatch.setattr(split_mod, "_cuda_split_kv",
+                        lambda *a, **k: seen.append((a[7], k.get("pdl"))))
+    b = make_batch([40, 300], [1, 1], torch.int8, block_size=16)
+    decode_attention(b.q, b.cache, b.md, out=poisoned_out(b.q))
+    noncausal_attention(b.q, b.cache, b.md, out=poisoned_out(b.q))
+    assert seen == [(1, True), (1, False)]  # (max_q, pdl)

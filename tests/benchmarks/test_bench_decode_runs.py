@@ -122,31 +122,23 @@ def test_engine_process_switch(monkeypatch) -> None:
     assert bench_decode._kernel_label(drafter=True) == "auto"
 
 
-def test_fresh_kv_switch(monkeypatch) -> None:
-    """``--fresh-kv 1 0``: each kind of engine with the context-0 prefill on the step's own
-    K / V and reading them back, the second labelled."""
-    kids = _children(["m.gguf", "--kv", "auto", "--fresh-kv", "1", "0"])
-    assert [env["VLLM_PRISM_PREFILL_FRESH_KV"] for _, env in kids] == ["1", "0"]
-    for name in ("VLLM_PRISM_PQ2_KERNEL", "VLLM_PRISM_GEMV_TUNING", "VLLM_PRISM_DENSE_GEMV",
-                 "VLLM_ENABLE_V1_MULTIPROCESSING"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("VLLM_PRISM_PREFILL_FRESH_KV", "0")
-    assert bench_decode._kernel_label(drafter=False) == "auto [fresh kv 0]"
-    monkeypatch.setenv("VLLM_PRISM_PREFILL_FRESH_KV", "1")
-    assert bench_decode._kernel_label(drafter=False) == "auto"
-
-
-def test_attn_decode_split_switch(monkeypatch) -> None:
-    """``--attn-decode-split 2 1``: each kind of engine with the INT8 decode kernel's two
-    warps a (tile, KV head) and with one, the second labelled."""
-    kids = _children(["m.gguf", "--kv", "int8_per_token_head", "--attn-decode-split", "2", "1"])
-    assert [env["VLLM_PRISM_ATTN_DECODE_SPLIT"] for _, env in kids] == ["2", "1"]
-    for name in ("VLLM_PRISM_PQ2_KERNEL", "VLLM_PRISM_GEMV_TUNING", "VLLM_PRISM_DENSE_GEMV",
-                 "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_PRISM_PREFILL_FRESH_KV"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("VLLM_PRISM_ATTN_DECODE_SPLIT", "1")
-    assert bench_decode._kernel_label(drafter=False) == "auto [decode split 1]"
-    monkeypatch.setenv("VLLM_PRISM_ATTN_DECODE_SPLIT", "2")
+@pytest.mark.parametrize("option, name, values, label", [
+    ("--fresh-kv", "VLLM_PRISM_PREFILL_FRESH_KV", ["1", "0"], "[fresh kv 0]"),
+    ("--attn-decode-split", "VLLM_PRISM_ATTN_DECODE_SPLIT", ["2", "1"], "[decode split 1]"),
+    ("--attn-pdl", "VLLM_PRISM_ATTN_PDL", ["1", "0"], "[attn pdl 0]"),
+])
+def test_engine_switch(option, name, values, label, monkeypatch) -> None:
+    """An engine switch with two values (the context-0 prefill on the step's own K / V; the
+    INT8 decode kernel's two warps a (tile, KV head) or one; the attention kernels'
+    programmatic dependent launch): each kind of engine with each value, the second
+    labelled, the default not."""
+    kids = _children(["m.gguf", "--kv", "int8_per_token_head", option, *values])
+    assert [env[name] for _, env in kids] == values
+    for _, other, _ in bench_decode.ENGINE_SWITCHES:
+        monkeypatch.delenv(other, raising=False)
+    monkeypatch.setenv(name, values[1])
+    assert bench_decode._kernel_label(drafter=False) == f"auto {label}"
+    monkeypatch.setenv(name, values[0])
     assert bench_decode._kernel_label(drafter=False) == "auto"
 
 
@@ -541,3 +533,18 @@ def test_two_engines_measure_in_turn_order_then_reversed(monkeypatch, tmp_path) 
         t.join(timeout=30)
     assert order == [0, 1, 1, 0]
     assert results[0][0]["rounds_ms"] == [6.0, 9.0] and results[1][0]["rounds_ms"] == [7.0, 8.0]
+
+
+def test_results_page_names_every_unreliable_note(tmp_path) -> None:
+    """Records marked ``unreliable`` for different reasons: the results page marks each row
+    and gives every distinct reason once."""
+    base = {"kind": "decode", "batch": 1, "context": 32768, "mode": "default", "kv": "k",
+            "tp": 1, "pdl": 1, "attn_kernel": "auto", "ms_per_step": 5.0, "tok_s": 200.0}
+    records = [{**base, "pq2_kernel": "a", "unreliable": "reason one"},
+               {**base, "pq2_kernel": "b", "unreliable": "reason two"},
+               {**base, "pq2_kernel": "c", "unreliable": "reason two"},
+               {**base, "pq2_kernel": "d"}]
+    bench_decode.write_results(tmp_path, "gpu", "cmd", 4000.0, records)
+    page = (tmp_path / "e2e_gpu.md").read_text()
+    assert page.count("reason one") == 1 and page.count("reason two") == 1
+    assert page.count("200.0 *") == 3 and page.count("| 200.0 |") == 1

@@ -21,6 +21,13 @@ causal tail in one pass. ``auto`` takes it wherever it can serve the call: on th
 ``int_qk`` (opt-in, as the Triton path's) it quantises each query column to int8 (absmax /
 127) and runs Q.K on the int8 tensor cores straight from the cache's bytes, no K conversion;
 written for the shared-memory latency that bounds it (attention_h200_notes.md), not yet timed.
+
+Both kernels and their merge launch with programmatic dependent launch where the PQ2 kernels do
+(``VLLM_PRISM_PDL``, Hopper and newer) and ``VLLM_PRISM_ATTN_PDL`` is on (``ATTN_PDL``
+overrides both): a kernel starts while the one
+before it (vLLM's cache writer) finishes and copies the tiles earlier steps wrote before it
+waits for it; the merge launches while the kernel's last CTAs run. Only for causal calls: a
+DFlash drafter's step writes context slots before its draft block.
 """
 
 from __future__ import annotations
@@ -31,11 +38,12 @@ from vllm_prism import envs
 from vllm_prism._custom_ops import has_compiled_op
 from vllm_prism.attention.ops.geometry import split_count
 from vllm_prism.attention.ops.layout import KVFormat
-from vllm_prism.kernels.common import device_capability
+from vllm_prism.kernels.common import device_capability, use_pdl
 
-__all__ = ["CTAS_PER_SM", "DECODE_DIM_SPLIT", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP",
+__all__ = ["ATTN_PDL", "CTAS_PER_SM", "DECODE_DIM_SPLIT", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP",
            "MAX_SEGMENTS", "MAX_VERIFY_COLUMNS", "MIN_TILES", "PARTIALS_DTYPE",
-           "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "VERIFY_LAZY_MAX", "cuda_decode_problem",
+           "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "VERIFY_LAZY_MAX", "attention_pdl",
+           "cuda_decode_problem",
            "cuda_verify_problem", "decode_dim_split", "launch_cuda_decode", "launch_cuda_verify",
            "layout_problem", "num_cuda_segments", "verify_lazy_max"]
 
@@ -68,6 +76,10 @@ VERIFY_DIM_SPLIT = 2
 # or a test sets True or False here.
 VERIFY_LAZY_MAX: bool | None = None
 MAX_SEGMENTS = 256
+# programmatic dependent launch of the kernels and their merge: None follows the switch
+# VLLM_PRISM_ATTN_PDL and the PQ2 kernels' choice (use_pdl: VLLM_PRISM_PDL on a Hopper or newer
+# GPU); a benchmark or a test sets True or False here
+ATTN_PDL: bool | None = None
 # The segments' partial outputs the CUDA kernels write for the merge: fp32, or bf16 (half the
 # bytes written and read back: 6.3 MB a 32K decode call of the 27B layer in fp32; the Triton
 # verification path's partials are bf16). fp32 until bf16 is timed on a GPU.
@@ -161,13 +173,23 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                        req_ids: torch.Tensor | None, out: torch.Tensor, part_o: torch.Tensor,
                        part_lse: torch.Tensor, scale: float, max_q: int, num_segs: int,
-                       int_qk: bool = False) -> None:
+                       int_qk: bool = False, pdl: bool = False) -> None:
     """One launch of the verification kernel: ``out`` directly or the partials; ``int_qk``
-    runs Q.K on the int8 tensor cores with the query quantised per column (opt-in)."""
+    runs Q.K on the int8 tensor cores with the query quantised per column (opt-in); ``pdl``
+    (causal calls only): programmatic dependent launch."""
     torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
                                              float(scale), int(max_q), int(num_segs), MIN_TILES,
-                                             bool(int_qk), VERIFY_DIM_SPLIT, verify_lazy_max())
+                                             bool(int_qk), VERIFY_DIM_SPLIT, verify_lazy_max(),
+                                             bool(pdl))
+
+
+def attention_pdl(device: torch.device) -> bool:
+    """Whether the kernels and the merge launch with programmatic dependent launch on
+    ``device``: ATTN_PDL, or the switch and the PQ2 kernels' choice."""
+    if ATTN_PDL is not None:
+        return ATTN_PDL
+    return envs.VLLM_PRISM_ATTN_PDL and use_pdl(device)
 
 
 def verify_lazy_max() -> bool:
@@ -184,9 +206,11 @@ def decode_dim_split() -> int:
 def launch_cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                        req_ids: torch.Tensor | None, out: torch.Tensor, part_o: torch.Tensor,
-                       part_lse: torch.Tensor, scale: float, num_segs: int) -> None:
-    """One launch: ``out`` directly (one segment) or the partials for the merge kernel."""
+                       part_lse: torch.Tensor, scale: float, num_segs: int,
+                       pdl: bool = False) -> None:
+    """One launch: ``out`` directly (one segment) or the partials for the merge kernel;
+    ``pdl`` (causal calls only): programmatic dependent launch."""
     torch.ops._C_prism.int8_decode_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
                                              float(scale), int(num_segs), MIN_TILES,
-                                             decode_dim_split())
+                                             decode_dim_split(), bool(pdl))

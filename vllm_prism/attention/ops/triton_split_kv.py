@@ -52,18 +52,20 @@ import torch
 from vllm_prism import envs
 from vllm_prism.attention.ops import cuda_decode
 from vllm_prism.attention.ops.cuda_decode import (cuda_decode_problem, cuda_verify_problem,
-                                                  launch_cuda_decode, launch_cuda_verify,
-                                                  num_cuda_segments)
+                                                  attention_pdl, launch_cuda_decode,
+                                                  launch_cuda_verify, num_cuda_segments)
 from vllm_prism.attention.ops.geometry import (SplitGeometry, gpu_geometry, num_segments,
                                                sm_count)
 from vllm_prism.attention.ops.layout import KVFormat, kv_format
 from vllm_prism.attention.ops.metadata import AttentionMetadata
 
-from vllm_prism.kernels.common import HAS_TRITON, interpreting, next_power_of_2
+from vllm_prism.kernels.common import HAS_TRITON, interpreting, next_power_of_2, pdl_launch
 
 if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from vllm_prism.kernels.common import pdl_enter
 
 __all__ = ["ATTN_KERNELS", "INT_QK_ERROR", "MAX_VERIFY_TOKENS", "decode_attention",
            "noncausal_attention", "split_kv_attention", "verify_attention"]
@@ -334,9 +336,11 @@ if HAS_TRITON:
     def _merge_kernel(part_o_ptr, part_lse_ptr, out_ptr, req_ids_ptr, qsl_ptr,
                       stride_pr, stride_pt, stride_ph, stride_ps,
                       stride_lr, stride_lt, stride_lh, stride_ot, stride_oh, NSEG, max_q,
-                      NSEG_P2: tl.constexpr, DCHUNK: tl.constexpr, HAS_REQ_IDS: tl.constexpr):
+                      NSEG_P2: tl.constexpr, DCHUNK: tl.constexpr, HAS_REQ_IDS: tl.constexpr,
+                      PDL: tl.constexpr = False):
         # max_q is a runtime value (one compiled merge serves verification of 2..16 tokens: a
         # first 9-token chunk in a server's life does not wait for a compile)
+        pdl_enter(PDL)
         pid = tl.program_id(0)
         h = tl.program_id(1)
         dc = tl.program_id(2)
@@ -435,7 +439,7 @@ def split_kv_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMet
         _log_cuda_choice("verification" if verify else "decode", why)
         if why is None:
             _cuda_split_kv(q, kv_cache, md, out3, req_ids if has_ids else None, n_sel, scale,
-                           max_q, num_segs, int_qk)
+                           max_q, num_segs, int_qk, pdl=causal and attention_pdl(q.device))
             return out
         if kernel == "cuda":
             raise ValueError(f"the CUDA attention kernel cannot serve this call: {why}")
@@ -502,9 +506,9 @@ def _log_cuda_choice(kind: str, why: str | None) -> None:
 
 def _merge(part_o: torch.Tensor, part_lse: torch.Tensor, out3: torch.Tensor,
            req_ids: torch.Tensor, md: AttentionMetadata, n_sel: int, max_q: int, nseg: int,
-           has_ids: bool) -> None:
+           has_ids: bool, pdl: bool = False) -> None:
     """Merge the ``nseg`` segments' partial outputs of each (query token, head) into ``out3``
-    by their log2-sum-exp."""
+    by their log2-sum-exp; ``pdl``: launched while the kernel that wrote them finishes."""
     head_size = part_o.shape[-1]
     nseg_p2 = max(2, next_power_of_2(nseg))
     dchunk = max(16, min(head_size, 8192 // nseg_p2))
@@ -513,15 +517,18 @@ def _merge(part_o: torch.Tensor, part_lse: torch.Tensor, out3: torch.Tensor,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_o.stride(3),
         part_lse.stride(0), part_lse.stride(1), part_lse.stride(2),
         out3.stride(0), out3.stride(1), nseg,
-        max_q, NSEG_P2=nseg_p2, DCHUNK=dchunk, HAS_REQ_IDS=has_ids, num_warps=4)
+        max_q, NSEG_P2=nseg_p2, DCHUNK=dchunk, HAS_REQ_IDS=has_ids, PDL=pdl, num_warps=4,
+        **pdl_launch(pdl))
 
 
 def _cuda_split_kv(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
                    out3: torch.Tensor, req_ids: torch.Tensor | None, n_sel: int, scale: float,
-                   max_q: int, num_segs: int | None, int_qk: bool = False) -> None:
+                   max_q: int, num_segs: int | None, int_qk: bool = False,
+                   pdl: bool = False) -> None:
     """INT8 decode (``max_q == 1``: one CTA per request and segment, every KV head) or
     verification (one CTA per request, KV head and segment; ``int_qk``: Q.K on the int8
-    tensor cores) on the CUDA C++ kernels, merged here when they split the context."""
+    tensor cores) on the CUDA C++ kernels, merged here when they split the context; ``pdl``:
+    the kernels and the merge with programmatic dependent launch (causal calls only)."""
     verify = max_q > 1
     nkv = kv_cache.shape[1] if verify else 1
     # read from the module at each call: a benchmark varies them
@@ -537,12 +544,12 @@ def _cuda_split_kv(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadat
     args = (q, kv_cache, md.block_table, md.seq_lens, md.query_start_loc, req_ids, out3, part_o,
             part_lse, scale)
     if verify:
-        launch_cuda_verify(*args, max_q, segs, int_qk)
+        launch_cuda_verify(*args, max_q, segs, int_qk, pdl)
     else:
-        launch_cuda_decode(*args, segs)
+        launch_cuda_decode(*args, segs, pdl)
     if segs > 1:
         ids = md.query_start_loc if req_ids is None else req_ids
-        _merge(part_o, part_lse, out3, ids, md, n_sel, max_q, segs, req_ids is not None)
+        _merge(part_o, part_lse, out3, ids, md, n_sel, max_q, segs, req_ids is not None, pdl)
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, *,
