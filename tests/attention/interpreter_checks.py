@@ -127,6 +127,31 @@ def _noncausal():
     return "; ".join(msgs)
 
 
+@check("merge_poisoned_empty_segments")
+def _merge_poisoned():
+    # the log-sum-exp merge against torch: empty segments (lse -inf) hold NaN partial rows,
+    # which the kernels never write; the merge must weigh them zero, not read them in
+    from vllm_prism.attention.ops.metadata import AttentionMetadata
+    from vllm_prism.attention.ops.triton_split_kv import _merge
+
+    g = torch.Generator().manual_seed(7)
+    n_sel, max_q, heads, nseg, hs = 2, 3, 4, 5, 32
+    part_o = torch.randn(n_sel, max_q, heads, nseg, hs, generator=g)
+    lse = torch.randn(n_sel, max_q, heads, nseg, generator=g) * 3
+    empty = torch.rand(n_sel, max_q, heads, nseg, generator=g) < 0.4
+    empty[..., 0] = False  # every row has a segment
+    lse[empty] = float("-inf")
+    part_o[empty] = float("nan")
+    md = AttentionMetadata.build(torch.zeros(2, 1, dtype=torch.int32), [10, 10], [3, 2])
+    out = torch.full((5, heads, hs), float("nan"))
+    _merge(part_o, lse, out, md.query_start_loc, md, n_sel, max_q, nseg, False)
+    w = torch.exp2(lse - lse.amax(-1, keepdim=True)).masked_fill(empty, 0.0)
+    ref = (part_o.nan_to_num() * w[..., None]).sum(-2) / w.sum(-1)[..., None]
+    ref = torch.cat([ref[0, :3], ref[1, :2]])  # request 0's three tokens, request 1's two
+    assert torch.isfinite(out).all(), "NaN from an empty segment"
+    return expect(rel_err(out, ref), TIGHT, "merge")
+
+
 @check("verify_capture_seq_lens_one")
 def _verify_capture():
     # vLLM's Triton builder sets every seq_len to 1 for a full CUDA-graph capture, and Model

@@ -16,7 +16,8 @@ pytest.importorskip("triton")
 HERE = Path(__file__).resolve().parent
 EXPECTED = [f"{k}_{t}" for t in ("int8_NHD_bs16", "bfloat16_HND_bs32", "int8_HND_bs48")
             for k in ("decode", "verify")] + [
-    "verify_single_request_k6", "noncausal_blocks", "verify_capture_seq_lens_one",
+    "verify_single_request_k6", "noncausal_blocks", "merge_poisoned_empty_segments",
+    "verify_capture_seq_lens_one",
     "prefetch_and_m64_geometries", "int8_fp16_operands",
     "int_qk_error", "prefill_int8", "prefill_bfloat16",
     "prefill_expanded_gqa", "prefill_bf16_query", "prefill_warm_gather", "prefill_fresh_kv_int8",
