@@ -37,15 +37,15 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
 
 // Split-KV decode attention over vLLM's NHD int8_per_token_head cache
 // (csrc/attention/int8_decode.cu): one query token per selected request; with num_segs > 1
-// it writes the segments' partial outputs and log2-sum-exps for the merge kernel; pdl
-// launches it with programmatic dependent launch (the caller vouches that only the request's
-// last slot was written by this step).
+// it writes the segments' partial outputs and log2-sum-exps for the merge kernel; pdl 1 / 2
+// launches it with programmatic dependent launch, the next kernel let launch at its start / after
+// its stage loop (the caller vouches that only the request's last slot was written by this step).
 void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache,
                            const torch::Tensor& block_table, const torch::Tensor& seq_lens,
                            const torch::Tensor& query_start_loc,
                            const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
                            torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
-                           int64_t num_segs, int64_t min_tiles, int64_t dim_split, bool pdl);
+                           int64_t num_segs, int64_t min_tiles, int64_t dim_split, int64_t pdl);
 
 // Split-KV verification attention over the int8_per_token_head cache
 // (csrc/attention/int8_verify.cu): 1..max_q query tokens per selected request, prefix and
@@ -60,7 +60,7 @@ void int8_verify_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
                            const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
                            torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
                            int64_t max_q, int64_t num_segs, int64_t min_tiles, bool int_qk,
-                           int64_t dim_split, bool lazy_max, bool pdl);
+                           int64_t dim_split, bool lazy_max, int64_t pdl);
 
 // y [M, N] = W_st @ x for a bf16 / fp16 prefill activation (M >= 128) on Hopper's warpgroup
 // MMA (csrc/pq2/wgmma_prefill.cu): x quantized to int8 per token and 128-group, then the

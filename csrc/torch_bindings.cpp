@@ -51,14 +51,14 @@ TORCH_LIBRARY(_C_prism, m) {
       "int8_decode_attention(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor query_start_loc, Tensor? req_ids, Tensor(a!) out, Tensor(b!) part_o, "
       "Tensor(c!) part_lse, float scale, int num_segs, int min_tiles, int dim_split=2, "
-      "bool pdl=False) -> ()");
+      "int pdl=0) -> ()");
   m.impl("int8_decode_attention", c10::kCUDA, &int8_decode_attention);
   // Split-KV verification attention over the INT8 paged cache (csrc/attention/int8_verify.cu).
   m.def(
       "int8_verify_attention(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor query_start_loc, Tensor? req_ids, Tensor(a!) out, Tensor(b!) part_o, "
       "Tensor(c!) part_lse, float scale, int max_q, int num_segs, int min_tiles, "
-      "bool int_qk=False, int dim_split=2, bool lazy_max=False, bool pdl=False) -> ()");
+      "bool int_qk=False, int dim_split=2, bool lazy_max=False, int pdl=0) -> ()");
   m.impl("int8_verify_attention", c10::kCUDA, &int8_verify_attention);
 }
 

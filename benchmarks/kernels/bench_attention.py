@@ -153,9 +153,10 @@ def ours_time(cache: Cache, ctx: int, q_len: int, geometry: SplitGeometry | None
               int_qk: bool = False, check: bool = False, kernel: str = "triton",
               causal: bool = True, num_segs: int | None = None):
     """Microseconds per call of ``kernel`` (``triton`` or ``cuda``: the CUDA C++ INT8 decode or
-    verification kernel; ``int_qk``: Q.K on the int8 tensor cores); with ``check``, also the relative error of the first call's output against the
-    fp32 reference. ``causal=False``: a DFlash drafter's non-causal block
-    (``noncausal_attention``, ``num_segs`` segments or the geometry's)."""
+    verification kernel; ``int_qk``: Q.K on the int8 tensor cores); with ``check``, also the
+    relative error of the first call's output against the fp32 reference. ``causal=False``: a
+    DFlash drafter's non-causal block (``noncausal_attention``, ``num_segs`` segments or the
+    geometry's)."""
     copies = cache.copies(ctx)
     q = torch.randn(q_len, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
     outs = [torch.empty_like(q) for _ in range(copies)]
@@ -528,7 +529,8 @@ def decompose_calls(cache: Cache, ctx: int, part: str) -> list[Callable[[], obje
     """Calls (one per cache copy) of one part of the CUDA decode call at ``ctx``: ``kernel``
     (the decode kernel writing its partials), ``merge`` (the log-sum-exp merge of partials the
     kernel wrote once), both without programmatic dependent launch, or ``call pdl 0`` /
-    ``call pdl 1`` (both, as decode_attention runs them, without / with it)."""
+    ``call pdl 1`` / ``call pdl end`` (both, as decode_attention runs them, without it / with
+    the merge let launch at the kernel's start / after its stage loop)."""
     q = torch.randn(1, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
     copies = cache.copies(ctx)
     mds = [cache.metadata(ctx, 1, i) for i in range(copies)]
@@ -549,14 +551,16 @@ def decompose_calls(cache: Cache, ctx: int, part: str) -> list[Callable[[], obje
         _merge(*parts[i], outs[i], mds[i].query_start_loc, mds[i], 1, 1, segs, False)
 
     if part.startswith("call"):
-        pdl = part.endswith("1")
+        pdl = not part.endswith("0")
+        trigger = "end" if part.endswith("end") else "start"
 
         def call(i: int) -> None:
-            saved, cuda_decode.ATTN_PDL = cuda_decode.ATTN_PDL, pdl
+            saved = cuda_decode.ATTN_PDL, cuda_decode.ATTN_PDL_TRIGGER
+            cuda_decode.ATTN_PDL, cuda_decode.ATTN_PDL_TRIGGER = pdl, trigger
             try:
                 decode_attention(q, cache.cache, mds[i], out=outs[i], kernel="cuda")
             finally:
-                cuda_decode.ATTN_PDL = saved
+                cuda_decode.ATTN_PDL, cuda_decode.ATTN_PDL_TRIGGER = saved
         return [lambda i=i: call(i) for i in range(copies)]
     for i in range(copies):
         kernel(i)
@@ -569,7 +573,7 @@ def run_cuda_decompose(cache: Cache, contexts: list[int], res: dict, late, read_
     """Where a CUDA decode call's time goes at each context: the kernel, the merge, the call,
     and the call over a one-token context with the same grid (launch, empty CTAs, merge)."""
     for ctx in [1, *contexts]:
-        for part in ("kernel", "merge", "call pdl 0", "call pdl 1"):
+        for part in ("kernel", "merge", "call pdl 0", "call pdl 1", "call pdl end"):
             if late():
                 return
             calls = decompose_calls(cache, ctx, part)

@@ -52,10 +52,12 @@ struct Int8AttnParams {
   // maximum while a stage's scores and scales stay within bounds of them (one barrier a stage
   // fewer, no maxima exchanged), the exact per-stage softmax otherwise; 0 the exact one always
   int lazy_max;
-  // launched with programmatic dependent launch: the kernel copies the tiles written before
-  // this step (every slot before the request's first query token) while the kernel before it
-  // finishes, and reads the query, the new tiles and the outputs' buffers only after
-  // griddepcontrol.wait (the caller passes 0 where other slots may be new: a drafter's context)
+  // programmatic dependent launch: 0 none; 1 the kernel copies the tiles written before this
+  // step (every slot before the request's first query token) while the kernel before it
+  // finishes, reads the query, the new tiles and the outputs' buffers only after
+  // griddepcontrol.wait, and lets the next kernel (the merge) launch at its start; 2 the same
+  // but the next kernel launches after the stage loop (the caller passes 0 where other slots
+  // may be new: a drafter's context)
   int pdl;
 };
 

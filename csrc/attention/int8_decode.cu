@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
     issue(s);
     cp_async_commit();
   }
-  pdl_launch_dependents();
+  pdl_trigger(p.pdl, 1);
   pdl_wait();
   for (int s = early; s < S::kStages - 1; ++s) {
     if (s < n_iter) issue(s);
@@ -278,6 +278,8 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
                f16x2_of(hi23, 0x4140), f16x2_of(hi23, 0x4342), b0, b1);
     }
   }
+
+  pdl_trigger(p.pdl, 2);
 
   // ---- merge the warps of a head (sub-tiles) and write
 #pragma unroll

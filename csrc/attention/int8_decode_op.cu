@@ -11,7 +11,7 @@ void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
                            const torch::Tensor& query_start_loc,
                            const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
                            torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
-                           int64_t num_segs, int64_t min_tiles, int64_t dim_split, bool pdl) {
+                           int64_t num_segs, int64_t min_tiles, int64_t dim_split, int64_t pdl) {
   const char* op = "int8_decode_attention";
   int64_t n_sel = 0;
   TORCH_CHECK(dim_split == 1 || dim_split == 2, op, ": dim_split must be 1 or 2, not ",
@@ -20,7 +20,8 @@ void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
       op, q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o, part_lse,
       scale, 1, num_segs, min_tiles, n_sel);
   p.dim_split = static_cast<int>(dim_split);
-  p.pdl = pdl ? 1 : 0;
+  TORCH_CHECK(pdl >= 0 && pdl <= 2, op, ": pdl must be 0, 1 or 2, not ", pdl);
+  p.pdl = static_cast<int>(pdl);
   const int64_t row = 2 * p.head_dim + 8;
   TORCH_CHECK(kv_cache.stride(1) == row && kv_cache.stride(2) == p.num_kv_heads * row, op,
               ": kv_cache must be vLLM's NHD int8_per_token_head layout with rows of ", row,

@@ -189,7 +189,7 @@ __device__ __forceinline__ void store_partial(void* part_o, int bf16, int64_t i,
 }
 
 // Launch `kernel(p)` on `grid` x `threads` with `smem` bytes of dynamic shared memory, with the
-// programmatic-dependent-launch attribute where p.pdl.
+// programmatic-dependent-launch attribute where p.pdl (1 or 2).
 template <class Params>
 cudaError_t launch_kernel(void (*kernel)(Params), dim3 grid, int threads, int smem,
                           cudaStream_t stream, const Params& p) {
@@ -201,6 +201,11 @@ cudaError_t launch_kernel(void (*kernel)(Params), dim3 grid, int threads, int sm
   cudaLaunchAttribute attr;
   set_pdl(cfg, attr, p.pdl != 0);
   return cudaLaunchKernelEx(&cfg, kernel, p);
+}
+
+// Let the next kernel launch, at the kernel's start (p.pdl 1) or after its stage loop (2).
+__device__ __forceinline__ void pdl_trigger(int pdl, int at) {
+  if (pdl == at) pdl_launch_dependents();
 }
 
 }  // namespace attn

@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
   // request's first query token (earlier steps wrote them); else after it.
   const bool early = p.pdl && n_stages > 0 && min(t0 + T, n_tiles) * kSlots <= prefix;
   if (early) issue(0);
-  pdl_launch_dependents();
+  pdl_trigger(p.pdl, 1);
   pdl_wait();
   if (!early && n_stages > 0) issue(0);
   cp_async_commit();
@@ -609,6 +609,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
     }
   }
   cp_async_wait<0>();
+  pdl_trigger(p.pdl, 2);
 
   // ---- the row sums: over the lanes of a tile, then over the tiles
   for_half_columns<T, S::kHalves, NT>(warp, t, [&](int n, int e, int col) {

@@ -12,7 +12,7 @@ void int8_verify_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
                            const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
                            torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
                            int64_t max_q, int64_t num_segs, int64_t min_tiles, bool int_qk,
-                           int64_t dim_split, bool lazy_max, bool pdl) {
+                           int64_t dim_split, bool lazy_max, int64_t pdl) {
   const char* op = "int8_verify_attention";
   int64_t n_sel = 0;
   vllm_prism::Int8AttnParams p = vllm_prism::fill_int8_attn_params(
@@ -23,7 +23,8 @@ void int8_verify_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
   p.int_qk = int_qk ? 1 : 0;
   p.dim_split = static_cast<int>(dim_split);
   p.lazy_max = lazy_max ? 1 : 0;
-  p.pdl = pdl ? 1 : 0;
+  TORCH_CHECK(pdl >= 0 && pdl <= 2, op, ": pdl must be 0, 1 or 2, not ", pdl);
+  p.pdl = static_cast<int>(pdl);
   TORCH_CHECK(vllm_prism::aligned_to(kv_cache, 8) && kv_cache.stride(0) % 8 == 0 &&
                   kv_cache.stride(1) % 8 == 0 && kv_cache.stride(2) % 8 == 0 &&
                   p.block_size % 16 == 0,

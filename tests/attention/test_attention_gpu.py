@@ -367,8 +367,9 @@ def test_cuda_verify_lazy_max_spikes(q_len, monkeypatch):
 
 
 @needs_c
+@pytest.mark.parametrize("trigger", ["start", "end"])
 @pytest.mark.parametrize("q_len", [1, 6])
-def test_cuda_pdl_reads_new_slots_after_their_writer(q_len, monkeypatch):
+def test_cuda_pdl_reads_new_slots_after_their_writer(q_len, trigger, monkeypatch):
     """Programmatic dependent launch: the step's slots (a request's last ``q_len``) are written
     by a kernel that lets the attention kernel launch at once and writes them after a spin
     (~0.1 ms); the decode / verification kernel copies the older tiles before its wait and
@@ -379,6 +380,7 @@ def test_cuda_pdl_reads_new_slots_after_their_writer(q_len, monkeypatch):
         pytest.skip("programmatic dependent launch needs sm_90 and a Triton with gdc")
     from pdl_writer import slow_copy_slots
     monkeypatch.setattr(cuda_decode, "ATTN_PDL", True)
+    monkeypatch.setattr(cuda_decode, "ATTN_PDL_TRIGGER", trigger)
     lens = [5000, 70001]
     b = make_batch(lens, [q_len, q_len], torch.int8, device="cuda", seed=41, q_gain=1.0)
     old = b.cache.clone()

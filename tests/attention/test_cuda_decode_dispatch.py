@@ -98,7 +98,7 @@ def test_verify_lazy_maxima_switch(monkeypatch):
     assert [c[-2] for c in calls] == [True, False, True]  # lazy_max
     assert [c[-4] for c in calls] == [False, False, True]  # int_qk
     assert [c[-3] for c in calls] == [cuda_decode.VERIFY_DIM_SPLIT] * 3
-    assert [c[-1] for c in calls] == [False] * 3  # pdl, the op's last argument
+    assert [c[-1] for c in calls] == [0] * 3  # pdl, the op's last argument
 
 
 def test_attention_pdl_switch(monkeypatch):
@@ -117,6 +117,28 @@ def test_attention_pdl_switch(monkeypatch):
     monkeypatch.setattr(cuda_decode, "ATTN_PDL", None)
     monkeypatch.delenv("VLLM_PRISM_ATTN_PDL")
     assert cuda_decode.attention_pdl(torch.device("cpu")) is False
+
+
+def test_pdl_mode(monkeypatch):
+    """The ops' pdl argument: 0 off; with it, 1 lets the next kernel launch at the kernel's
+    start (the default), 2 after its stage loop; anything else is refused by name."""
+    calls = []
+
+    class FakeOps:
+        def int8_decode_attention(self, *args):
+            calls.append(args[-1])
+
+    monkeypatch.setattr(torch.ops, "_C_prism", FakeOps(), raising=False)
+    args = (None,) * 9 + (0.0625, 4)
+    cuda_decode.launch_cuda_decode(*args)
+    cuda_decode.launch_cuda_decode(*args, pdl=True)
+    monkeypatch.setattr(cuda_decode, "ATTN_PDL_TRIGGER", "end")
+    cuda_decode.launch_cuda_decode(*args, pdl=True)
+    cuda_decode.launch_cuda_decode(*args, pdl=False)
+    assert calls == [0, 1, 2, 0]
+    monkeypatch.setattr(cuda_decode, "ATTN_PDL_TRIGGER", "middle")
+    with pytest.raises(ValueError, match="ATTN_PDL_TRIGGER"):
+        cuda_decode.launch_cuda_decode(*args, pdl=True)
 
 
 def test_pdl_only_for_causal_calls(monkeypatch):

@@ -40,12 +40,12 @@ from vllm_prism.attention.ops.geometry import split_count
 from vllm_prism.attention.ops.layout import KVFormat
 from vllm_prism.kernels.common import device_capability, use_pdl
 
-__all__ = ["ATTN_PDL", "CTAS_PER_SM", "DECODE_DIM_SPLIT", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP",
-           "MAX_SEGMENTS", "MAX_VERIFY_COLUMNS", "MIN_TILES", "PARTIALS_DTYPE",
-           "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "VERIFY_LAZY_MAX", "attention_pdl",
-           "cuda_decode_problem",
-           "cuda_verify_problem", "decode_dim_split", "launch_cuda_decode", "launch_cuda_verify",
-           "layout_problem", "num_cuda_segments", "verify_lazy_max"]
+__all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_DIM_SPLIT", "HEAD_SIZES",
+           "KV_HEADS", "MAX_GROUP", "MAX_SEGMENTS", "MAX_VERIFY_COLUMNS", "MIN_TILES",
+           "PARTIALS_DTYPE", "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "VERIFY_LAZY_MAX",
+           "attention_pdl", "cuda_decode_problem", "cuda_verify_problem", "decode_dim_split",
+           "launch_cuda_decode", "launch_cuda_verify", "layout_problem", "num_cuda_segments",
+           "pdl_mode", "verify_lazy_max"]
 
 OP = "int8_decode_attention"
 VERIFY_OP = "int8_verify_attention"
@@ -80,6 +80,10 @@ MAX_SEGMENTS = 256
 # VLLM_PRISM_ATTN_PDL and the PQ2 kernels' choice (use_pdl: VLLM_PRISM_PDL on a Hopper or newer
 # GPU); a benchmark or a test sets True or False here
 ATTN_PDL: bool | None = None
+# where a kernel launched with it lets the next one (the merge) launch: "start" (at its start,
+# as measured: attention_h200_2026-12-04d.md) or "end" (after its stage loop: a variant for a
+# benchmark, not yet timed)
+ATTN_PDL_TRIGGER = "start"
 # The segments' partial outputs the CUDA kernels write for the merge: fp32, or bf16 (half the
 # bytes written and read back: 6.3 MB a 32K decode call of the 27B layer in fp32; the Triton
 # verification path's partials are bf16). fp32 until bf16 is timed on a GPU.
@@ -181,7 +185,17 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                                              query_start_loc, req_ids, out, part_o, part_lse,
                                              float(scale), int(max_q), int(num_segs), MIN_TILES,
                                              bool(int_qk), VERIFY_DIM_SPLIT, verify_lazy_max(),
-                                             bool(pdl))
+                                             pdl_mode(pdl))
+
+
+def pdl_mode(pdl: bool) -> int:
+    """The ops' ``pdl`` argument: 0 without programmatic dependent launch, 1 with the next
+    kernel let launch at the kernel's start, 2 after its stage loop (ATTN_PDL_TRIGGER)."""
+    if not pdl:
+        return 0
+    if ATTN_PDL_TRIGGER not in ("start", "end"):
+        raise ValueError(f"ATTN_PDL_TRIGGER must be 'start' or 'end', not {ATTN_PDL_TRIGGER!r}")
+    return 1 if ATTN_PDL_TRIGGER == "start" else 2
 
 
 def attention_pdl(device: torch.device) -> bool:
@@ -213,4 +227,4 @@ def launch_cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     torch.ops._C_prism.int8_decode_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
                                              float(scale), int(num_segs), MIN_TILES,
-                                             decode_dim_split(), bool(pdl))
+                                             decode_dim_split(), pdl_mode(pdl))
