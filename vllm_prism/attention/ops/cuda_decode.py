@@ -24,10 +24,11 @@ written for the shared-memory latency that bounds it (attention_h200_notes.md), 
 
 Both kernels and their merge launch with programmatic dependent launch where the PQ2 kernels do
 (``VLLM_PRISM_PDL``, Hopper and newer) and ``VLLM_PRISM_ATTN_PDL`` is on (``ATTN_PDL``
-overrides both): a kernel starts while the one
-before it (vLLM's cache writer) finishes and copies the tiles earlier steps wrote before it
-waits for it; the merge launches while the kernel's last CTAs run. Only for causal calls: a
-DFlash drafter's step writes context slots before its draft block.
+overrides both): a kernel starts while the one before it (vLLM's cache writer) finishes and
+copies the tiles earlier steps wrote before it waits for it; the merge launches while the
+kernel runs (from its start, or from the end of its stage loop: ``ATTN_PDL_TRIGGER``) and waits
+for its partials. Only for causal calls: a DFlash drafter's step writes context slots before
+its draft block.
 """
 
 from __future__ import annotations
