@@ -867,6 +867,12 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
     return path
 
 
+def _on_off(p: argparse.ArgumentParser, flag: str, default: str, help_text: str) -> None:
+    """An engine switch of ENGINE_SWITCHES that is on (1) or off (0), one engine per value
+    given."""
+    p.add_argument(flag, nargs="+", default=[default], choices=["1", "0"], help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model")
@@ -927,28 +933,28 @@ def build_parser() -> argparse.ArgumentParser:
                    "turn (the Gated DeltaNet of a verification step: auto leaves it unset, "
                    "vLLM's choice: its fused CUDA kernel, one program per value head, where "
                    "the layer allows, else its Triton kernels; cuda or triton names one)")
-    p.add_argument("--fresh-kv", nargs="+", default=["1"], choices=["1", "0"],
-                   help="VLLM_PRISM_PREFILL_FRESH_KV for the engines, each in turn (1: a "
-                   "prompt's first chunk attends to the step's own K and V; 0: it reads them "
-                   "back from the KV cache)")
+    _on_off(p, "--fresh-kv", "1",
+            "VLLM_PRISM_PREFILL_FRESH_KV for the engines, each in turn (1: a "
+            "prompt's first chunk attends to the step's own K and V; 0: it reads them "
+            "back from the KV cache)")
     p.add_argument("--attn-decode-split", nargs="+", default=["2"], choices=["2", "1"],
                    help="VLLM_PRISM_ATTN_DECODE_SPLIT for the engines, each in turn (warps a "
                    "16-slot tile and KV head in the CUDA C++ INT8 decode kernel: 2 each over "
                    "half of the head dimension, 1 the four-warp kernel)")
-    p.add_argument("--attn-pdl", nargs="+", default=["1"], choices=["1", "0"],
-                   help="VLLM_PRISM_ATTN_PDL for the engines, each in turn (1: the CUDA C++ "
-                   "INT8 attention kernels and their merge with programmatic dependent launch "
-                   "where VLLM_PRISM_PDL allows it; 0: without)")
-    p.add_argument("--attn-verify-lazy", nargs="+", default=["1"], choices=["1", "0"],
-                   help="VLLM_PRISM_ATTN_VERIFY_LAZY for the engines with a drafter, each in "
-                   "turn (1: the CUDA C++ INT8 verification kernel keeps its running maxima "
-                   "across stages while the scores stay within 2^8 of them; 0: the exact "
-                   "softmax every stage)")
-    p.add_argument("--engine-process", nargs="+", default=["0"], choices=["0", "1"],
-                   help="VLLM_ENABLE_V1_MULTIPROCESSING for each engine in turn: 0 (default) "
-                   "the engine core in the benchmark's process, where the torch profiler sees "
-                   "its kernels and every step's host work runs serially with the GPU; 1 in "
-                   "its own process, as `vllm serve` runs it (no profile)")
+    _on_off(p, "--attn-pdl", "1",
+            "VLLM_PRISM_ATTN_PDL for the engines, each in turn (1: the CUDA C++ "
+            "INT8 attention kernels and their merge with programmatic dependent launch "
+            "where VLLM_PRISM_PDL allows it; 0: without)")
+    _on_off(p, "--attn-verify-lazy", "1",
+            "VLLM_PRISM_ATTN_VERIFY_LAZY for the engines with a drafter, each in "
+            "turn (1: the CUDA C++ INT8 verification kernel keeps its running maxima "
+            "across stages while the scores stay within 2^8 of them; 0: the exact "
+            "softmax every stage)")
+    _on_off(p, "--engine-process", "0",
+            "VLLM_ENABLE_V1_MULTIPROCESSING for each engine in turn: 0 (default) "
+            "the engine core in the benchmark's process, where the torch profiler sees "
+            "its kernels and every step's host work runs serially with the GPU; 1 in "
+            "its own process, as `vllm serve` runs it (no profile)")
     p.add_argument("--side-by-side", action="store_true",
                    help="start every engine at once (--gpu-memory shared among them); they "
                    "measure one at a time")

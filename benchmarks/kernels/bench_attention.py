@@ -31,13 +31,14 @@ its geometry); without it the records use the GPU's entry in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -500,29 +501,37 @@ def sweep(cache: Cache, kv_name: str, res: dict, late, read_bw: float, save) -> 
 CUDA_SWEEP = [(2, 4, 2), (2, 4, 1), (2, 8, 2), (3, 4, 2), (1, 4, 2), (2, 2, 2)]
 
 
+@contextlib.contextmanager
+def cuda_settings(**overrides) -> Iterator[None]:
+    """cuda_decode's module settings ``overrides`` (e.g. ``ATTN_PDL=False``) for the calls
+    made inside, restored after."""
+    saved = {name: getattr(cuda_decode, name) for name in overrides}
+    for name, value in overrides.items():
+        setattr(cuda_decode, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(cuda_decode, name, value)
+
+
 def run_cuda_sweep(cache: Cache, res: dict, late, read_bw: float, save) -> None:
     """Time the CUDA decode kernel's segmentation variants at 4K / 32K / 128K (one request),
     each checked against the fp32 reference."""
-    default = (cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES, cuda_decode.DECODE_DIM_SPLIT)
-    try:
-        for ctas, min_tiles, split in CUDA_SWEEP:
-            (cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES,
-             cuda_decode.DECODE_DIM_SPLIT) = ctas, min_tiles, split
-            for ctx in (4096, 32768, 131072):
-                if late():
-                    return
+    for ctas, min_tiles, split in CUDA_SWEEP:
+        for ctx in (4096, 32768, 131072):
+            if late():
+                return
+            with cuda_settings(CTAS_PER_SM=ctas, MIN_TILES=min_tiles, DECODE_DIM_SPLIT=split):
                 us, err = ours_time(cache, ctx, 1, check=True, kernel="cuda")
-                rec = dict(kind="decode", kernel="cuda", kv="int8", context=ctx,
-                           ctas_per_sm=ctas, min_tiles=min_tiles, dim_split=split,
-                           us=round(us, 2),
-                           bw_frac=round(ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw, 3),
-                           err=float(f"{err:.3g}"))
-                res["cuda_sweep"].append(rec)
-                print(json.dumps(rec), flush=True)
-            save()
-    finally:
-        (cuda_decode.CTAS_PER_SM, cuda_decode.MIN_TILES,
-         cuda_decode.DECODE_DIM_SPLIT) = default
+            rec = dict(kind="decode", kernel="cuda", kv="int8", context=ctx,
+                       ctas_per_sm=ctas, min_tiles=min_tiles, dim_split=split,
+                       us=round(us, 2),
+                       bw_frac=round(ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw, 3),
+                       err=float(f"{err:.3g}"))
+            res["cuda_sweep"].append(rec)
+            print(json.dumps(rec), flush=True)
+        save()
 
 
 def decompose_calls(cache: Cache, ctx: int, part: str) -> list[Callable[[], object]]:
@@ -555,12 +564,8 @@ def decompose_calls(cache: Cache, ctx: int, part: str) -> list[Callable[[], obje
         trigger = "end" if part.endswith("end") else "start"
 
         def call(i: int) -> None:
-            saved = cuda_decode.ATTN_PDL, cuda_decode.ATTN_PDL_TRIGGER
-            cuda_decode.ATTN_PDL, cuda_decode.ATTN_PDL_TRIGGER = pdl, trigger
-            try:
+            with cuda_settings(ATTN_PDL=pdl, ATTN_PDL_TRIGGER=trigger):
                 decode_attention(q, cache.cache, mds[i], out=outs[i], kernel="cuda")
-            finally:
-                cuda_decode.ATTN_PDL, cuda_decode.ATTN_PDL_TRIGGER = saved
         return [lambda i=i: call(i) for i in range(copies)]
     for i in range(copies):
         kernel(i)
@@ -592,14 +597,8 @@ def cuda_variant_record(cache: Cache, ctx: int, q_len: int, default_us: float, b
     """The CUDA C++ kernel (decode or verification) with cuda_decode's module settings
     ``overrides`` (e.g. bf16 partials, the kernel's other dim_split), timed and checked
     against the fp32 reference, and against ``default_us``, the same call without them."""
-    saved = {name: getattr(cuda_decode, name) for name in overrides}
-    for name, value in overrides.items():
-        setattr(cuda_decode, name, value)
-    try:
+    with cuda_settings(**overrides):
         us, err = ours_time(cache, ctx, q_len, check=True, kernel="cuda")
-    finally:
-        for name, value in saved.items():
-            setattr(cuda_decode, name, value)
     rec = dict(kind="decode" if q_len == 1 else "verify", kernel=label, context=ctx,
                q_tokens=q_len, kv="int8", us=round(us, 2), **(extra or {}),
                bw_frac=round(bytes_ / (us * 1e-6) / 1e9 / read_bw, 3))

@@ -31,3 +31,23 @@ def test_cpu_smoke_run_writes_every_kind(tmp_path) -> None:
     assert all(r["us"] > 0 for r in res["records"])
     table = (tmp_path / "attention_cpu-smoke.md").read_text()
     assert table.count("| verify | triton |") == 4
+
+
+def test_cuda_settings_are_restored(monkeypatch) -> None:
+    """The benchmark's cuda_decode overrides hold inside the block and are restored after it,
+    also when the timed call fails."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"
+                                    / "kernels"))
+    sys.modules.pop("bench_attention", None)
+    import bench_attention
+    from vllm_prism.attention.ops import cuda_decode
+
+    before = (cuda_decode.ATTN_PDL, cuda_decode.MIN_TILES)
+    with pytest.raises(RuntimeError):
+        with bench_attention.cuda_settings(ATTN_PDL=False, MIN_TILES=99):
+            assert (cuda_decode.ATTN_PDL, cuda_decode.MIN_TILES) == (False, 99)
+            raise RuntimeError("timed call failed")
+    assert (cuda_decode.ATTN_PDL, cuda_decode.MIN_TILES) == before
