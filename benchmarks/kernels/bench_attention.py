@@ -534,15 +534,23 @@ def run_cuda_sweep(cache: Cache, res: dict, late, read_bw: float, save) -> None:
         save()
 
 
-def decompose_calls(cache: Cache, ctx: int, part: str) -> list[Callable[[], object]]:
+# The verification call --cuda-decompose times (a DFlash step of k = 5 drafts).
+DECOMPOSE_VERIFY_TOKENS = 6
+
+
+def decompose_calls(cache: Cache, ctx: int, part: str,
+                    q_len: int = 1) -> list[Callable[[], object]]:
     """Calls (one per cache copy) of one part of the CUDA decode call at ``ctx``: ``kernel``
     (the decode kernel writing its partials), ``merge`` (the log-sum-exp merge of partials the
     kernel wrote once), both without programmatic dependent launch, or ``call pdl 0`` /
     ``call pdl 1`` / ``call pdl end`` (both, as decode_attention runs them, without it / with
-    the merge let launch at the kernel's start / after its stage loop)."""
-    q = torch.randn(1, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
+    the merge let launch at the kernel's start / after its stage loop). ``q_len`` > 1: the
+    verification call of that many tokens (``call`` parts only)."""
+    if q_len > 1 and not part.startswith("call"):
+        raise ValueError(f"the verification call has no part {part!r} here (call parts only)")
+    q = torch.randn(q_len, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
     copies = cache.copies(ctx)
-    mds = [cache.metadata(ctx, 1, i) for i in range(copies)]
+    mds = [cache.metadata(ctx, q_len, i) for i in range(copies)]
     outs = [torch.empty_like(q) for _ in range(copies)]
     segs = cuda_decode.num_cuda_segments(1, sm_count(q.device))
     parts = [(torch.empty(1, 1, HQ, segs, HS, dtype=cuda_decode.PARTIALS_DTYPE,
@@ -563,9 +571,11 @@ def decompose_calls(cache: Cache, ctx: int, part: str) -> list[Callable[[], obje
         pdl = not part.endswith("0")
         trigger = "end" if part.endswith("end") else "start"
 
+        attend = decode_attention if q_len == 1 else verify_attention
+
         def call(i: int) -> None:
             with cuda_settings(ATTN_PDL=pdl, ATTN_PDL_TRIGGER=trigger):
-                decode_attention(q, cache.cache, mds[i], out=outs[i], kernel="cuda")
+                attend(q, cache.cache, mds[i], out=outs[i], kernel="cuda")
         return [lambda i=i: call(i) for i in range(copies)]
     for i in range(copies):
         kernel(i)
@@ -576,14 +586,19 @@ def decompose_calls(cache: Cache, ctx: int, part: str) -> list[Callable[[], obje
 def run_cuda_decompose(cache: Cache, contexts: list[int], res: dict, late, read_bw: float,
                        save) -> None:
     """Where a CUDA decode call's time goes at each context: the kernel, the merge, the call,
-    and the call over a one-token context with the same grid (launch, empty CTAs, merge)."""
+    and the call over a one-token context with the same grid (launch, empty CTAs, merge); the
+    6-token verification call with and without programmatic dependent launch."""
+    calls_pdl = ("call pdl 0", "call pdl 1", "call pdl end")
     for ctx in [1, *contexts]:
-        for part in ("kernel", "merge", "call pdl 0", "call pdl 1", "call pdl end"):
+        verify = ctx >= DECOMPOSE_VERIFY_TOKENS  # the step's tokens are in the context
+        for q_len, part in [(1, p) for p in ("kernel", "merge", *calls_pdl)] + [
+                (DECOMPOSE_VERIFY_TOKENS, p) for p in calls_pdl if verify]:
             if late():
                 return
-            calls = decompose_calls(cache, ctx, part)
+            calls = decompose_calls(cache, ctx, part, q_len)
             us = time_graph(calls * max(1, 20 // len(calls)))
-            rec = dict(kind="decode", kernel="cuda", part=part, context=ctx, us=round(us, 2),
+            rec = dict(kind="decode" if q_len == 1 else "verify", kernel="cuda", part=part,
+                       context=ctx, q_tokens=q_len, us=round(us, 2),
                        bw_frac=round(ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw, 3))
             res["cuda_decompose"].append(rec)
             print(json.dumps(rec), flush=True)
@@ -685,11 +700,11 @@ def markdown(res: dict) -> str:
             lines.append(f"| {r['context']} | {r['ctas_per_sm']} | {r['min_tiles']} | "
                          f"{r.get('dim_split', 1)} | {r['us']} | {r['bw_frac']} | {r['err']} |")
     if res.get("cuda_decompose"):
-        lines += ["", "CUDA C++ INT8 decode, the call's parts (one request; context 1: the same "
-                  "grid over one token):", "", "| context | part | us | bw_frac |",
-                  "|---|---|---|---|"]
-        lines += [f"| {r['context']} | {r['part']} | {r['us']} | {r['bw_frac']} |"
-                  for r in res["cuda_decompose"]]
+        lines += ["", "CUDA C++ INT8 decode, the call's parts, and the verification call "
+                  "(one request; context 1: the same grid over one token):", "",
+                  "| kind | context | part | us | bw_frac |", "|---|---|---|---|---|"]
+        lines += [f"| {r.get('kind', 'decode')} | {r['context']} | {r['part']} | {r['us']} | "
+                  f"{r['bw_frac']} |" for r in res["cuda_decompose"]]
     if res.get("errors"):
         lines += ["", "Errors:", ""] + [f"    {e.splitlines()[-1]}" for e in res["errors"]]
     return "\n".join(lines) + "\n"

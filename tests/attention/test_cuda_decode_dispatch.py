@@ -121,7 +121,7 @@ def test_attention_pdl_switch(monkeypatch):
 
 def test_pdl_mode(monkeypatch):
     """The ops' pdl argument: 0 off; with it, 1 lets the next kernel launch at the kernel's
-    start (the default), 2 after its stage loop; anything else is refused by name."""
+    start, 2 after its stage loop (the default); anything else is refused by name."""
     calls = []
 
     class FakeOps:
@@ -130,12 +130,16 @@ def test_pdl_mode(monkeypatch):
 
     monkeypatch.setattr(torch.ops, "_C_prism", FakeOps(), raising=False)
     args = (None,) * 9 + (0.0625, 4)
+    monkeypatch.setattr(cuda_decode, "ATTN_PDL_TRIGGER", "start")
     cuda_decode.launch_cuda_decode(*args)
     cuda_decode.launch_cuda_decode(*args, pdl=True)
     monkeypatch.setattr(cuda_decode, "ATTN_PDL_TRIGGER", "end")
     cuda_decode.launch_cuda_decode(*args, pdl=True)
     cuda_decode.launch_cuda_decode(*args, pdl=False)
-    assert calls == [0, 1, 2, 0]
+    monkeypatch.undo()
+    monkeypatch.setattr(torch.ops, "_C_prism", FakeOps(), raising=False)
+    cuda_decode.launch_cuda_decode(*args, pdl=True)  # the module's default placement
+    assert calls == [0, 1, 2, 0, 2]
     monkeypatch.setattr(cuda_decode, "ATTN_PDL_TRIGGER", "middle")
     with pytest.raises(ValueError, match="ATTN_PDL_TRIGGER"):
         cuda_decode.launch_cuda_decode(*args, pdl=True)

@@ -26,9 +26,9 @@ Both kernels and their merge launch with programmatic dependent launch where the
 (``VLLM_PRISM_PDL``, Hopper and newer) and ``VLLM_PRISM_ATTN_PDL`` is on (``ATTN_PDL``
 overrides both): a kernel starts while the one before it (vLLM's cache writer) finishes and
 copies the tiles earlier steps wrote before it waits for it; the merge launches while the
-kernel runs (from its start, or from the end of its stage loop: ``ATTN_PDL_TRIGGER``) and waits
-for its partials. Only for causal calls: a DFlash drafter's step writes context slots before
-its draft block.
+kernel runs (once every CTA has ended its stage loop, or from the kernel's start:
+``ATTN_PDL_TRIGGER``) and waits for its partials. Only for causal calls: a DFlash drafter's
+step writes context slots before its draft block.
 """
 
 from __future__ import annotations
@@ -81,10 +81,11 @@ MAX_SEGMENTS = 256
 # VLLM_PRISM_ATTN_PDL and the PQ2 kernels' choice (use_pdl: VLLM_PRISM_PDL on a Hopper or newer
 # GPU); a benchmark or a test sets True or False here
 ATTN_PDL: bool | None = None
-# where a kernel launched with it lets the next one (the merge) launch: "start" (at its start,
-# as measured: attention_h200_2026-12-04d.md) or "end" (after its stage loop: a variant for a
-# benchmark, not yet timed)
-ATTN_PDL_TRIGGER = "start"
+# where a kernel launched with it lets the next one (the merge) launch: "end" (after its stage
+# loop) or "start" (at its start). H200, decode call (attention_h200_2026-12-04e.md,
+# --cuda-decompose, two runs): "end" 12.1 against 14.9 us at 4K, 18.9 / 19.3 at 16K, 27.9 /
+# 28.1 at 32K, 75.6 / 74.1 at 128K; the 6-token verification call within 0.5 us either way
+ATTN_PDL_TRIGGER = "end"
 # The segments' partial outputs the CUDA kernels write for the merge: fp32, or bf16 (half the
 # bytes written and read back: 6.3 MB a 32K decode call of the 27B layer in fp32; the Triton
 # verification path's partials are bf16). fp32 until bf16 is timed on a GPU.
