@@ -8,7 +8,8 @@
 // 32 / LANES rows at a time. Warps walk their rows grid-stride; with PREFETCH the next
 // row's (or pass's) loads are issued before the current one is computed. The first loads of
 // every warp are issued before the grid-dependency wait (programmatic dependent launch): they
-// do not depend on the producer of the activation.
+// do not depend on the producer of the activation; with `l2_ahead` each warp also asks L2 for
+// the codes of its next passes then (prefetch, no registers held).
 //
 // The M int8 activation rows are staged in shared memory once per CTA, piece-major ([4][K/64]
 // of 16 bytes a row: lanes reading consecutive chunks hit distinct banks), with the int32 sum
@@ -79,6 +80,12 @@ struct Cursor {
   int rg, pass;
 };
 
+// The pass a warp takes after `c` (the next pass of its row group, or its next row group's
+// first): `passes` a row group, `stride` warps in the grid.
+__device__ __forceinline__ Cursor next_pass(Cursor c, int passes, int stride) {
+  return c.pass + 1 < passes ? Cursor{c.rg, c.pass + 1} : Cursor{c.rg + stride, 0};
+}
+
 template <int LANES, int CMAX, int HINT>
 __device__ __forceinline__ void load_frag(Frag<CMAX>& f, const Pq2LinearParams& p, Cursor c,
                                           int hl, int sub, int g64) {
@@ -142,8 +149,7 @@ __device__ __forceinline__ void gemv_rows(const Pq2LinearParams& p, const GemvSm
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.f;
   while (cur.rg < groups) {
-    Cursor next{cur.rg, cur.pass + 1};
-    if (next.pass == passes) next = Cursor{cur.rg + stride, 0};
+    const Cursor next = next_pass(cur, passes, stride);
     if constexpr (PREFETCH) {
       Frag<CMAX> nf;
       if (next.rg < groups) load_frag<LANES, CMAX, HINT>(nf, p, next, hl, sub, L.g64);
@@ -169,6 +175,65 @@ __device__ __forceinline__ void gemv_rows(const Pq2LinearParams& p, const GemvSm
   }
 }
 
+// L2 prefetches of a warp's weights before the grid-dependency wait: the fused kernel's first
+// row group, the plain kernel's Pq2LinearParams::l2_ahead passes after its first (0 by
+// default: opt-in until timed in a chain of linears with their producers).
+__device__ __forceinline__ void prefetch_l2(const void* ptr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
+}
+
+// Asks L2 for the codes and scales of one pass of a warp (its 32 / LANES rows' chunks
+// c.pass * LANES * CMAX .. + LANES * CMAX - 1).
+template <int LANES, int CMAX>
+__device__ __forceinline__ void prefetch_pass(const Pq2LinearParams& p, Cursor c, int lane,
+                                              int g64) {
+  constexpr int kRows = 32 / LANES;
+  const int row0 = c.rg * kRows;
+  if (row0 >= p.n) return;
+  const int rows = min(kRows, p.n - row0);
+  const int g0 = c.pass * (LANES * CMAX), g1 = min(g64, g0 + LANES * CMAX);
+  const int bytes = 16 * (g1 - g0);
+  const int lines = bytes / 128 + 2;  // the pass's codes, wherever its 16-byte start lies
+  for (int t = lane; t < rows * lines; t += 32) {
+    const int r = t / lines, l = t - r * lines;
+    const char* start =
+        reinterpret_cast<const char*>(p.codes + (row0 + r) * p.stride_c) + 16 * g0;
+    const char* line = reinterpret_cast<const char*>(
+        (reinterpret_cast<uintptr_t>(start) & ~static_cast<uintptr_t>(127)) + 128 * l);
+    if (line < start + bytes) prefetch_l2(line);
+  }
+  if (lane < rows) {  // the pass's fp16 scales (one a 128-group): bytes ~g0 .. g1 - 1
+    const char* srow = reinterpret_cast<const char*>(p.scales + (row0 + lane) * p.stride_s);
+    prefetch_l2(srow + 2 * (g0 >> 1));
+    prefetch_l2(srow + 2 * ((g1 - 1) >> 1));
+  }
+}
+
+// Asks L2 for every 128-byte line of the codes and scales of row group `rg` (rows
+// rg * 32 / LANES ...): the loads of its first pass then find them there.
+template <int LANES>
+__device__ __forceinline__ void prefetch_row_group(const Pq2LinearParams& p, int rg, int lane,
+                                                   int g64) {
+  constexpr int kRows = 32 / LANES;
+  const int row0 = rg * kRows;
+  if (row0 >= p.n) return;
+  const int rows = min(kRows, p.n - row0);
+  const int bytes = g64 * 16;
+  const int lines = bytes / 128 + 2;  // a row's codes, wherever its 16-byte start lies
+  for (int t = lane; t < rows * lines; t += 32) {
+    const int r = t / lines, l = t - r * lines;
+    const char* row = reinterpret_cast<const char*>(p.codes + (row0 + r) * p.stride_c);
+    const char* line = reinterpret_cast<const char*>(
+        (reinterpret_cast<uintptr_t>(row) & ~static_cast<uintptr_t>(127)) + 128 * l);
+    if (line < row + bytes) prefetch_l2(line);
+  }
+  if (lane < rows) {  // the row's fp16 scales: g64 / 2 of them, at most two lines
+    const char* srow = reinterpret_cast<const char*>(p.scales + (row0 + lane) * p.stride_s);
+    prefetch_l2(srow);
+    prefetch_l2(srow + g64 - 1);
+  }
+}
+
 template <int LANES, int CMAX, int HINT, bool PREFETCH, int M>
 __global__ void __launch_bounds__(kThreads, PQ2_GEMV_MIN_BLOCKS)
     pq2_gemv_int8_kernel(const __grid_constant__ Pq2LinearParams p) {
@@ -185,6 +250,16 @@ __global__ void __launch_bounds__(kThreads, PQ2_GEMV_MIN_BLOCKS)
                    0};
   Frag<CMAX> f;
   if (cur.rg < groups) load_frag<LANES, CMAX, HINT>(f, p, cur, hl, sub, L.g64);
+  // With p.l2_ahead, the codes and scales of the warp's next l2_ahead passes on their way to
+  // L2 too: DRAM is otherwise idle while the producer before this kernel runs.
+  const int passes = (L.g64 + LANES * CMAX - 1) / (LANES * CMAX);
+  const int stride = static_cast<int>(gridDim.x * (blockDim.x >> 5));  // warps of the grid
+  Cursor ahead = cur;
+  for (int j = 0; j < p.l2_ahead; ++j) {
+    ahead = next_pass(ahead, passes, stride);
+    if (ahead.rg >= groups) break;
+    prefetch_pass<LANES, CMAX>(p, ahead, lane, L.g64);
+  }
   if (p.pdl) pdl_wait();  // the activation is complete past here
 
   // 2. The activation rows, piece-major, with their 64-chunk sums and 128-group scales.
@@ -225,35 +300,6 @@ __global__ void __launch_bounds__(kThreads, PQ2_GEMV_MIN_BLOCKS)
 // and lane shuffles, each 128-group's int8 quantization over four lanes.
 
 constexpr int kFusedThreads = 1024;
-
-__device__ __forceinline__ void prefetch_l2(const void* ptr) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
-}
-
-// Asks L2 for every 128-byte line of the codes and scales of row group `rg` (rows
-// rg * 32 / LANES ...): the loads of its first pass then find them there.
-template <int LANES>
-__device__ __forceinline__ void prefetch_row_group(const Pq2LinearParams& p, int rg, int lane,
-                                                   int g64) {
-  constexpr int kRows = 32 / LANES;
-  const int row0 = rg * kRows;
-  if (row0 >= p.n) return;
-  const int rows = min(kRows, p.n - row0);
-  const int bytes = g64 * 16;
-  const int lines = bytes / 128 + 2;  // a row's codes, wherever its 16-byte start lies
-  for (int t = lane; t < rows * lines; t += 32) {
-    const int r = t / lines, l = t - r * lines;
-    const char* row = reinterpret_cast<const char*>(p.codes + (row0 + r) * p.stride_c);
-    const char* line = reinterpret_cast<const char*>(
-        (reinterpret_cast<uintptr_t>(row) & ~static_cast<uintptr_t>(127)) + 128 * l);
-    if (line < row + bytes) prefetch_l2(line);
-  }
-  if (lane < rows) {  // the row's fp16 scales: g64 / 2 of them, at most two lines
-    const char* srow = reinterpret_cast<const char*>(p.scales + (row0 + lane) * p.stride_s);
-    prefetch_l2(srow);
-    prefetch_l2(srow + g64 - 1);
-  }
-}
 
 // Builds the int8 activation of x in shared memory (L: the GEMV's layout; red: 32 floats):
 // every thread of the CTA takes part (producer_device.cuh); CTA 0 writes the residual sum.

@@ -531,7 +531,8 @@ class GemvCudaA8Kernel(_CudaOpKernel):
     @classmethod
     def run(cls, act, w, bias, out_dtype):
         return torch.ops._C_prism.pq2_gemv_int8(w.codes, w.scales, act.data, act.group_scale,
-                                                bias, out_dtype, use_pdl(w.device))
+                                                bias, out_dtype, use_pdl(w.device),
+                                                envs.VLLM_PRISM_PQ2_L2_AHEAD)
 
 
 class GemvFusedCudaKernel(_CudaOpKernel):
@@ -659,9 +660,10 @@ class MmaSmallCudaA8Kernel(_CudaOpKernel):
 
     @classmethod
     def run(cls, act, w, bias, out_dtype):
-        return torch.ops._C_prism.pq2_mma_small_int8(w.codes, w.scales, act.data,
-                                                     act.group_scale, act.group_sum, bias,
-                                                     out_dtype, use_pdl(w.device), cls.variant)
+        return torch.ops._C_prism.pq2_mma_small_int8(
+            w.codes, w.scales, act.data, act.group_scale, act.group_sum, bias, out_dtype,
+            use_pdl(w.device), cls.variant,
+            envs.VLLM_PRISM_PQ2_L2_AHEAD if cls.variant == MmaLeanCudaA8Kernel.variant else 0)
 
 
 class MmaSmallPipeCudaA8Kernel(MmaSmallCudaA8Kernel):
