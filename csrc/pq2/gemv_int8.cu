@@ -182,18 +182,17 @@ __device__ __forceinline__ void prefetch_l2(const void* ptr) {
   asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
 }
 
-// Asks L2 for the codes and scales of one pass of a warp (its 32 / LANES rows' chunks
-// c.pass * LANES * CMAX .. + LANES * CMAX - 1).
-template <int LANES, int CMAX>
-__device__ __forceinline__ void prefetch_pass(const Pq2LinearParams& p, Cursor c, int lane,
-                                              int g64) {
+// Asks L2 for chunks g0 .. g1 - 1 (16 bytes of codes and half an fp16 scale each) of the rows
+// of row group `rg` (rows rg * 32 / LANES ...): the loads of those chunks then find them there.
+template <int LANES>
+__device__ __forceinline__ void prefetch_chunks(const Pq2LinearParams& p, int rg, int g0,
+                                                int g1, int lane) {
   constexpr int kRows = 32 / LANES;
-  const int row0 = c.rg * kRows;
+  const int row0 = rg * kRows;
   if (row0 >= p.n) return;
   const int rows = min(kRows, p.n - row0);
-  const int g0 = c.pass * (LANES * CMAX), g1 = min(g64, g0 + LANES * CMAX);
   const int bytes = 16 * (g1 - g0);
-  const int lines = bytes / 128 + 2;  // the pass's codes, wherever its 16-byte start lies
+  const int lines = bytes / 128 + 2;  // the chunks' codes, wherever their 16-byte start lies
   for (int t = lane; t < rows * lines; t += 32) {
     const int r = t / lines, l = t - r * lines;
     const char* start =
@@ -202,36 +201,19 @@ __device__ __forceinline__ void prefetch_pass(const Pq2LinearParams& p, Cursor c
         (reinterpret_cast<uintptr_t>(start) & ~static_cast<uintptr_t>(127)) + 128 * l);
     if (line < start + bytes) prefetch_l2(line);
   }
-  if (lane < rows) {  // the pass's fp16 scales (one a 128-group): bytes ~g0 .. g1 - 1
+  if (lane < rows) {  // the chunks' fp16 scales (one a 128-group): at most two lines
     const char* srow = reinterpret_cast<const char*>(p.scales + (row0 + lane) * p.stride_s);
     prefetch_l2(srow + 2 * (g0 >> 1));
     prefetch_l2(srow + 2 * ((g1 - 1) >> 1));
   }
 }
 
-// Asks L2 for every 128-byte line of the codes and scales of row group `rg` (rows
-// rg * 32 / LANES ...): the loads of its first pass then find them there.
-template <int LANES>
-__device__ __forceinline__ void prefetch_row_group(const Pq2LinearParams& p, int rg, int lane,
-                                                   int g64) {
-  constexpr int kRows = 32 / LANES;
-  const int row0 = rg * kRows;
-  if (row0 >= p.n) return;
-  const int rows = min(kRows, p.n - row0);
-  const int bytes = g64 * 16;
-  const int lines = bytes / 128 + 2;  // a row's codes, wherever its 16-byte start lies
-  for (int t = lane; t < rows * lines; t += 32) {
-    const int r = t / lines, l = t - r * lines;
-    const char* row = reinterpret_cast<const char*>(p.codes + (row0 + r) * p.stride_c);
-    const char* line = reinterpret_cast<const char*>(
-        (reinterpret_cast<uintptr_t>(row) & ~static_cast<uintptr_t>(127)) + 128 * l);
-    if (line < row + bytes) prefetch_l2(line);
-  }
-  if (lane < rows) {  // the row's fp16 scales: g64 / 2 of them, at most two lines
-    const char* srow = reinterpret_cast<const char*>(p.scales + (row0 + lane) * p.stride_s);
-    prefetch_l2(srow);
-    prefetch_l2(srow + g64 - 1);
-  }
+// One pass of a warp: chunks c.pass * LANES * CMAX .. + LANES * CMAX - 1 of its row group.
+template <int LANES, int CMAX>
+__device__ __forceinline__ void prefetch_pass(const Pq2LinearParams& p, Cursor c, int lane,
+                                              int g64) {
+  const int g0 = c.pass * (LANES * CMAX);
+  prefetch_chunks<LANES>(p, c.rg, g0, min(g64, g0 + LANES * CMAX), lane);
 }
 
 template <int LANES, int CMAX, int HINT, bool PREFETCH, int M>
@@ -334,7 +316,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
                        static_cast<int>(threadIdx.x >> 5),
                    0};
   // 1. The first row group's weights on their way to L2: independent of the previous kernel.
-  if (cur.rg < groups) prefetch_row_group<LANES>(p, cur.rg, lane, L.g64);
+  if (cur.rg < groups) prefetch_chunks<LANES>(p, cur.rg, 0, L.g64, lane);
   if (p.pdl) pdl_wait();  // x (and the residual, the gate) are complete past here
   // 2. The activation, made by this CTA.
   produce_activation(p, q, L, smem, reinterpret_cast<float*>(smem + L.bytes));
