@@ -61,6 +61,12 @@ def test_producer_compiles_for_sm90(prologue: str, mode: int) -> None:
     assert kernel.asm.get("cubin"), "no cubin produced"
     ptx = kernel.asm["ptx"]
     assert "griddepcontrol.launch_dependents" in ptx and "griddepcontrol.wait" in ptx
+    # the model's constants (the fold's signs, the norm's weight) are loaded before the wait,
+    # while the kernel before this one finishes; the activation after it
+    wait = ptx.index("griddepcontrol.wait")
+    assert ptx.index("griddepcontrol.launch_dependents") < wait
+    before, after = ptx[:wait].count("ld.global"), ptx[wait:].count("ld.global")
+    assert before >= 1 + PROLOGUES[prologue]["HAS_RMS"] and after >= 1, (before, after)
 
 
 def _ptx(fn, sig: dict, consts: dict, **options: int) -> str:

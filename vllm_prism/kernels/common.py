@@ -21,7 +21,8 @@ except ImportError:  # pragma: no cover - exercised only where triton is absent
     HAS_TRITON = False
 
 __all__ = ["HAS_TRITON", "interpreting", "triton_can_run", "device_capability", "device_name",
-           "sm_count", "cdiv", "next_power_of_2", "use_pdl", "pdl_launch", "pdl_enter"]
+           "sm_count", "cdiv", "next_power_of_2", "use_pdl", "pdl_launch", "pdl_enter",
+           "pdl_release", "pdl_wait"]
 
 
 def interpreting() -> bool:
@@ -101,12 +102,26 @@ def pdl_launch(pdl: bool) -> dict:
 if HAS_TRITON:
 
     @triton.jit
+    def pdl_release(PDL: tl.constexpr):
+        """Let the next kernel launch (a kernel launched with ``pdl_launch``); what follows
+        until :func:`pdl_wait` may read only what the kernels before this one do not write.
+        Nothing without ``PDL``."""
+        if PDL:
+            tl.extra.cuda.gdc_launch_dependents()
+
+    @triton.jit
+    def pdl_wait(PDL: tl.constexpr):
+        """Wait until this kernel's inputs (the kernels before it) are complete. Nothing
+        without ``PDL``."""
+        if PDL:
+            tl.extra.cuda.gdc_wait()
+
+    @triton.jit
     def pdl_enter(PDL: tl.constexpr):
         """Start of a kernel launched with ``pdl_launch``: let the next kernel launch, then
         wait until this one's inputs are complete. Nothing without ``PDL``."""
-        if PDL:
-            tl.extra.cuda.gdc_launch_dependents()
-            tl.extra.cuda.gdc_wait()
+        pdl_release(PDL)
+        pdl_wait(PDL)
 
 
 def cdiv(a: int, b: int) -> int:

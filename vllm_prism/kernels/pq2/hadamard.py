@@ -41,7 +41,7 @@ import torch
 from vllm_prism.kernels.common import HAS_TRITON, pdl_launch, triton_can_run, use_pdl
 
 if HAS_TRITON:
-    from vllm_prism.kernels.common import pdl_enter
+    from vllm_prism.kernels.common import pdl_release, pdl_wait
 
 if HAS_TRITON:
     import triton
@@ -149,11 +149,21 @@ if HAS_TRITON:
                     RMS_GROUP: tl.constexpr, GLU: tl.constexpr, HAS_RES: tl.constexpr,
                     HAS_GATE: tl.constexpr, GATE_SIGMOID: tl.constexpr, MODE: tl.constexpr,
                     PDL: tl.constexpr = False):
-        pdl_enter(PDL)  # let the next kernel launch; our inputs are complete past here
+        pdl_release(PDL)  # let the next kernel launch
         m = tl.program_id(0).to(tl.int64)
         seg = tl.program_id(1)
         NG: tl.constexpr = SEG // 128
         offs = seg * SEG + tl.arange(0, SEG)
+        # the fold's signs and the norm's weight are the model's constants: their loads go out
+        # while the kernel before this one finishes
+        if HAS_SIGNS:
+            sgn = tl.load(signs_ptr + offs)
+        if HAS_RMS:
+            if RMS_GROUP > 0:
+                rmsw = tl.load(rmsw_ptr + offs % RMS_GROUP).to(tl.float32) + rms_offset
+            else:
+                rmsw = tl.load(rmsw_ptr + offs).to(tl.float32) + rms_offset
+        pdl_wait(PDL)  # our inputs are complete past here
         x_row = x_ptr + m * stride_xm
         r_row = res_ptr + m * stride_rm
         x = _prologue_load(x_row, r_row, offs, offs < K, K, GLU, HAS_RES)
@@ -164,7 +174,7 @@ if HAS_TRITON:
                 xg = tl.reshape(x, (SEG // RMS_GROUP, RMS_GROUP))
                 rg = 1.0 / tl.sqrt(tl.sum(xg * xg, axis=1) / RMS_GROUP + eps)
                 x = tl.reshape(xg * rg[:, None], (SEG,))
-                x = x * (tl.load(rmsw_ptr + offs % RMS_GROUP).to(tl.float32) + rms_offset)
+                x = x * rmsw
             else:
                 # unrolled: every chunk's loads are issued before the first is summed (a
                 # runtime loop waits for each chunk's L2 round trip in turn)
@@ -174,7 +184,7 @@ if HAS_TRITON:
                     v = _prologue_load(x_row, r_row, o, o < K, K, GLU, HAS_RES)
                     sq += v * v
                 rstd = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
-                x = x * rstd * (tl.load(rmsw_ptr + offs).to(tl.float32) + rms_offset)
+                x = x * rstd * rmsw
         if HAS_GATE:
             z = tl.load(gate_ptr + m * stride_zm + offs).to(tl.float32)
             sig = 1.0 / (1.0 + tl.exp(-z))
@@ -182,7 +192,7 @@ if HAS_TRITON:
         if HAS_XOUT:
             tl.store(xout_ptr + m * K + offs, x.to(xout_ptr.dtype.element_ty))
         if HAS_SIGNS:
-            x = x * tl.load(signs_ptr + offs)
+            x = x * sgn
         if LOG_B > 0:
             x = _fwht(x, SEG, LOG_B) * INV_SQRT_B
         out_row = out_ptr + m * stride_om
