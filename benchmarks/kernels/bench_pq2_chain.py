@@ -29,14 +29,12 @@ weights before they wait for the producer), each against the first value.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import os
 import statistics
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -145,22 +143,6 @@ def time_chain(layers: list[list[PQ2Weight]], xs: dict[int, torch.Tensor], gap_c
     return statistics.median(times)
 
 
-@contextlib.contextmanager
-def pq2_l2_ahead(value: int) -> Iterator[None]:
-    """VLLM_PRISM_PQ2_L2_AHEAD set to ``value`` for the launches (and graph captures) inside,
-    the environment restored after."""
-    name = "VLLM_PRISM_PQ2_L2_AHEAD"
-    saved = os.environ.get(name)
-    os.environ[name] = str(value)
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = saved
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--layers", type=int, default=12)
@@ -208,7 +190,7 @@ def main() -> None:
     for gap in args.gap_us:
         first = None
         for ahead in args.l2_ahead:
-            with pq2_l2_ahead(ahead):
+            with timing.env_setting("VLLM_PRISM_PQ2_L2_AHEAD", str(ahead)):
                 us = time_chain(layers, xs, spin_cycles(gap) if gap else 0, prologues)
             first = first or us
             rec = {"gap_us": gap, "l2_ahead": ahead, "us_per_layer": round(us, 2),

@@ -39,7 +39,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from timing import gpu_slug, l2_bytes, read_bandwidth_gbps, time_graph  # noqa: E402
+from timing import (env_setting, gpu_slug, l2_bytes, read_bandwidth_gbps,  # noqa: E402
+                    time_graph)
 from vllm_prism.kernels.common import use_pdl  # noqa: E402
 from vllm_prism.kernels.pq2 import dispatch  # noqa: E402
 from vllm_prism.kernels.pq2.hadamard import ActKind, transform_activation  # noqa: E402
@@ -260,7 +261,7 @@ def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gb
         pdl = use_pdl(w0.device)
         us_no_pdl = None
         if pdl:
-            with _pdl_off():
+            with env_setting("VLLM_PRISM_PDL", "0"):
                 us_no_pdl = round(time_graph([lambda i=i: dispatch.pq2_linear(x, ws[i % len(ws)])
                                               for i in range(calls)]), 2)
         act = kernel.make_activation(x, w0)
@@ -293,20 +294,6 @@ def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gb
         print(json.dumps(rec), flush=True)
     del ws, dense, wd, wf
     torch.cuda.empty_cache()
-
-
-class _pdl_off:
-    """VLLM_PRISM_PDL=0 inside the block (kernels read it at launch)."""
-
-    def __enter__(self) -> None:
-        self.old = os.environ.get("VLLM_PRISM_PDL")
-        os.environ["VLLM_PRISM_PDL"] = "0"
-
-    def __exit__(self, *exc: object) -> None:
-        if self.old is None:
-            os.environ.pop("VLLM_PRISM_PDL", None)
-        else:
-            os.environ["VLLM_PRISM_PDL"] = self.old
 
 
 def candidates(m: int) -> list[str]:

@@ -1,4 +1,5 @@
-"""Timing helpers shared by the kernel benchmarks (CUDA events, CUDA graphs, bandwidth).
+"""Timing helpers shared by the kernel benchmarks (CUDA events, CUDA graphs, bandwidth, a
+switch set for the launches of a block).
 
 Every benchmark reports times against a baseline measured in the same run; these are the
 measuring tools: the median of CUDA-event timings, replays of a CUDA graph holding many
@@ -8,9 +9,11 @@ of the GPU from a large read-only reduction.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -86,3 +89,18 @@ def read_bandwidth_gbps(device: str = "cuda") -> float:
 def l2_bytes() -> int:
     """The GPU's L2 cache size (inputs are rotated past a multiple of it)."""
     return getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 64 << 20)
+
+
+@contextlib.contextmanager
+def env_setting(name: str, value: str) -> Iterator[None]:
+    """The environment variable ``name`` set to ``value`` inside the block (the kernels read
+    their VLLM_PRISM_* switches at launch and graph capture), restored after."""
+    saved = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved

@@ -41,11 +41,10 @@ import torch
 from vllm_prism.kernels.common import HAS_TRITON, pdl_launch, triton_can_run, use_pdl
 
 if HAS_TRITON:
-    from vllm_prism.kernels.common import pdl_release, pdl_wait
-
-if HAS_TRITON:
     import triton
     import triton.language as tl
+
+    from vllm_prism.kernels.common import pdl_release, pdl_wait
 
 __all__ = ["ActKind", "PQ2Activation", "Prologue", "check_activation", "transform_activation",
            "hadamard_transform", "transform_activation_torch", "block_hadamard_torch",
