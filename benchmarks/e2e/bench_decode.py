@@ -97,9 +97,18 @@ prefilled. Prompts are random token ids, distinct per request.
   (span, own time and launches per step; own time: see :func:`own_time`) and the GPU-busy
   share: the union of kernel intervals over the step time measured without the profiler.
   (The first runs attributed one trace to decode by a wall-clock ratio.)
-* ``--host-profile``: cProfile of two generate() calls the same way, the host's Python time
-  per step (own-time total, the functions by cumulative and by own time): where a step's
-  host work goes when the GPU idles in it (the engine core in this process only).
+* ``--host-profile``: cProfile of one generate() call over its decode steps only (from the
+  first decode or verification step's CUDA-graph dispatch on, :class:`StepWatch`), the host's
+  Python time per step (own-time total, the functions by cumulative and by own time): where
+  a step's host work goes when the GPU idles in it (the engine core in this process only).
+  (Until 2026-12-04 it was the difference of two calls' profiles like the kernel profile's,
+  where any difference between the two calls' prefills counts as decode time: the profile of
+  a 32K verification step that day listed vLLM's eager Gated DeltaNet forward, which a
+  full-graph step does not run, at 3.7 ms a step.)
+* the decode and verification records of an in-process engine hold ``graph_modes`` (how
+  vLLM's CUDA-graph dispatch ran their measured steps, e.g. ``{"FULL": 96}``) and each record
+  the host's CPU model and a Python timing (``host_cpu``, ``host_py_ms``: the host's speed,
+  which a step with GPU idle depends on).
 
 ``ceiling_frac`` is the bytes a step must move (the ternary weights but the embedding, plus
 the KV cache read for every request's context, plus each request's Gated DeltaNet state read
@@ -422,40 +431,109 @@ def function_times(stats: dict) -> dict[str, tuple[float, float]]:
     return out
 
 
-def host_profile(times_a: dict[str, tuple[float, float]], times_b: dict[str, tuple[float, float]],
-                 steps: int) -> dict:
-    """Per step, the host's Python time of the longer profiled call minus the shorter one's
-    (the prefill and the first token cancel out): the total own time and the ``HOST_TOP``
-    functions by cumulative and by own time, in ms."""
-    diff = {k: tuple(max(0.0, x - y) * 1e3 / steps for x, y in zip(v, times_a.get(k, (0.0, 0.0))))
-            for k, v in times_b.items()}
+def host_profile(times: dict[str, tuple[float, float]], steps: int) -> dict:
+    """Per step, the host's Python time of ``steps`` profiled steps: the total own time and
+    the ``HOST_TOP`` functions by cumulative and by own time, in ms."""
+    per = {k: tuple(x * 1e3 / max(steps, 1) for x in v) for k, v in times.items()}
 
     def top(i: int) -> list[dict]:
-        rows = sorted(diff.items(), key=lambda kv: -kv[1][i])[:HOST_TOP]
+        rows = sorted(per.items(), key=lambda kv: -kv[1][i])[:HOST_TOP]
         return [{"function": k, "own_ms": round(v[0], 4), "cum_ms": round(v[1], 4)}
                 for k, v in rows]
 
-    return {"host_ms_per_step": round(sum(v[0] for v in diff.values()), 4),
-            "host_top_cumulative": top(1), "host_top_own": top(0)}
+    return {"host_ms_per_step": round(sum(v[0] for v in per.values()), 4),
+            "host_profiled_steps": steps, "host_top_cumulative": top(1),
+            "host_top_own": top(0)}
 
 
-def _host_profile(llm, prompts, steps: int, counter: Callable[[], int] | None = None) -> dict:
-    """cProfile of two generate() calls of 1 + steps/2 and 1 + steps tokens, as
-    :func:`host_profile` (the engine core runs in this thread: VLLM_ENABLE_V1_MULTIPROCESSING
-    is 0). The profiler slows Python, so its times are shares, not the step's."""
+class StepWatch:
+    """Watches an in-process engine's model steps through vLLM's CUDA-graph dispatch
+    (vllm_prism/engine/step_record.py): counts the runtime modes of the uniform steps of
+    ``query_len`` tokens a request (k + 1: verification; 1: plain decode) and, when given a
+    profiler, runs it from the first such step's dispatch to the end of the call, stopping it
+    at any other step (a prefill chunk), so a host profile holds decode steps only."""
+
+    def __init__(self) -> None:
+        self.installed = False
+        self.reset(1)
+
+    def reset(self, query_len: int, profiler=None) -> None:
+        self.query_len, self.profiler, self.on = query_len, profiler, False
+        self.modes: dict[str, int] = {}
+        self.profiled = 0
+
+    def __call__(self, entry: list) -> None:
+        from vllm_prism.engine.step_record import is_uniform
+
+        if not is_uniform(entry, self.query_len):
+            if self.on:
+                self.profiler.disable()
+                self.on = False
+            return
+        self.modes[entry[2]] = self.modes.get(entry[2], 0) + 1
+        if self.profiler is not None:
+            if not self.on:
+                self.profiler.enable()
+                self.on = True
+            self.profiled += 1
+
+    def stop(self) -> None:
+        if self.on:
+            self.profiler.disable()
+            self.on = False
+
+
+_WATCH = StepWatch()
+
+
+def _watch(llm, query_len: int, profiler=None) -> StepWatch | None:
+    """The engine's :class:`StepWatch`, reset for ``query_len``-token steps (installed at the
+    first call); None where the engine core has its own process."""
+    if _engine_process():
+        return None
+    if not _WATCH.installed:
+        from vllm_prism.engine import step_record
+
+        llm.collective_rpc(step_record.install, args=(_WATCH,))
+        _WATCH.installed = True
+    _WATCH.reset(query_len, profiler)
+    return _WATCH
+
+
+def _host_profile(llm, prompts, steps: int, query_len: int) -> dict:
+    """cProfile of one generate() call of 1 + steps tokens, over its decode steps only
+    (:class:`StepWatch`: the profiler runs from the first step of ``query_len`` tokens a
+    request; the engine core runs in this thread: VLLM_ENABLE_V1_MULTIPROCESSING is 0), as
+    :func:`host_profile`. The profiler slows Python, so its times are shares, not the step's."""
     import cProfile
     import pstats
 
-    times, counts = [], []
-    for n in (1 + steps // 2, 1 + steps):
-        c0 = counter() if counter else 0
-        prof = cProfile.Profile()
-        prof.enable()
-        _generate(llm, prompts, n)
-        prof.disable()
-        counts.append((counter() - c0) if counter else n - 1)
-        times.append(function_times(pstats.Stats(prof).stats))
-    return host_profile(times[0], times[1], max(counts[1] - counts[0], 1))
+    prof = cProfile.Profile()
+    watch = _watch(llm, query_len, prof)
+    assert watch is not None, "a host profile needs the engine core in this process"
+    try:
+        _generate(llm, prompts, 1 + steps)
+    finally:
+        watch.stop()
+    return host_profile(function_times(pstats.Stats(prof).stats), watch.profiled)
+
+
+def host_fingerprint() -> dict:
+    """The host CPU's model and the best of five timings of a fixed pure-Python workload
+    (``host_py_ms``): the host's speed, which a step whose GPU idles depends on."""
+    model = ""
+    with contextlib.suppress(OSError):
+        model = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                      if line.startswith("model name")), "")
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        d: dict[int, int] = {}
+        for i in range(200_000):
+            d[i & 1023] = d.get(i & 1023, 0) + i
+        best = min(best, time.perf_counter() - t0)
+    return {"host_cpu": model or "unknown", "host_cpus": os.cpu_count() or 0,
+            "host_py_ms": round(best * 1e3, 2)}
 
 
 def _verify_record(llm, args: argparse.Namespace, base: dict, vocab: int) -> dict:
@@ -464,6 +542,7 @@ def _verify_record(llm, args: argparse.Namespace, base: dict, vocab: int) -> dic
     prompts = _prompts(1, args.context, vocab, seed=1)
     _generate(llm, prompts, 1 + args.steps)  # warm-up
     per_step, per_token = [], []
+    watch = _watch(llm, k + 1)
     for _ in range(3):
         drafts = _num_drafts(llm)
         _, outs = _generate(llm, prompts, 1 + args.steps)
@@ -475,10 +554,12 @@ def _verify_record(llm, args: argparse.Namespace, base: dict, vocab: int) -> dic
     rec = {**base, "kind": "verify", "batch": 1, "context": args.context, "q_tokens": k + 1,
            "ms_per_step": step * 1e3, "tok_s": 1 / statistics.median(per_token),
            "tokens_per_step": step / statistics.median(per_token)}
+    if watch is not None:  # how vLLM ran the measured verification steps
+        rec["graph_modes"] = dict(watch.modes)
     if args.profile:  # the verify step by kernel family (target and drafter together)
         rec.update(_profile(llm, prompts, args.steps, step, counter=lambda: _num_drafts(llm)))
     if args.host_profile:
-        rec.update(_host_profile(llm, prompts, args.steps, counter=lambda: _num_drafts(llm)))
+        rec.update(_host_profile(llm, prompts, args.steps, k + 1))
     return rec
 
 
@@ -662,7 +743,8 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
     base = {"kv": kv, "mode": args.mode, "tp": args.tp[0],
             "pdl": int(use_pdl(torch.device("cuda"))),
             "pq2_kernel": _kernel_label(bool(args.spec_k)),
-            "attn_kernel": os.environ.get("VLLM_PRISM_ATTN_KERNEL", "auto") or "auto"}
+            "attn_kernel": os.environ.get("VLLM_PRISM_ATTN_KERNEL", "auto") or "auto",
+            **host_fingerprint()}
     if args.spec_k:
         _progress("verify", 1, args.context)
         return [_verify_record(llm, args, base, vocab)]
@@ -671,10 +753,13 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
         _progress("decode", b, args.context)
         prompts = _prompts(b, args.context, vocab, seed=b)
         steps = args.steps if b <= 8 else max(16, args.steps // 2)
+        watch = _watch(llm, 1)
         step, frac = _decode_step_s(llm, prompts, steps, reps=3 if b <= 8 else 1,
                                     context=args.context)
         rec = {**base, "kind": "decode", "batch": b, "context": args.context,
                "ms_per_step": step * 1e3, "tok_s": b / step, "full_batch_frac": frac}
+        if watch is not None:  # how vLLM ran the measured decode steps
+            rec["graph_modes"] = dict(watch.modes)
         if frac < FULL_BATCH_MIN:
             print(json.dumps({"warning": f"batch {b} at {args.context} tokens: the whole "
                               f"batch decoded together for {frac:.0%} of the measured "
@@ -683,7 +768,7 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
         if args.profile and b in args.profile_batches:
             rec.update(_profile(llm, prompts, steps, step))
         if args.host_profile and b in args.profile_batches:
-            rec.update(_host_profile(llm, prompts, steps))
+            rec.update(_host_profile(llm, prompts, steps, 1))
         records.append(rec)
         print(json.dumps(rec), flush=True)
     if args.long_context:

