@@ -15,7 +15,7 @@ torch::Tensor pq2_mma_int8(const torch::Tensor& codes, const torch::Tensor& scal
 torch::Tensor pq2_gemv_int8(const torch::Tensor& codes, const torch::Tensor& scales,
                             const torch::Tensor& xq, const torch::Tensor& sx,
                             const std::optional<torch::Tensor>& bias, c10::ScalarType out_dtype,
-                            bool pdl, int64_t l2_ahead);
+                            bool pdl);
 
 // y [1, N] = W_st @ producer(x): the activation producer (prologue, signs, block Hadamard,
 // int8) runs inside the GEMV launch (csrc/pq2/gemv_int8.cu); res_out gets x + residual.
@@ -33,8 +33,7 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
                                  const torch::Tensor& xq, const torch::Tensor& sx,
                                  const torch::Tensor& qsum,
                                  const std::optional<torch::Tensor>& bias,
-                                 c10::ScalarType out_dtype, bool pdl, int64_t variant,
-                                 int64_t l2_ahead);
+                                 c10::ScalarType out_dtype, bool pdl, int64_t variant);
 
 // Split-KV decode attention over vLLM's NHD int8_per_token_head cache
 // (csrc/attention/int8_decode.cu): one query token per selected request; with num_segs > 1

@@ -15,11 +15,10 @@ TORCH_LIBRARY(_C_prism, m) {
       "pq2_mma_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor qsum, "
       "Tensor? bias, ScalarType out_dtype, int split_k, bool pdl) -> Tensor");
   m.impl("pq2_mma_int8", c10::kCUDA, &pq2_mma_int8);
-  // y [M, N] = W_st @ x for M = 1..4 int8 activation rows (csrc/pq2/gemv_int8.cu); l2_ahead:
-  // row groups a warp asks L2 for at its start.
+  // y [M, N] = W_st @ x for M = 1..4 int8 activation rows (csrc/pq2/gemv_int8.cu).
   m.def(
       "pq2_gemv_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor? bias, "
-      "ScalarType out_dtype, bool pdl, int l2_ahead=0) -> Tensor");
+      "ScalarType out_dtype, bool pdl) -> Tensor");
   m.impl("pq2_gemv_int8", c10::kCUDA, &pq2_gemv_int8);
   // y [1, N] = W_st @ producer(x) with the activation producer in the same launch
   // (csrc/pq2/gemv_int8.cu); res_out (with residual) receives x + residual.
@@ -30,10 +29,10 @@ TORCH_LIBRARY(_C_prism, m) {
       "bool gate_sigmoid, ScalarType out_dtype, bool pdl) -> Tensor");
   m.impl("pq2_gemv_fused", c10::kCUDA, &pq2_gemv_fused);
   // y [M, N] = W_st @ x for 1..16 int8 activation rows, weights as the MMA's A operand
-  // (csrc/pq2/mma_small.cu); l2_ahead (variant 6): units a warp asks L2 for at its start.
+  // (csrc/pq2/mma_small.cu).
   m.def(
       "pq2_mma_small_int8(Tensor codes, Tensor scales, Tensor xq, Tensor sx, Tensor qsum, "
-      "Tensor? bias, ScalarType out_dtype, bool pdl, int variant=0, int l2_ahead=0) -> Tensor");
+      "Tensor? bias, ScalarType out_dtype, bool pdl, int variant=0) -> Tensor");
   m.impl("pq2_mma_small_int8", c10::kCUDA, &pq2_mma_small_int8);
 #ifdef PRISM_HAS_SM90A
   // y [M, N] = W_st @ x for a 16-bit prefill activation on Hopper's warpgroup MMA

@@ -196,13 +196,3 @@ def test_bad_gemv_tuning_is_refused_before_the_engine(tiny: Path, monkeypatch) -
     monkeypatch.setenv("VLLM_PRISM_GEMV_TUNING", "depth=2,speed=9")
     with pytest.raises(ValueError, match="VLLM_PRISM_GEMV_TUNING=.*'speed=9'"):
         prepare_gguf_engine_args(_args(str(tiny), tokenizer="/my/tokenizer"))
-
-
-@pytest.mark.parametrize("value", ["two", "-1", "65"])
-def test_bad_pq2_l2_ahead_is_refused_before_the_engine(tiny: Path, monkeypatch,
-                                                        value: str) -> None:
-    """VLLM_PRISM_PQ2_L2_AHEAD outside 0..64 (or not an integer) names the variable when the
-    engine arguments are prepared."""
-    monkeypatch.setenv("VLLM_PRISM_PQ2_L2_AHEAD", value)
-    with pytest.raises(ValueError, match=f"VLLM_PRISM_PQ2_L2_AHEAD='{value}'.*0 to 64"):
-        prepare_gguf_engine_args(_args(str(tiny), tokenizer="/my/tokenizer"))

@@ -10,21 +10,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-def _int_switch(name: str, default: int, low: int, high: int) -> int:
-    """An integer switch in low..high (``default`` when unset); a ValueError naming the
-    variable otherwise."""
-    raw = os.getenv(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = None
-    if value is None or not low <= value <= high:
-        raise ValueError(f"{name}={raw!r}: use an integer from {low} to {high}")
-    return value
-
-
 environment_variables: dict[str, Callable[[], Any]] = {
     # Build time (setup.py): "cpu" skips the CUDA extension, "cuda" requires it; unset:
     # build it when a CUDA toolkit and a CUDA torch are present.
@@ -81,15 +66,6 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # w (warps), depth (tiles in flight, 1..3), scales (1: scales travel with their tile),
     # split (programs per row's K). Empty (default): the tuned defaults.
     "VLLM_PRISM_GEMV_TUNING": lambda: os.getenv("VLLM_PRISM_GEMV_TUNING", "").strip().lower(),
-    # Passes of weights each warp of the streaming PQ2 kernels (the CUDA C++ GEMV,
-    # csrc/pq2/gemv_int8.cu, M = 1..2 in the automatic choice, and mma_lean_cuda,
-    # csrc/pq2/mma_lean.cu, M = 2..8) asks L2 for at its start, beyond the first it loads,
-    # before it waits for the producer of its activation (programmatic dependent launch), when
-    # DRAM is otherwise idle: "0" (default) none; 1..64 that many (a GEMV pass: a row group's
-    # chunks one lane round covers; an mma_lean pass: a 16-row tile's 512-wide unit of K).
-    # Opt-in until timed in a chain of linears with their producers. Read per launch; it
-    # changes no traced graph.
-    "VLLM_PRISM_PQ2_L2_AHEAD": lambda: _int_switch("VLLM_PRISM_PQ2_L2_AHEAD", 0, 0, 64),
     # The float projections Bonsai keeps (the Gated DeltaNet's in_proj_ba) on CUDA: "auto"
     # (default) the one-launch small-M GEMV of kernels/dense_gemv.py for M <= AUTO_M (8) rows,
     # F.linear above (1.9-2.3x F.linear at M = 1..2 on the H200, 1.1x at 6..8, slower at 16;

@@ -43,9 +43,7 @@ prefilled. Prompts are random token ids, distinct per request.
 * ``--pq2-kernel auto mma_cuda`` runs each engine with ``VLLM_PRISM_PQ2_KERNEL`` set to each
   value (records carry ``pq2_kernel``; a kernel that cannot run a call falls back to auto);
   ``--gemv-tuning 'depth=2,scales=1' split=4`` likewise with ``VLLM_PRISM_GEMV_TUNING`` (the
-  int8 GEMV's tile overrides, shown in brackets after the kernel); ``--pq2-l2-ahead 0 2``
-  likewise with ``VLLM_PRISM_PQ2_L2_AHEAD`` (the streaming PQ2 kernels' warps asking L2 for
-  their next passes of weights before they wait for the producer; ``[l2 ahead 2]``).
+  int8 GEMV's tile overrides, shown in brackets after the kernel).
 * ``--dense-gemv auto torch triton`` likewise with ``VLLM_PRISM_DENSE_GEMV`` (the float
   projections, ``in_proj_ba``: the small-M Triton GEMV at M <= 8, ``F.linear``, or the GEMV
   at every M <= 16; a value other than auto is shown in the kernel label).
@@ -827,8 +825,6 @@ def _kernel_label(drafter: bool) -> str:
     label = f"{kern} [gemv {tune}]" if tune else kern
     gdn = os.environ.get("VLLM_GDN_DECODE_KERNEL", "auto").strip() or "auto"
     label = label if dense == _default("VLLM_PRISM_DENSE_GEMV") else f"{label} [dense {dense}]"
-    if envs.VLLM_PRISM_PQ2_L2_AHEAD:
-        label = f"{label} [l2 ahead {envs.VLLM_PRISM_PQ2_L2_AHEAD}]"
     if not envs.VLLM_PRISM_PREFILL_FRESH_KV:
         label = f"{label} [fresh kv 0]"
     if envs.VLLM_PRISM_ATTN_DECODE_SPLIT != 2:
@@ -1026,12 +1022,6 @@ def build_parser() -> argparse.ArgumentParser:
             "VLLM_PRISM_PREFILL_FRESH_KV for the engines, each in turn (1: a "
             "prompt's first chunk attends to the step's own K and V; 0: it reads them "
             "back from the KV cache)")
-    p.add_argument("--pq2-l2-ahead", nargs="+", default=["0"],
-                   choices=[str(v) for v in range(65)], metavar="N",
-                   help="VLLM_PRISM_PQ2_L2_AHEAD for the engines, each in turn (0..64: "
-                   "passes of weights each warp of the CUDA C++ GEMV and of mma_lean_cuda asks "
-                   "L2 for before it waits for its activation's producer; 0, the default, "
-                   "none)")
     p.add_argument("--attn-decode-split", nargs="+", default=["2"], choices=["2", "1"],
                    help="VLLM_PRISM_ATTN_DECODE_SPLIT for the engines, each in turn (warps a "
                    "16-slot tile and KV head in the CUDA C++ INT8 decode kernel: 2 each over "
@@ -1097,7 +1087,6 @@ def _defaults_from_environment(p: argparse.ArgumentParser) -> None:
 ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("pq2_kernel", "VLLM_PRISM_PQ2_KERNEL", "kernel"),
                    ("gemv_tuning", "VLLM_PRISM_GEMV_TUNING", "gemv"),
-                   ("pq2_l2_ahead", "VLLM_PRISM_PQ2_L2_AHEAD", "l2"),
                    ("attn_kernel", "VLLM_PRISM_ATTN_KERNEL", "attn"),
                    ("dense_gemv", "VLLM_PRISM_DENSE_GEMV", "dense"),
                    ("draft_attention", "VLLM_PRISM_DRAFT_ATTENTION", "draft"),

@@ -18,10 +18,6 @@ measured in the same run (the gap counts in the time). (Until 2026-12-02 it also
 prefetch of the next linear's weights, slower in every case and since removed:
 benchmarks/results/pq2_chain_h200*.md, pq2_linear_h200_notes.md.)
 
-``--l2-ahead 0 2 8`` times the chain once per value of ``VLLM_PRISM_PQ2_L2_AHEAD`` (the
-streaming kernels' warps, the CUDA GEMV's and mma_lean's, asking L2 for their next passes of
-weights before they wait for the producer), each against the first value.
-
     python benchmarks/kernels/bench_pq2_chain.py [--layers 12] [--gap-us 0 15] [--out DIR]
     TRITON_INTERPRET=1 python benchmarks/kernels/bench_pq2_chain.py --cpu-smoke --out /tmp/x
 """
@@ -31,7 +27,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import statistics
 import sys
 import time
@@ -152,16 +147,9 @@ def main() -> None:
                     help="activation rows (1: decode; 6: a verification step of 5 drafts)")
     ap.add_argument("--engine-like", action="store_true",
                     help="folded Hadamard signs and the model's prologues on every linear")
-    ap.add_argument("--l2-ahead", type=int, nargs="+",
-                    default=[int(os.environ.get("VLLM_PRISM_PQ2_L2_AHEAD", "0") or 0)],
-                    help="VLLM_PRISM_PQ2_L2_AHEAD values, the chain timed with each (the "
-                    "streaming kernels' warps asking L2 for that many passes of weights "
-                    "before their grid-dependency wait); ratios against the first")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="run the script on the CPU (TRITON_INTERPRET=1), two tiny layers")
     args = ap.parse_args()
-    if any(not 0 <= v <= 64 for v in args.l2_ahead):
-        ap.error(f"--l2-ahead {args.l2_ahead}: each value in 0..64")
     shapes, device = SHAPES, "cuda"
     if args.cpu_smoke:
         shapes, device, args.layers, args.gap_us = [(64, 256), (32, 384)], "cpu", 2, [0.0]
@@ -188,16 +176,11 @@ def main() -> None:
         res["check_rel_err"] = check_engine_like(layers[0], xs, prologues)
         print(json.dumps({"check_rel_err": res["check_rel_err"]}), flush=True)
     for gap in args.gap_us:
-        first = None
-        for ahead in args.l2_ahead:
-            with timing.env_setting("VLLM_PRISM_PQ2_L2_AHEAD", str(ahead)):
-                us = time_chain(layers, xs, spin_cycles(gap) if gap else 0, prologues)
-            first = first or us
-            rec = {"gap_us": gap, "l2_ahead": ahead, "us_per_layer": round(us, 2),
-                   "vs_first": round(first / us, 3),
-                   "bw_frac": round(layer_bytes / (us * 1e-6) / (read_gbps * 1e9), 3)}
-            res["records"].append(rec)
-            print(json.dumps(rec), flush=True)
+        us = time_chain(layers, xs, spin_cycles(gap) if gap else 0, prologues)
+        rec = {"gap_us": gap, "us_per_layer": round(us, 2),
+               "bw_frac": round(layer_bytes / (us * 1e-6) / (read_gbps * 1e9), 3)}
+        res["records"].append(rec)
+        print(json.dumps(rec), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     slug = "cpu-smoke" if args.cpu_smoke else timing.gpu_slug()
@@ -210,14 +193,11 @@ def main() -> None:
              f"linears of the 27B model at M = {args.m}"
              f"{', signs and prologues as in the engine' if engine else ''}, kernels "
              f"{', '.join(kernels)}); read "
-             f"bandwidth {read_gbps:.0f} GB/s in the same run. `l2_ahead`: "
-             "VLLM_PRISM_PQ2_L2_AHEAD (passes of weights a warp of the CUDA GEMV or "
-             "mma_lean asks L2 for before its wait); `vs_first`: the first value's time over "
-             "this one's.", "",
-             "| gap after the input projection (us) | l2_ahead | us a layer | vs_first | "
-             "bw_frac |", "|---|---|---|---|---|"]
-    lines += [f"| {r['gap_us']:g} | {r['l2_ahead']} | {r['us_per_layer']} | {r['vs_first']} | "
-              f"{r['bw_frac']} |" for r in res["records"]]
+             f"bandwidth {read_gbps:.0f} GB/s in the same run.", "",
+             "| gap after the input projection (us) | us a layer | bw_frac |",
+             "|---|---|---|"]
+    lines += [f"| {r['gap_us']:g} | {r['us_per_layer']} | {r['bw_frac']} |"
+              for r in res["records"]]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(path.with_suffix(".md").read_text())
 

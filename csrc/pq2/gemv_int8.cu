@@ -8,8 +8,7 @@
 // 32 / LANES rows at a time. Warps walk their rows grid-stride; with PREFETCH the next
 // row's (or pass's) loads are issued before the current one is computed. The first loads of
 // every warp are issued before the grid-dependency wait (programmatic dependent launch): they
-// do not depend on the producer of the activation; with `l2_ahead` each warp also asks L2 for
-// the codes of its next passes then (prefetch, no registers held).
+// do not depend on the producer of the activation.
 //
 // The M int8 activation rows are staged in shared memory once per CTA, piece-major ([4][K/64]
 // of 16 bytes a row: lanes reading consecutive chunks hit distinct banks), with the int32 sum
@@ -80,12 +79,6 @@ struct Cursor {
   int rg, pass;
 };
 
-// The pass a warp takes after `c` (the next pass of its row group, or its next row group's
-// first): `passes` a row group, `stride` warps in the grid.
-__device__ __forceinline__ Cursor next_pass(Cursor c, int passes, int stride) {
-  return c.pass + 1 < passes ? Cursor{c.rg, c.pass + 1} : Cursor{c.rg + stride, 0};
-}
-
 template <int LANES, int CMAX, int HINT>
 __device__ __forceinline__ void load_frag(Frag<CMAX>& f, const Pq2LinearParams& p, Cursor c,
                                           int hl, int sub, int g64) {
@@ -149,7 +142,8 @@ __device__ __forceinline__ void gemv_rows(const Pq2LinearParams& p, const GemvSm
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.f;
   while (cur.rg < groups) {
-    const Cursor next = next_pass(cur, passes, stride);
+    Cursor next{cur.rg, cur.pass + 1};
+    if (next.pass == passes) next = Cursor{cur.rg + stride, 0};
     if constexpr (PREFETCH) {
       Frag<CMAX> nf;
       if (next.rg < groups) load_frag<LANES, CMAX, HINT>(nf, p, next, hl, sub, L.g64);
@@ -175,47 +169,6 @@ __device__ __forceinline__ void gemv_rows(const Pq2LinearParams& p, const GemvSm
   }
 }
 
-// L2 prefetches of a warp's weights before the grid-dependency wait: the fused kernel's first
-// row group, the plain kernel's Pq2LinearParams::l2_ahead passes after its first (0 by
-// default: opt-in until timed in a chain of linears with their producers).
-__device__ __forceinline__ void prefetch_l2(const void* ptr) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
-}
-
-// Asks L2 for chunks g0 .. g1 - 1 (16 bytes of codes and half an fp16 scale each) of the rows
-// of row group `rg` (rows rg * 32 / LANES ...): the loads of those chunks then find them there.
-template <int LANES>
-__device__ __forceinline__ void prefetch_chunks(const Pq2LinearParams& p, int rg, int g0,
-                                                int g1, int lane) {
-  constexpr int kRows = 32 / LANES;
-  const int row0 = rg * kRows;
-  if (row0 >= p.n) return;
-  const int rows = min(kRows, p.n - row0);
-  const int bytes = 16 * (g1 - g0);
-  const int lines = bytes / 128 + 2;  // the chunks' codes, wherever their 16-byte start lies
-  for (int t = lane; t < rows * lines; t += 32) {
-    const int r = t / lines, l = t - r * lines;
-    const char* start =
-        reinterpret_cast<const char*>(p.codes + (row0 + r) * p.stride_c) + 16 * g0;
-    const char* line = reinterpret_cast<const char*>(
-        (reinterpret_cast<uintptr_t>(start) & ~static_cast<uintptr_t>(127)) + 128 * l);
-    if (line < start + bytes) prefetch_l2(line);
-  }
-  if (lane < rows) {  // the chunks' fp16 scales (one a 128-group): at most two lines
-    const char* srow = reinterpret_cast<const char*>(p.scales + (row0 + lane) * p.stride_s);
-    prefetch_l2(srow + 2 * (g0 >> 1));
-    prefetch_l2(srow + 2 * ((g1 - 1) >> 1));
-  }
-}
-
-// One pass of a warp: chunks c.pass * LANES * CMAX .. + LANES * CMAX - 1 of its row group.
-template <int LANES, int CMAX>
-__device__ __forceinline__ void prefetch_pass(const Pq2LinearParams& p, Cursor c, int lane,
-                                              int g64) {
-  const int g0 = c.pass * (LANES * CMAX);
-  prefetch_chunks<LANES>(p, c.rg, g0, min(g64, g0 + LANES * CMAX), lane);
-}
-
 template <int LANES, int CMAX, int HINT, bool PREFETCH, int M>
 __global__ void __launch_bounds__(kThreads, PQ2_GEMV_MIN_BLOCKS)
     pq2_gemv_int8_kernel(const __grid_constant__ Pq2LinearParams p) {
@@ -232,16 +185,6 @@ __global__ void __launch_bounds__(kThreads, PQ2_GEMV_MIN_BLOCKS)
                    0};
   Frag<CMAX> f;
   if (cur.rg < groups) load_frag<LANES, CMAX, HINT>(f, p, cur, hl, sub, L.g64);
-  // With p.l2_ahead, the codes and scales of the warp's next l2_ahead passes on their way to
-  // L2 too: DRAM is otherwise idle while the producer before this kernel runs.
-  const int passes = (L.g64 + LANES * CMAX - 1) / (LANES * CMAX);
-  const int stride = static_cast<int>(gridDim.x * (blockDim.x >> 5));  // warps of the grid
-  Cursor ahead = cur;
-  for (int j = 0; j < p.l2_ahead; ++j) {
-    ahead = next_pass(ahead, passes, stride);
-    if (ahead.rg >= groups) break;
-    prefetch_pass<LANES, CMAX>(p, ahead, lane, L.g64);
-  }
   if (p.pdl) pdl_wait();  // the activation is complete past here
 
   // 2. The activation rows, piece-major, with their 64-chunk sums and 128-group scales.
@@ -283,6 +226,35 @@ __global__ void __launch_bounds__(kThreads, PQ2_GEMV_MIN_BLOCKS)
 
 constexpr int kFusedThreads = 1024;
 
+__device__ __forceinline__ void prefetch_l2(const void* ptr) {
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
+}
+
+// Asks L2 for every 128-byte line of the codes and scales of row group `rg` (rows
+// rg * 32 / LANES ...): the loads of its first pass then find them there.
+template <int LANES>
+__device__ __forceinline__ void prefetch_row_group(const Pq2LinearParams& p, int rg, int lane,
+                                                   int g64) {
+  constexpr int kRows = 32 / LANES;
+  const int row0 = rg * kRows;
+  if (row0 >= p.n) return;
+  const int rows = min(kRows, p.n - row0);
+  const int bytes = g64 * 16;
+  const int lines = bytes / 128 + 2;  // a row's codes, wherever its 16-byte start lies
+  for (int t = lane; t < rows * lines; t += 32) {
+    const int r = t / lines, l = t - r * lines;
+    const char* row = reinterpret_cast<const char*>(p.codes + (row0 + r) * p.stride_c);
+    const char* line = reinterpret_cast<const char*>(
+        (reinterpret_cast<uintptr_t>(row) & ~static_cast<uintptr_t>(127)) + 128 * l);
+    if (line < row + bytes) prefetch_l2(line);
+  }
+  if (lane < rows) {  // the row's fp16 scales: g64 / 2 of them, at most two lines
+    const char* srow = reinterpret_cast<const char*>(p.scales + (row0 + lane) * p.stride_s);
+    prefetch_l2(srow);
+    prefetch_l2(srow + g64 - 1);
+  }
+}
+
 // Builds the int8 activation of x in shared memory (L: the GEMV's layout; red: 32 floats):
 // every thread of the CTA takes part (producer_device.cuh); CTA 0 writes the residual sum.
 __device__ __forceinline__ void produce_activation(const Pq2LinearParams& p,
@@ -316,7 +288,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1)
                        static_cast<int>(threadIdx.x >> 5),
                    0};
   // 1. The first row group's weights on their way to L2: independent of the previous kernel.
-  if (cur.rg < groups) prefetch_chunks<LANES>(p, cur.rg, 0, L.g64, lane);
+  if (cur.rg < groups) prefetch_row_group<LANES>(p, cur.rg, lane, L.g64);
   if (p.pdl) pdl_wait();  // x (and the residual, the gate) are complete past here
   // 2. The activation, made by this CTA.
   produce_activation(p, q, L, smem, reinterpret_cast<float*>(smem + L.bytes));

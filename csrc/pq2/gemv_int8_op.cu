@@ -11,10 +11,8 @@
 torch::Tensor pq2_gemv_int8(const torch::Tensor& codes, const torch::Tensor& scales,
                             const torch::Tensor& xq, const torch::Tensor& sx,
                             const std::optional<torch::Tensor>& bias, c10::ScalarType out_dtype,
-                            bool pdl, int64_t l2_ahead) {
+                            bool pdl) {
   vllm_prism::check_weight_planes("pq2_gemv_int8", codes, scales);
-  TORCH_CHECK(l2_ahead >= 0 && l2_ahead <= 64, "pq2_gemv_int8: l2_ahead = ", l2_ahead,
-              " outside 0..64");
   vllm_prism::check_int8_rows("pq2_gemv_int8", codes, xq);
   const int64_t m = xq.size(0), n = codes.size(0), k = codes.size(1) * 16;
   TORCH_CHECK(m >= 1 && m <= vllm_prism::kPq2GemvMaxM, "pq2_gemv_int8: M = ", m,
@@ -33,7 +31,6 @@ torch::Tensor pq2_gemv_int8(const torch::Tensor& codes, const torch::Tensor& sca
   vllm_prism::fill_common(p, codes, scales, xq, sx, bias, out);
   p.split = 1;
   p.pdl = pdl;
-  p.l2_ahead = static_cast<int>(l2_ahead);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const cudaError_t err =
       vllm_prism::pq2_gemv_int8_launch(p, sms, at::cuda::getCurrentCUDAStream().stream());

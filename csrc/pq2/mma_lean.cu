@@ -68,21 +68,6 @@ __device__ __forceinline__ void lean_load(LeanFrag& f, const Pq2LinearParams& p,
   f.d1 = lean_load8(scales + r.s1);
 }
 
-// Asks L2 for one unit of a warp's 16-row tile (Pq2LinearParams::l2_ahead): lanes 0..15 the
-// codes of row row0 + lane (128 bytes, one or two lines), lanes 16..31 its 8 bytes of scales.
-__device__ __forceinline__ void lean_prefetch(const Pq2LinearParams& p, int row0, int lane,
-                                              int unit) {
-  const int row = min(row0 + (lane & 15), p.n - 1);
-  const char* ptr;
-  if (lane < 16) {
-    ptr = reinterpret_cast<const char*>(p.codes) + 4 * row * p.stride_c + 32 * kLeanUnit * unit;
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr + 32 * kLeanUnit - 1));
-  } else {
-    ptr = reinterpret_cast<const char*>(p.scales) + 2 * row * p.stride_s + 2 * kLeanUnit * unit;
-  }
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(ptr));
-}
-
 // The fp16 scale of group i (0..3) of a unit's 8-byte scale load, as fp32.
 __device__ __forceinline__ float lean_scale(const uint2& d, int i) {
   const uint32_t w = i < 2 ? d.x : d.y;
@@ -138,9 +123,6 @@ __global__ void __maxnreg__(REGS)
   // 1. The first unit's codes and scales: independent of the previous kernel.
   LeanFrag f;
   if (lo < hi) lean_load(f, p, rows, lo);
-  // With p.l2_ahead, the next l2_ahead units of the warp's slice on their way to L2 too: DRAM
-  // is otherwise idle while the producer before this kernel runs.
-  for (int u = lo + 1; u <= lo + p.l2_ahead && u < hi; ++u) lean_prefetch(p, row0, lane, u);
   if (p.pdl) pdl_wait();  // the activation is complete past here
 
   const int sx_row = static_cast<int>(p.stride_g);

@@ -12,12 +12,8 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
                                  const torch::Tensor& xq, const torch::Tensor& sx,
                                  const torch::Tensor& qsum,
                                  const std::optional<torch::Tensor>& bias,
-                                 c10::ScalarType out_dtype, bool pdl, int64_t variant,
-                                 int64_t l2_ahead) {
+                                 c10::ScalarType out_dtype, bool pdl, int64_t variant) {
   vllm_prism::check_weight_planes("pq2_mma_small_int8", codes, scales);
-  TORCH_CHECK(l2_ahead >= 0 && l2_ahead <= 64 && (l2_ahead == 0 || variant == 6),
-              "pq2_mma_small_int8: l2_ahead = ", l2_ahead, " (0..64, variant 6 only; variant ",
-              variant, ")");
   vllm_prism::check_int8_activation("pq2_mma_small_int8", codes, xq, sx, qsum);
   const int64_t m = xq.size(0), n = codes.size(0), k = codes.size(1) * 16;
   TORCH_CHECK(m >= 1 && m <= vllm_prism::kPq2SmallMaxM, "pq2_mma_small_int8: M = ", m,
@@ -49,7 +45,6 @@ torch::Tensor pq2_mma_small_int8(const torch::Tensor& codes, const torch::Tensor
   p.qsum = qsum.data_ptr<int32_t>();
   p.split = 1;
   p.pdl = pdl;
-  p.l2_ahead = static_cast<int>(l2_ahead);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   torch::Tensor workspace;
   if (variant == 4) {  // the partial sums of the 16-row tiles that CTAs share

@@ -30,8 +30,6 @@ struct Pq2LinearParams {
   int* counters;           // split > 1: one per tile, zero before the launch and after it
   int out_dtype, bias_dtype;
   bool pdl;                // programmatic dependent launch (sm_90+)
-  int l2_ahead;            // passes of weights a warp asks L2 for before its grid-dependency
-                           // wait (gemv_int8.cu, mma_lean.cu; 0 none)
 };
 
 // `v` rounded up to a multiple of 16 (shared-memory offsets of 16-byte copies).

@@ -126,7 +126,6 @@ def test_engine_process_switch(monkeypatch) -> None:
     ("--fresh-kv", "VLLM_PRISM_PREFILL_FRESH_KV", ["1", "0"], "[fresh kv 0]"),
     ("--attn-decode-split", "VLLM_PRISM_ATTN_DECODE_SPLIT", ["2", "1"], "[decode split 1]"),
     ("--attn-pdl", "VLLM_PRISM_ATTN_PDL", ["1", "0"], "[attn pdl 0]"),
-    ("--pq2-l2-ahead", "VLLM_PRISM_PQ2_L2_AHEAD", ["0", "2"], "[l2 ahead 2]"),
 ])
 def test_engine_switch(option, name, values, label, monkeypatch) -> None:
     """An engine switch with two values (the context-0 prefill on the step's own K / V; the

@@ -283,42 +283,6 @@ def test_gemv_tuning_overrides_the_defaults(monkeypatch) -> None:
         tuned(base)
 
 
-@pytest.mark.parametrize("value,expected", [(None, 0), ("0", 0), ("4", 4), ("64", 64)])
-def test_streaming_kernels_pass_l2_ahead(monkeypatch, value: str | None, expected: int) -> None:
-    """The CUDA GEMV's and mma_lean's launches take VLLM_PRISM_PQ2_L2_AHEAD (0 when unset) as
-    the op's last argument, the other small-batch kernels 0; a value outside 0..64 is refused
-    by name."""
-    import types
-
-    calls = []
-
-    class FakeOps:
-        def pq2_gemv_int8(self, *args):
-            calls.append(("gemv", *args))
-
-        def pq2_mma_small_int8(self, *args):
-            calls.append(("small", *args))
-
-    monkeypatch.setattr(torch.ops, "_C_prism", FakeOps(), raising=False)
-    if value is None:
-        monkeypatch.delenv("VLLM_PRISM_PQ2_L2_AHEAD", raising=False)
-    else:
-        monkeypatch.setenv("VLLM_PRISM_PQ2_L2_AHEAD", value)
-    w = types.SimpleNamespace(codes="codes", scales="scales", device=torch.device("cpu"))
-    act = types.SimpleNamespace(data="xq", group_scale="sx", group_sum="qsum")
-    dispatch.GemvCudaA8Kernel.run(act, w, None, torch.bfloat16)
-    dispatch.MmaLeanCudaA8Kernel.run(act, w, None, torch.bfloat16)
-    dispatch.MmaStreamCudaA8Kernel.run(act, w, None, torch.bfloat16)
-    small = ("small", "codes", "scales", "xq", "sx", "qsum", None, torch.bfloat16, False)
-    assert calls == [("gemv", "codes", "scales", "xq", "sx", None, torch.bfloat16, False,
-                      expected),
-                     (*small, 6, expected),
-                     (*small, dispatch.MmaStreamCudaA8Kernel.variant, 0)]
-    monkeypatch.setenv("VLLM_PRISM_PQ2_L2_AHEAD", "65")
-    with pytest.raises(ValueError, match="VLLM_PRISM_PQ2_L2_AHEAD='65'"):
-        dispatch.GemvCudaA8Kernel.run(act, w, None, torch.bfloat16)
-
-
 def test_ptq1_torch_path_matches_reference() -> None:
     gen = torch.Generator().manual_seed(4)
     raw, _, _ = random_ternary(8, 384, "PTQ1_0", gen)

@@ -211,23 +211,6 @@ def test_gemv_cuda(shape: tuple[int, int]) -> None:
     check_kernel("gemv_cuda", x.bfloat16(), raw, q, d, signs, 128, w)
 
 
-@pytest.mark.parametrize("l2_ahead", [1, 5, 64])
-@pytest.mark.parametrize("name,m", [("gemv_cuda", 1), ("gemv_cuda", 2), ("mma_lean_cuda", 6)])
-@pytest.mark.parametrize("shape", [(12288, 5120), (1000, 6144), (5120, 17408)],
-                         ids=lambda s: f"{s[0]}x{s[1]}")
-def test_streaming_kernels_l2_ahead(shape: tuple[int, int], name: str, m: int, l2_ahead: int,
-                                    monkeypatch) -> None:
-    """The CUDA GEMV and mma_lean asking L2 for their warps' next passes of weights before
-    their wait (VLLM_PRISM_PQ2_L2_AHEAD, up to past a warp's last pass): the exact and the
-    integer reference as without, rows past N included."""
-    _need_mma_cuda(name)
-    monkeypatch.setenv("VLLM_PRISM_PQ2_L2_AHEAD", str(l2_ahead))
-    n, k = shape
-    raw, q, d, signs, w = make_case(n, k, 128)
-    x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(n + m))
-    check_kernel(name, x.bfloat16(), raw, q, d, signs, 128, w)
-
-
 @pytest.mark.parametrize("m", [2, 3, 4])
 @pytest.mark.parametrize("shape", [(12288, 5120), (1024, 5120), (5120, 6144), (5120, 17408),
                                    (300, 2304), (8, 16384)], ids=lambda s: f"{s[0]}x{s[1]}")

@@ -212,7 +212,6 @@ def _check_switches() -> None:
     from vllm_prism.kernels.pq2.triton_gemv import parse_gemv_tuning
 
     parse_gemv_tuning(envs.VLLM_PRISM_GEMV_TUNING)
-    envs.VLLM_PRISM_PQ2_L2_AHEAD  # read: a bad value raises, naming the variable
     for name, allowed in envs.CHOICES.items():
         value = getattr(envs, name)
         if value not in allowed:

@@ -531,8 +531,7 @@ class GemvCudaA8Kernel(_CudaOpKernel):
     @classmethod
     def run(cls, act, w, bias, out_dtype):
         return torch.ops._C_prism.pq2_gemv_int8(w.codes, w.scales, act.data, act.group_scale,
-                                                bias, out_dtype, use_pdl(w.device),
-                                                envs.VLLM_PRISM_PQ2_L2_AHEAD)
+                                                bias, out_dtype, use_pdl(w.device))
 
 
 class GemvFusedCudaKernel(_CudaOpKernel):
@@ -660,11 +659,9 @@ class MmaSmallCudaA8Kernel(_CudaOpKernel):
 
     @classmethod
     def run(cls, act, w, bias, out_dtype):
-        # the op takes l2_ahead in mma_lean's variant only (VLLM_PRISM_PQ2_L2_AHEAD)
-        lean = cls.variant == MmaLeanCudaA8Kernel.variant
-        return torch.ops._C_prism.pq2_mma_small_int8(
-            w.codes, w.scales, act.data, act.group_scale, act.group_sum, bias, out_dtype,
-            use_pdl(w.device), cls.variant, envs.VLLM_PRISM_PQ2_L2_AHEAD if lean else 0)
+        return torch.ops._C_prism.pq2_mma_small_int8(w.codes, w.scales, act.data,
+                                                     act.group_scale, act.group_sum, bias,
+                                                     out_dtype, use_pdl(w.device), cls.variant)
 
 
 class MmaSmallPipeCudaA8Kernel(MmaSmallCudaA8Kernel):
