@@ -103,8 +103,11 @@ prefilled. Prompts are random token ids, distinct per request.
   where any difference between the two calls' prefills counts as decode time: the profile of
   a 32K verification step that day listed vLLM's eager Gated DeltaNet forward, which a
   full-graph step does not run, at 3.7 ms a step.)
-* the decode and verification records of an in-process engine hold ``graph_modes`` (how
-  vLLM's CUDA-graph dispatch ran their measured steps, e.g. ``{"FULL": 96}``) and each record
+* the batch-1..N decode and verification records hold ``graph_modes`` (how vLLM's
+  CUDA-graph dispatch ran their measured steps, e.g. ``{"FULL": 96}``, recorded in the engine
+  core's process either way; vllm_prism/engine/step_record.py); a verification record also
+  ``draft_graph_modes`` (the drafter's dispatches) and ``verify_steps`` (the steps vLLM
+  counted: fewer recorded than counted means steps run eagerly without a dispatch); each record
   the host's CPU model and a Python timing (``host_cpu``, ``host_py_ms``: the host's speed,
   which a step with GPU idle depends on).
 
@@ -445,22 +448,20 @@ def host_profile(times: dict[str, tuple[float, float]], steps: int) -> dict:
 
 
 class StepWatch:
-    """Watches an in-process engine's model steps through vLLM's CUDA-graph dispatch
-    (vllm_prism/engine/step_record.py): counts the runtime modes of the uniform steps of
-    ``query_len`` tokens a request (k + 1: verification; 1: plain decode) and, when given a
-    profiler, runs it from the first such step's dispatch to the end of the call, stopping it
-    at any other step (a prefill chunk), so a host profile holds decode steps only."""
+    """Runs a profiler over an in-process engine's decode steps only: from the dispatch
+    (vllm_prism/engine/step_record.py) of the first uniform step of ``query_len`` tokens a
+    request (k + 1: verification; 1: plain decode) to the end of the call, stopped at any
+    other step (a prefill chunk); ``profiled`` counts the steps it covered."""
 
     def __init__(self) -> None:
-        self.installed = False
         self.reset(1)
 
     def reset(self, query_len: int, profiler=None) -> None:
-        self.query_len, self.profiler, self.on = query_len, profiler, False
-        self.modes: dict[str, int] = {}
-        self.profiled = 0
+        self.query_len, self.profiler, self.on, self.profiled = query_len, profiler, False, 0
 
     def __call__(self, entry: list) -> None:
+        if self.profiler is None:
+            return
         from vllm_prism.engine.step_record import is_uniform
 
         if not is_uniform(entry, self.query_len):
@@ -468,12 +469,10 @@ class StepWatch:
                 self.profiler.disable()
                 self.on = False
             return
-        self.modes[entry[2]] = self.modes.get(entry[2], 0) + 1
-        if self.profiler is not None:
-            if not self.on:
-                self.profiler.enable()
-                self.on = True
-            self.profiled += 1
+        if not self.on:
+            self.profiler.enable()
+            self.on = True
+        self.profiled += 1
 
     def stop(self) -> None:
         if self.on:
@@ -482,20 +481,48 @@ class StepWatch:
 
 
 _WATCH = StepWatch()
+_RECORDING: list[bool] = []  # [True] once this engine's step recorder is installed
 
 
-def _watch(llm, query_len: int, profiler=None) -> StepWatch | None:
-    """The engine's :class:`StepWatch`, reset for ``query_len``-token steps (installed at the
-    first call); None where the engine core has its own process."""
-    if _engine_process():
-        return None
-    if not _WATCH.installed:
-        from vllm_prism.engine import step_record
+def _steps_mark(llm) -> tuple[int, int]:
+    """Installs the step recorder in the engine's worker at the first call (with the
+    :class:`StepWatch` where the engine core runs in this process; vLLM runs a function
+    given to collective_rpc in the engine core's process otherwise) and returns how many
+    target and drafter dispatches it has recorded so far."""
+    from vllm_prism.engine import step_record
 
-        llm.collective_rpc(step_record.install, args=(_WATCH,))
-        _WATCH.installed = True
-    _WATCH.reset(query_len, profiler)
-    return _WATCH
+    if not _RECORDING:
+        args = () if _engine_process() else (_WATCH,)
+        llm.collective_rpc(step_record.install, args=args)
+        _RECORDING.append(True)
+    return (len(llm.collective_rpc(step_record.read)[0]),
+            len(llm.collective_rpc(step_record.read_draft)[0]))
+
+
+def graph_modes(entries: list, query_len: int | None) -> dict[str, int]:
+    """How many recorded steps vLLM's dispatch ran in each CUDA-graph mode (e.g.
+    ``{"FULL": 96}``): the uniform steps of ``query_len`` tokens a request, or every entry
+    where ``query_len`` is None."""
+    from vllm_prism.engine.step_record import is_uniform
+
+    out: dict[str, int] = {}
+    for e in entries:
+        if query_len is None or is_uniform(e, query_len):
+            out[e[2]] = out.get(e[2], 0) + 1
+    return out
+
+
+def _modes_since(llm, mark: tuple[int, int], query_len: int, draft: bool) -> dict:
+    """``graph_modes`` of the target's steps recorded since ``mark`` and, with ``draft``,
+    ``draft_graph_modes`` (the drafter's dispatches since then)."""
+    from vllm_prism.engine import step_record
+
+    out = {"graph_modes": graph_modes(llm.collective_rpc(step_record.read)[0][mark[0]:],
+                                      query_len)}
+    if draft:
+        out["draft_graph_modes"] = graph_modes(
+            llm.collective_rpc(step_record.read_draft)[0][mark[1]:], None)
+    return out
 
 
 def _host_profile(llm, prompts, steps: int, query_len: int) -> dict:
@@ -506,14 +533,16 @@ def _host_profile(llm, prompts, steps: int, query_len: int) -> dict:
     import cProfile
     import pstats
 
+    assert not _engine_process(), "a host profile needs the engine core in this process"
     prof = cProfile.Profile()
-    watch = _watch(llm, query_len, prof)
-    assert watch is not None, "a host profile needs the engine core in this process"
+    _steps_mark(llm)  # the recorder, with the watch, is installed
+    _WATCH.reset(query_len, prof)
     try:
         _generate(llm, prompts, 1 + steps)
     finally:
-        watch.stop()
-    return host_profile(function_times(pstats.Stats(prof).stats), watch.profiled)
+        _WATCH.stop()
+        _WATCH.reset(query_len)
+    return host_profile(function_times(pstats.Stats(prof).stats), _WATCH.profiled)
 
 
 def host_fingerprint() -> dict:
@@ -540,20 +569,21 @@ def _verify_record(llm, args: argparse.Namespace, base: dict, vocab: int) -> dic
     prompts = _prompts(1, args.context, vocab, seed=1)
     _generate(llm, prompts, 1 + args.steps)  # warm-up
     per_step, per_token = [], []
-    watch = _watch(llm, k + 1)
+    mark, verify_steps_total = _steps_mark(llm), 0
     for _ in range(3):
         drafts = _num_drafts(llm)
         _, outs = _generate(llm, prompts, 1 + args.steps)
         m = outs[0].metrics
         verify_steps = _num_drafts(llm) - drafts
+        verify_steps_total += verify_steps
         per_step.append((m.last_token_ts - m.first_token_ts) / max(verify_steps, 1))
         per_token.append((m.last_token_ts - m.first_token_ts) / args.steps)
     step = statistics.median(per_step)
     rec = {**base, "kind": "verify", "batch": 1, "context": args.context, "q_tokens": k + 1,
            "ms_per_step": step * 1e3, "tok_s": 1 / statistics.median(per_token),
            "tokens_per_step": step / statistics.median(per_token)}
-    if watch is not None:  # how vLLM ran the measured verification steps
-        rec["graph_modes"] = dict(watch.modes)
+    # how vLLM ran the measured verification steps and the drafter
+    rec.update(_modes_since(llm, mark, k + 1, draft=True), verify_steps=verify_steps_total)
     if args.profile:  # the verify step by kernel family (target and drafter together)
         rec.update(_profile(llm, prompts, args.steps, step, counter=lambda: _num_drafts(llm)))
     if args.host_profile:
@@ -693,6 +723,10 @@ def _wait_lines(path: Path, count: int, timeout_s: float) -> None:
 def _engine(args: argparse.Namespace):
     """The engine of one child process."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if _engine_process():
+        # the step recorder's functions go to the engine core's process through
+        # collective_rpc, which vLLM pickles only with this set (before the engine starts)
+        os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
     from vllm import LLM
 
     kv = args.kv[0]
@@ -751,13 +785,12 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
         _progress("decode", b, args.context)
         prompts = _prompts(b, args.context, vocab, seed=b)
         steps = args.steps if b <= 8 else max(16, args.steps // 2)
-        watch = _watch(llm, 1)
+        mark = _steps_mark(llm)
         step, frac = _decode_step_s(llm, prompts, steps, reps=3 if b <= 8 else 1,
                                     context=args.context)
         rec = {**base, "kind": "decode", "batch": b, "context": args.context,
                "ms_per_step": step * 1e3, "tok_s": b / step, "full_batch_frac": frac}
-        if watch is not None:  # how vLLM ran the measured decode steps
-            rec["graph_modes"] = dict(watch.modes)
+        rec.update(_modes_since(llm, mark, 1, draft=False))  # how vLLM ran them
         if frac < FULL_BATCH_MIN:
             print(json.dumps({"warning": f"batch {b} at {args.context} tokens: the whole "
                               f"batch decoded together for {frac:.0%} of the measured "

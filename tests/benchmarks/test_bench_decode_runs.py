@@ -378,9 +378,9 @@ def test_host_profile_is_the_profiled_time_per_step() -> None:
 
 
 def test_step_watch_profiles_the_decode_steps_only() -> None:
-    """The watch counts the modes of uniform steps of its query length and runs the profiler
-    only from such a step's dispatch until another kind of step (a prefill chunk) comes:
-    work done between a prefill's dispatch and the next decode step is not in the profile."""
+    """The watch runs the profiler only from the dispatch of a uniform step of its query
+    length until another kind of step (a prefill chunk) comes: work done between a
+    prefill's dispatch and the next decode step is not in the profile."""
     import cProfile
     import pstats
 
@@ -405,10 +405,49 @@ def test_step_watch_profiles_the_decode_steps_only() -> None:
         watch(entry)
         work()
     watch.stop()
-    assert watch.modes == {"FULL": 3} and watch.profiled == 3
+    assert watch.profiled == 3
     times = bench_decode.function_times(pstats.Stats(prof).stats)
     assert not any(k.endswith(":prefill_work") for k in times)
     assert times[next(k for k in times if k.endswith(":decode_work"))][1] >= 0.03
+
+
+@pytest.mark.parametrize("engine_process", ["0", "1"])
+def test_graph_modes_count_the_steps_since_the_mark(monkeypatch, engine_process: str) -> None:
+    """The benchmark installs the step recorder once through collective_rpc (with the
+    profiler's watch only where the engine core runs in its process), and a record's
+    graph_modes count the uniform steps of its query length dispatched since its mark; the
+    drafter's dispatches are counted apart."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", engine_process)
+    monkeypatch.setattr(bench_decode, "_RECORDING", [])
+    mode = lambda name: SimpleNamespace(name=name)  # noqa: E731
+    manager = lambda full: SimpleNamespace(dispatch=lambda reqs, n, u, *a, **kw: SimpleNamespace(  # noqa: E731
+        cg_mode=mode("FULL" if u and full else "NONE")))
+    runner = SimpleNamespace(cudagraph_manager=manager(True),
+                             speculator=SimpleNamespace(query_cudagraph_manager=manager(False)))
+    worker = SimpleNamespace(model_runner=runner)
+    installs = []
+
+    def collective_rpc(fn, args=()):
+        if fn.__name__ == "install":
+            installs.append(args)
+        return [fn(worker, *args)]
+
+    llm = SimpleNamespace(collective_rpc=collective_rpc)
+    runner.cudagraph_manager.dispatch(1, 8192, None)  # a prefill chunk before the mark
+    mark = bench_decode._steps_mark(llm)
+    assert mark == (0, 0) and len(installs) == 1
+    assert installs[0] == (() if engine_process == "1" else (bench_decode._WATCH,))
+    for n, u in [(8192, None), (6, 6), (6, 6), (12, 6), (4, None)]:
+        runner.cudagraph_manager.dispatch(1, n, u)
+    runner.speculator.query_cudagraph_manager.dispatch(1, 6, 6)
+    assert bench_decode._modes_since(llm, mark, 6, draft=True) == {
+        "graph_modes": {"FULL": 3}, "draft_graph_modes": {"NONE": 1}}
+    mark = bench_decode._steps_mark(llm)
+    assert mark == (5, 1) and len(installs) == 1
+    runner.cudagraph_manager.dispatch(1, 1, 1)
+    assert bench_decode._modes_since(llm, mark, 1, draft=False) == {"graph_modes": {"FULL": 1}}
 
 
 def test_step_record_wraps_both_model_runners_dispatch() -> None:
@@ -431,14 +470,21 @@ def test_step_record_wraps_both_model_runners_dispatch() -> None:
                                                                   [100, False, "PIECEWISE"]]
     assert seen == [[6, True, "FULL"], [100, False, "PIECEWISE"]]
 
+    assert step_record.read_draft(SimpleNamespace(model_runner=v1)) == []
+
     desc = lambda n, u: SimpleNamespace(cg_mode=mode("FULL" if u else "NONE"), n=n)  # noqa: E731
-    v2 = SimpleNamespace(cudagraph_manager=SimpleNamespace(
-        dispatch=lambda reqs, n, u, *a, **kw: desc(n, u)))
-    step_record.install(SimpleNamespace(model_runner=v2))
+    manager = lambda: SimpleNamespace(dispatch=lambda reqs, n, u, *a, **kw: desc(n, u))  # noqa: E731
+    v2 = SimpleNamespace(cudagraph_manager=manager(),
+                         speculator=SimpleNamespace(query_cudagraph_manager=manager()))
+    drafts = []
+    step_record.install(SimpleNamespace(model_runner=v2), on_draft_step=drafts.append)
     assert v2.cudagraph_manager.dispatch(1, 6, 6, 0).n == 6
     v2.cudagraph_manager.dispatch(1, 8192, None, 0)
+    v2.speculator.query_cudagraph_manager.dispatch(1, 6, uniform_token_count=None)
     entries = step_record.read(SimpleNamespace(model_runner=v2))
     assert entries == [[6, 6, "FULL"], [8192, 0, "NONE"]]
+    assert step_record.read_draft(SimpleNamespace(model_runner=v2)) == [[6, 0, "NONE"]]
+    assert drafts == [[6, 0, "NONE"]]
     assert [step_record.is_uniform(e, 6) for e in entries] == [True, False]
     assert step_record.is_uniform([6, True, "FULL"], 6)
     assert not step_record.is_uniform([6, 1, "FULL"], 6)

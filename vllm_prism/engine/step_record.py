@@ -6,7 +6,12 @@ step appends ``[num_tokens, uniform, runtime mode]`` to the runner's record (:fu
 ``uniform`` is vLLM's uniform-decode flag under model runner V1 and the step's uniform query
 length under V2 (the GPU default; 0 when the step has none), the mode a ``CUDAGraphMode`` name
 ("FULL", "PIECEWISE", "NONE"). ``on_step`` is called with each entry as the step dispatches,
-before its forward (bench_decode.py uses it to profile the host's decode steps only).
+before its forward (bench_decode.py uses it to profile the host's decode steps only). A step
+that vLLM runs eagerly without asking the dispatch (its profiling run) is not recorded.
+
+Under model runner V2 a drafter with its own graph manager (DFlash's
+``speculator.query_cudagraph_manager``) is recorded the same way into
+:func:`read_draft`, with ``on_draft_step``.
 """
 
 from __future__ import annotations
@@ -17,16 +22,33 @@ from typing import Any
 StepEntry = list  # [num_tokens, uniform (bool under V1, int under V2), mode name]
 
 
-def install(worker: Any, on_step: Callable[[StepEntry], None] | None = None) -> None:
-    """Wrap ``worker.model_runner``'s CUDA-graph dispatch (see the module docstring)."""
-    runner = worker.model_runner
-    record: list[StepEntry] = []
-
+def _recorder(record: list[StepEntry],
+              on_step: Callable[[StepEntry], None] | None) -> Callable[[StepEntry], None]:
     def note(entry: StepEntry) -> None:
         record.append(entry)
         if on_step is not None:
             on_step(entry)
+    return note
 
+
+def _wrap_v2(owner: Any, note: Callable[[StepEntry], None]) -> None:
+    """Record a V2 graph manager's dispatch (it picks a BatchExecutionDescriptor)."""
+    inner = owner.dispatch
+
+    def dispatch(num_reqs, num_tokens, uniform_token_count, *args, **kwargs):
+        desc = inner(num_reqs, num_tokens, uniform_token_count, *args, **kwargs)
+        note([num_tokens, int(uniform_token_count or 0), desc.cg_mode.name])
+        return desc
+    owner.dispatch = dispatch
+
+
+def install(worker: Any, on_step: Callable[[StepEntry], None] | None = None,
+            on_draft_step: Callable[[StepEntry], None] | None = None) -> None:
+    """Wrap ``worker.model_runner``'s CUDA-graph dispatch, and its drafter's where it has its
+    own (see the module docstring)."""
+    runner = worker.model_runner
+    runner.prism_record, runner.prism_draft_record = [], []
+    note = _recorder(runner.prism_record, on_step)
     if hasattr(runner, "cudagraph_dispatcher"):  # V1
         owner = runner.cudagraph_dispatcher
         inner = owner.dispatch
@@ -35,21 +57,22 @@ def install(worker: Any, on_step: Callable[[StepEntry], None] | None = None) -> 
             mode, desc = inner(num_tokens, uniform_decode, *args, **kwargs)
             note([num_tokens, bool(uniform_decode), mode.name])
             return mode, desc
-    else:  # V2: the graph manager picks a BatchExecutionDescriptor
-        owner = runner.cudagraph_manager
-        inner = owner.dispatch
-
-        def dispatch(num_reqs, num_tokens, uniform_token_count, *args, **kwargs):
-            desc = inner(num_reqs, num_tokens, uniform_token_count, *args, **kwargs)
-            note([num_tokens, int(uniform_token_count or 0), desc.cg_mode.name])
-            return desc
-    owner.dispatch = dispatch
-    runner.prism_record = record
+        owner.dispatch = dispatch
+    else:
+        _wrap_v2(runner.cudagraph_manager, note)
+    drafter = getattr(getattr(runner, "speculator", None), "query_cudagraph_manager", None)
+    if drafter is not None:
+        _wrap_v2(drafter, _recorder(runner.prism_draft_record, on_draft_step))
 
 
 def read(worker: Any) -> list[StepEntry]:
     """The entries :func:`install` recorded in ``worker``'s model runner so far."""
     return list(worker.model_runner.prism_record)
+
+
+def read_draft(worker: Any) -> list[StepEntry]:
+    """The drafter's entries (empty where it has no graph manager of its own)."""
+    return list(worker.model_runner.prism_draft_record)
 
 
 def is_uniform(entry: StepEntry, query_len: int) -> bool:
