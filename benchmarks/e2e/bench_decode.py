@@ -481,20 +481,29 @@ class StepWatch:
 
 
 _WATCH = StepWatch()
-_RECORDING: list[bool] = []  # [True] once this engine's step recorder is installed
+_RECORDING: list[bool] = []  # [installed?] once this engine's step recorder was tried
 
 
-def _steps_mark(llm) -> tuple[int, int]:
+def _steps_mark(llm) -> tuple[int, int] | None:
     """Installs the step recorder in the engine's worker at the first call (with the
-    :class:`StepWatch` where the engine core runs in this process; vLLM runs a function
-    given to collective_rpc in the engine core's process otherwise) and returns how many
-    target and drafter dispatches it has recorded so far."""
+    :class:`StepWatch` where the worker runs in this process; vLLM runs a function given to
+    collective_rpc in the worker's process otherwise) and returns how many target and
+    drafter dispatches it has recorded so far; None where it could not be installed (a
+    warning line: a diagnostic must not cost the run its measurements)."""
     from vllm_prism.engine import step_record
 
     if not _RECORDING:
-        args = () if _engine_process() else (_WATCH,)
-        llm.collective_rpc(step_record.install, args=args)
-        _RECORDING.append(True)
+        tp = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None),
+                     "parallel_config", None)
+        here = not _engine_process() and getattr(tp, "tensor_parallel_size", 1) == 1
+        try:
+            llm.collective_rpc(step_record.install, args=(_WATCH,) if here else ())
+            _RECORDING.append(True)
+        except Exception as e:  # noqa: BLE001
+            print(json.dumps({"warning": f"no CUDA-graph record: {e!r}"[:300]}), flush=True)
+            _RECORDING.append(False)
+    if not _RECORDING[0]:
+        return None
     return (len(llm.collective_rpc(step_record.read)[0]),
             len(llm.collective_rpc(step_record.read_draft)[0]))
 
@@ -512,11 +521,13 @@ def graph_modes(entries: list, query_len: int | None) -> dict[str, int]:
     return out
 
 
-def _modes_since(llm, mark: tuple[int, int], query_len: int, draft: bool) -> dict:
+def _modes_since(llm, mark: tuple[int, int] | None, query_len: int, draft: bool) -> dict:
     """``graph_modes`` of the target's steps recorded since ``mark`` and, with ``draft``,
-    ``draft_graph_modes`` (the drafter's dispatches since then)."""
+    ``draft_graph_modes`` (the drafter's dispatches since then); {} without a record."""
     from vllm_prism.engine import step_record
 
+    if mark is None:
+        return {}
     out = {"graph_modes": graph_modes(llm.collective_rpc(step_record.read)[0][mark[0]:],
                                       query_len)}
     if draft:
@@ -535,7 +546,8 @@ def _host_profile(llm, prompts, steps: int, query_len: int) -> dict:
 
     assert not _engine_process(), "a host profile needs the engine core in this process"
     prof = cProfile.Profile()
-    _steps_mark(llm)  # the recorder, with the watch, is installed
+    if _steps_mark(llm) is None:  # the recorder, with the watch, is installed
+        return {}
     _WATCH.reset(query_len, prof)
     try:
         _generate(llm, prompts, 1 + steps)

@@ -450,6 +450,23 @@ def test_graph_modes_count_the_steps_since_the_mark(monkeypatch, engine_process:
     assert bench_decode._modes_since(llm, mark, 1, draft=False) == {"graph_modes": {"FULL": 1}}
 
 
+def test_a_recorder_that_cannot_install_costs_only_its_fields(monkeypatch, capsys) -> None:
+    """Where collective_rpc cannot take the recorder (e.g. pickling refused), the run goes on:
+    one warning line, no mark, records without graph_modes, no host profile."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(bench_decode, "_RECORDING", [])
+
+    def refuse(fn, args=()):
+        raise TypeError("not serializable")
+
+    llm = SimpleNamespace(collective_rpc=refuse)
+    assert bench_decode._steps_mark(llm) is None
+    assert bench_decode._steps_mark(llm) is None  # tried once
+    assert "no CUDA-graph record" in capsys.readouterr().out
+    assert bench_decode._modes_since(llm, None, 6, draft=True) == {}
+
+
 def test_step_record_wraps_both_model_runners_dispatch() -> None:
     """vllm_prism/engine/step_record.py records [num_tokens, uniform, mode] of every dispatch
     of vLLM's V1 (dispatcher: mode, descriptor) and V2 (manager: descriptor) runners, passes
