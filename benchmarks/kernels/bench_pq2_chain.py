@@ -12,13 +12,20 @@ and the producers' prologues (add-RMSNorm with the residual before the input pro
 gate_up, the grouped gated norm before out_proj, SiLU-GLU before down), to tell whether a
 kernel's figure outside the engine survives the producers it meets there.
 
+``--parts all weights producers`` times the chain whole (``all``: each linear's producer
+and weight kernel, as the engine runs them), its weight kernels alone on activations made
+before the graph (``weights``), and its producers alone (``producers``): what the
+hand-over between them costs is ``all`` minus the other two.
+
 Timing: a CUDA graph of all layers (weights past 3x the L2 in all), replayed; median
 microseconds a layer; ``bw_frac`` = weight bytes of a layer / time / the read bandwidth
-measured in the same run (the gap counts in the time). (Until 2026-12-02 it also timed an L2
+measured in the same run (the gap counts in the time; for ``producers`` it only says how
+their time compares). (Until 2026-12-02 it also timed an L2
 prefetch of the next linear's weights, slower in every case and since removed:
 benchmarks/results/pq2_chain_h200*.md, pq2_linear_h200_notes.md.)
 
     python benchmarks/kernels/bench_pq2_chain.py [--layers 12] [--gap-us 0 15] [--out DIR]
+        [--engine-like] [--m 6] [--parts all weights producers]
     TRITON_INTERPRET=1 python benchmarks/kernels/bench_pq2_chain.py --cpu-smoke --out /tmp/x
 """
 
@@ -30,6 +37,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -103,15 +111,43 @@ def spin_cycles(us: float) -> int:
     return int(us * rate_khz / 1e3)
 
 
+PARTS = ("all", "weights", "producers")
+
+
+def chain_calls(layers: list[list[PQ2Weight]], xs: dict[int, torch.Tensor],
+                prologues: list[tuple[Prologue, int]], part: str = "all"
+                ) -> list[list[Callable[[], object]]]:
+    """Each layer's linears as calls (see the module docstring for ``part``): the weight
+    kernel's activations for ``weights`` are made here, once a linear of the first layer
+    (every layer's linear i has the same shape and prologue)."""
+    picks = [(select_kernel(xs[width].shape[0], w, torch.bfloat16, pro), pro, width)
+             for w, (pro, width) in zip(layers[0], prologues)]
+    if part == "all":
+        return [[lambda w=w, pro=pro, width=width: pq2_linear_fused(xs[width], w, None, pro)
+                 for w, (pro, width) in zip(ws, prologues)] for ws in layers]
+    if part == "producers":
+        return [[lambda w=w, k=k, pro=pro, width=width: k.make_activation(xs[width], w, pro)
+                 for w, (k, pro, width) in zip(ws, picks)] for ws in layers]
+    if part != "weights":
+        raise ValueError(f"part {part!r}: one of {', '.join(PARTS)}")
+    acts = [k.make_activation(xs[width], w, pro)
+            for w, (k, pro, width) in zip(layers[0], picks)]
+    return [[lambda w=w, k=k, a=a: k.run(a, w, None, torch.bfloat16)
+             for w, (k, _, _), a in zip(ws, picks, acts)] for ws in layers]
+
+
 def time_chain(layers: list[list[PQ2Weight]], xs: dict[int, torch.Tensor], gap_cycles: int,
-               prologues: list[tuple[Prologue, int]], replays: int = 10) -> float:
+               prologues: list[tuple[Prologue, int]], replays: int = 10,
+               part: str = "all") -> float:
     """Median microseconds a layer of a graph of every layer (on the CPU, one eager pass),
-    each linear of a layer through its prologue and x of its width."""
+    each linear of a layer through its prologue and x of its width (``part``: the whole
+    linear, its weight kernel or its producer, :func:`chain_calls`)."""
+    calls = chain_calls(layers, xs, prologues, part)
 
     def step() -> None:
-        for ws in layers:
-            for i, (w, (pro, width)) in enumerate(zip(ws, prologues)):
-                pq2_linear_fused(xs[width], w, None, pro)
+        for layer in calls:
+            for i, call in enumerate(layer):
+                call()
                 if i == 0 and gap_cycles:
                     torch.cuda._sleep(gap_cycles)
 
@@ -147,6 +183,8 @@ def main() -> None:
                     help="activation rows (1: decode; 6: a verification step of 5 drafts)")
     ap.add_argument("--engine-like", action="store_true",
                     help="folded Hadamard signs and the model's prologues on every linear")
+    ap.add_argument("--parts", nargs="+", default=["all"], choices=PARTS,
+                    help="the whole chain, its weight kernels alone, its producers alone")
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="run the script on the CPU (TRITON_INTERPRET=1), two tiny layers")
     args = ap.parse_args()
@@ -176,11 +214,12 @@ def main() -> None:
         res["check_rel_err"] = check_engine_like(layers[0], xs, prologues)
         print(json.dumps({"check_rel_err": res["check_rel_err"]}), flush=True)
     for gap in args.gap_us:
-        us = time_chain(layers, xs, spin_cycles(gap) if gap else 0, prologues)
-        rec = {"gap_us": gap, "us_per_layer": round(us, 2),
-               "bw_frac": round(layer_bytes / (us * 1e-6) / (read_gbps * 1e9), 3)}
-        res["records"].append(rec)
-        print(json.dumps(rec), flush=True)
+        for part in args.parts:
+            us = time_chain(layers, xs, spin_cycles(gap) if gap else 0, prologues, part=part)
+            rec = {"gap_us": gap, "part": part, "us_per_layer": round(us, 2),
+                   "bw_frac": round(layer_bytes / (us * 1e-6) / (read_gbps * 1e9), 3)}
+            res["records"].append(rec)
+            print(json.dumps(rec), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     slug = "cpu-smoke" if args.cpu_smoke else timing.gpu_slug()
@@ -194,9 +233,9 @@ def main() -> None:
              f"{', signs and prologues as in the engine' if engine else ''}, kernels "
              f"{', '.join(kernels)}); read "
              f"bandwidth {read_gbps:.0f} GB/s in the same run.", "",
-             "| gap after the input projection (us) | us a layer | bw_frac |",
-             "|---|---|---|"]
-    lines += [f"| {r['gap_us']:g} | {r['us_per_layer']} | {r['bw_frac']} |"
+             "| gap after the input projection (us) | part | us a layer | bw_frac |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['gap_us']:g} | {r['part']} | {r['us_per_layer']} | {r['bw_frac']} |"
               for r in res["records"]]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(path.with_suffix(".md").read_text())

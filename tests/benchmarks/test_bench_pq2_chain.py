@@ -15,13 +15,65 @@ pytest.importorskip("triton")
 def test_cpu_smoke_engine_like_run_matches_the_reference(tmp_path) -> None:
     from conftest import run_cpu_smoke
 
-    run_cpu_smoke("bench_pq2_chain.py", tmp_path, "--engine-like", "--m", "6", timeout=600)
+    run_cpu_smoke("bench_pq2_chain.py", tmp_path, "--engine-like", "--m", "6", "--parts", "all",
+                  "weights", "producers", timeout=600)
     res = json.loads((tmp_path / "pq2_chain_cpu-smoke_m6_engine.json").read_text())
     assert res["engine_like"] is True and res["m"] == 6
     # int8 activations against the fp32 reference: ~1e-2 at most; a wrong prologue, sign or
     # width would be off by O(1)
     assert 0.0 < res["check_rel_err"] < 0.03, res["check_rel_err"]
-    assert [r["gap_us"] for r in res["records"]] == [0.0]
+    assert [(r["gap_us"], r["part"]) for r in res["records"]] == [
+        (0.0, "all"), (0.0, "weights"), (0.0, "producers")]
     assert all(r["us_per_layer"] > 0 for r in res["records"])
     table = (tmp_path / "pq2_chain_cpu-smoke_m6_engine.md").read_text()
     assert "signs and prologues as in the engine" in table
+
+
+def test_chain_parts_split_each_linear_into_its_producer_and_weight_kernel(monkeypatch) -> None:
+    """``--parts``: ``weights`` runs only the weight kernels on activations made before
+    (once a linear), ``producers`` only the producers, ``all`` both for every linear."""
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"
+                                    / "kernels"))
+    sys.modules.pop("bench_pq2_chain", None)
+    import bench_pq2_chain as chain
+
+    log = []
+
+    class Kernel:
+        name = "k"
+
+        @staticmethod
+        def make_activation(x, w, pro):
+            log.append(("produce", w))
+            return ("act", w)
+
+        @staticmethod
+        def run(act, w, bias, dtype):
+            log.append(("run", w, act))
+
+    monkeypatch.setattr(chain, "select_kernel", lambda m, w, dtype, pro: Kernel)
+    monkeypatch.setattr(chain, "pq2_linear_fused", lambda x, w, b, pro: log.append(("all", w)))
+    layers = [["a0", "b0"], ["a1", "b1"]]
+    xs = {4: torch.zeros(1, 4), 8: torch.zeros(1, 8)}
+    pros = [(None, 4), (None, 8)]
+    for part, made, ran in [("all", [], [("all", "a0"), ("all", "b0"), ("all", "a1"),
+                                         ("all", "b1")]),
+                            ("producers", [], [("produce", w) for w in ("a0", "b0", "a1", "b1")]),
+                            ("weights", [("produce", "a0"), ("produce", "b0")],
+                             [("run", "a0", ("act", "a0")), ("run", "b0", ("act", "b0")),
+                              ("run", "a1", ("act", "a0")), ("run", "b1", ("act", "b0"))])]:
+        log.clear()
+        calls = chain.chain_calls(layers, xs, pros, part)
+        assert log == made, part
+        log.clear()
+        for layer in calls:
+            for call in layer:
+                call()
+        assert log == ran, part
+    with pytest.raises(ValueError, match="one of all, weights, producers"):
+        chain.chain_calls(layers, xs, pros, "kernels")
