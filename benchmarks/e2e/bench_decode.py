@@ -141,6 +141,7 @@ sys.path.insert(0, str(HERE.parent / "kernels"))
 sys.path.insert(0, str(HERE.parents[1]))
 
 from vllm_prism import envs  # noqa: E402  (cheap: no torch, no vLLM)
+from vllm_prism.engine import step_record  # noqa: E402  (likewise)
 
 FAMILIES = [  # (family, substrings of kernel names), first match wins
     ("pq2_linear", ("_act_kernel", "gemv", "_mma", "pq2", "_tc_", "ptq1")),
@@ -462,9 +463,7 @@ class StepWatch:
     def __call__(self, entry: list) -> None:
         if self.profiler is None:
             return
-        from vllm_prism.engine.step_record import is_uniform
-
-        if not is_uniform(entry, self.query_len):
+        if not step_record.is_uniform(entry, self.query_len):
             if self.on:
                 self.profiler.disable()
                 self.on = False
@@ -481,7 +480,8 @@ class StepWatch:
 
 
 _WATCH = StepWatch()
-_RECORDING: list[bool] = []  # [installed?] once this engine's step recorder was tried
+# whether this engine's step recorder is installed (None: not tried yet)
+_RECORDING: bool | None = None
 
 
 def _steps_mark(llm) -> tuple[int, int] | None:
@@ -490,33 +490,29 @@ def _steps_mark(llm) -> tuple[int, int] | None:
     collective_rpc in the worker's process otherwise) and returns how many target and
     drafter dispatches it has recorded so far; None where it could not be installed (a
     warning line: a diagnostic must not cost the run its measurements)."""
-    from vllm_prism.engine import step_record
-
-    if not _RECORDING:
+    global _RECORDING
+    if _RECORDING is None:
         tp = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None),
                      "parallel_config", None)
         here = not _engine_process() and getattr(tp, "tensor_parallel_size", 1) == 1
         try:
             llm.collective_rpc(step_record.install, args=(_WATCH,) if here else ())
-            _RECORDING.append(True)
+            _RECORDING = True
         except Exception as e:  # noqa: BLE001
             print(json.dumps({"warning": f"no CUDA-graph record: {e!r}"[:300]}), flush=True)
-            _RECORDING.append(False)
-    if not _RECORDING[0]:
+            _RECORDING = False
+    if not _RECORDING:
         return None
-    return (len(llm.collective_rpc(step_record.read)[0]),
-            len(llm.collective_rpc(step_record.read_draft)[0]))
+    return tuple(llm.collective_rpc(step_record.counts)[0])
 
 
 def graph_modes(entries: list, query_len: int | None) -> dict[str, int]:
     """How many recorded steps vLLM's dispatch ran in each CUDA-graph mode (e.g.
     ``{"FULL": 96}``): the uniform steps of ``query_len`` tokens a request, or every entry
     where ``query_len`` is None."""
-    from vllm_prism.engine.step_record import is_uniform
-
     out: dict[str, int] = {}
     for e in entries:
-        if query_len is None or is_uniform(e, query_len):
+        if query_len is None or step_record.is_uniform(e, query_len):
             out[e[2]] = out.get(e[2], 0) + 1
     return out
 
@@ -524,15 +520,13 @@ def graph_modes(entries: list, query_len: int | None) -> dict[str, int]:
 def _modes_since(llm, mark: tuple[int, int] | None, query_len: int, draft: bool) -> dict:
     """``graph_modes`` of the target's steps recorded since ``mark`` and, with ``draft``,
     ``draft_graph_modes`` (the drafter's dispatches since then); {} without a record."""
-    from vllm_prism.engine import step_record
-
     if mark is None:
         return {}
-    out = {"graph_modes": graph_modes(llm.collective_rpc(step_record.read)[0][mark[0]:],
-                                      query_len)}
+    out = {"graph_modes": graph_modes(
+        llm.collective_rpc(step_record.read, args=(mark[0],))[0], query_len)}
     if draft:
         out["draft_graph_modes"] = graph_modes(
-            llm.collective_rpc(step_record.read_draft)[0][mark[1]:], None)
+            llm.collective_rpc(step_record.read_draft, args=(mark[1],))[0], None)
     return out
 
 
@@ -553,7 +547,8 @@ def _host_profile(llm, prompts, steps: int, query_len: int) -> dict:
         _generate(llm, prompts, 1 + steps)
     finally:
         _WATCH.stop()
-        _WATCH.reset(query_len)
+        profiled = _WATCH.profiled
+        _WATCH.reset(query_len)  # the watch lets the engine's later steps be
     return host_profile(function_times(pstats.Stats(prof).stats), _WATCH.profiled)
 
 

@@ -120,11 +120,11 @@ def chain_calls(layers: list[list[PQ2Weight]], xs: dict[int, torch.Tensor],
     """Each layer's linears as calls (see the module docstring for ``part``): the weight
     kernel's activations for ``weights`` are made here, once a linear of the first layer
     (every layer's linear i has the same shape and prologue)."""
-    picks = [(select_kernel(xs[width].shape[0], w, torch.bfloat16, pro), pro, width)
-             for w, (pro, width) in zip(layers[0], prologues)]
     if part == "all":
         return [[lambda w=w, pro=pro, width=width: pq2_linear_fused(xs[width], w, None, pro)
                  for w, (pro, width) in zip(ws, prologues)] for ws in layers]
+    picks = [(select_kernel(xs[width].shape[0], w, torch.bfloat16, pro), pro, width)
+             for w, (pro, width) in zip(layers[0], prologues)]
     if part == "producers":
         return [[lambda w=w, k=k, pro=pro, width=width: k.make_activation(xs[width], w, pro)
                  for w, (k, pro, width) in zip(ws, picks)] for ws in layers]

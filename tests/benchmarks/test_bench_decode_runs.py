@@ -420,7 +420,7 @@ def test_graph_modes_count_the_steps_since_the_mark(monkeypatch, engine_process:
     from types import SimpleNamespace
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", engine_process)
-    monkeypatch.setattr(bench_decode, "_RECORDING", [])
+    monkeypatch.setattr(bench_decode, "_RECORDING", None)
     mode = lambda name: SimpleNamespace(name=name)  # noqa: E731
     manager = lambda full: SimpleNamespace(dispatch=lambda reqs, n, u, *a, **kw: SimpleNamespace(  # noqa: E731
         cg_mode=mode("FULL" if u and full else "NONE")))
@@ -450,12 +450,37 @@ def test_graph_modes_count_the_steps_since_the_mark(monkeypatch, engine_process:
     assert bench_decode._modes_since(llm, mark, 1, draft=False) == {"graph_modes": {"FULL": 1}}
 
 
+def test_host_profile_divides_by_the_decode_steps_it_profiled(monkeypatch) -> None:
+    """_host_profile installs the recorder with the watch, and its per-step figures divide by
+    the decode steps the watch covered in the call (not by steps the watch saw after)."""
+    from types import SimpleNamespace
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setattr(bench_decode, "_RECORDING", None)
+    desc = SimpleNamespace(cg_mode=SimpleNamespace(name="FULL"))
+    runner = SimpleNamespace(cudagraph_manager=SimpleNamespace(
+        dispatch=lambda reqs, n, u, *a, **kw: desc))
+    worker = SimpleNamespace(model_runner=runner)
+    llm = SimpleNamespace(collective_rpc=lambda fn, args=(): [fn(worker, *args)])
+
+    def generate(llm, prompts, n):  # a prefill chunk, then n - 1 verification steps
+        runner.cudagraph_manager.dispatch(1, 8192, None)
+        for _ in range(n - 1):
+            runner.cudagraph_manager.dispatch(1, 6, 6)
+            time.sleep(0.002)
+
+    monkeypatch.setattr(bench_decode, "_generate", generate)
+    out = bench_decode._host_profile(llm, None, 4, 6)
+    assert out["host_profiled_steps"] == 4
+    assert not bench_decode._WATCH.on and bench_decode._WATCH.profiler is None
+
+
 def test_a_recorder_that_cannot_install_costs_only_its_fields(monkeypatch, capsys) -> None:
     """Where collective_rpc cannot take the recorder (e.g. pickling refused), the run goes on:
     one warning line, no mark, records without graph_modes, no host profile."""
     from types import SimpleNamespace
 
-    monkeypatch.setattr(bench_decode, "_RECORDING", [])
+    monkeypatch.setattr(bench_decode, "_RECORDING", None)
 
     def refuse(fn, args=()):
         raise TypeError("not serializable")

@@ -31,6 +31,17 @@ def _recorder(record: list[StepEntry],
     return note
 
 
+def _wrap_v1(owner: Any, note: Callable[[StepEntry], None]) -> None:
+    """Record a V1 dispatcher's dispatch (it returns the mode and a descriptor)."""
+    inner = owner.dispatch
+
+    def dispatch(num_tokens, uniform_decode=False, *args, **kwargs):
+        mode, desc = inner(num_tokens, uniform_decode, *args, **kwargs)
+        note([num_tokens, bool(uniform_decode), mode.name])
+        return mode, desc
+    owner.dispatch = dispatch
+
+
 def _wrap_v2(owner: Any, note: Callable[[StepEntry], None]) -> None:
     """Record a V2 graph manager's dispatch (it picks a BatchExecutionDescriptor)."""
     inner = owner.dispatch
@@ -50,14 +61,7 @@ def install(worker: Any, on_step: Callable[[StepEntry], None] | None = None,
     runner.prism_record, runner.prism_draft_record = [], []
     note = _recorder(runner.prism_record, on_step)
     if hasattr(runner, "cudagraph_dispatcher"):  # V1
-        owner = runner.cudagraph_dispatcher
-        inner = owner.dispatch
-
-        def dispatch(num_tokens, uniform_decode=False, *args, **kwargs):
-            mode, desc = inner(num_tokens, uniform_decode, *args, **kwargs)
-            note([num_tokens, bool(uniform_decode), mode.name])
-            return mode, desc
-        owner.dispatch = dispatch
+        _wrap_v1(runner.cudagraph_dispatcher, note)
     else:
         _wrap_v2(runner.cudagraph_manager, note)
     drafter = getattr(getattr(runner, "speculator", None), "query_cudagraph_manager", None)
@@ -65,14 +69,22 @@ def install(worker: Any, on_step: Callable[[StepEntry], None] | None = None,
         _wrap_v2(drafter, _recorder(runner.prism_draft_record, on_draft_step))
 
 
-def read(worker: Any) -> list[StepEntry]:
-    """The entries :func:`install` recorded in ``worker``'s model runner so far."""
-    return list(worker.model_runner.prism_record)
+def read(worker: Any, start: int = 0) -> list[StepEntry]:
+    """The entries :func:`install` recorded in ``worker``'s model runner, from ``start``."""
+    return worker.model_runner.prism_record[start:]
 
 
-def read_draft(worker: Any) -> list[StepEntry]:
-    """The drafter's entries (empty where it has no graph manager of its own)."""
-    return list(worker.model_runner.prism_draft_record)
+def read_draft(worker: Any, start: int = 0) -> list[StepEntry]:
+    """The drafter's entries from ``start`` (none where it has no graph manager of its
+    own)."""
+    return worker.model_runner.prism_draft_record[start:]
+
+
+def counts(worker: Any) -> tuple[int, int]:
+    """How many target and drafter entries are recorded so far (a mark for :func:`read`
+    and :func:`read_draft`)."""
+    runner = worker.model_runner
+    return len(runner.prism_record), len(runner.prism_draft_record)
 
 
 def is_uniform(entry: StepEntry, query_len: int) -> bool:
