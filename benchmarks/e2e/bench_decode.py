@@ -549,7 +549,7 @@ def _host_profile(llm, prompts, steps: int, query_len: int) -> dict:
         _WATCH.stop()
         profiled = _WATCH.profiled
         _WATCH.reset(query_len)  # the watch lets the engine's later steps be
-    return host_profile(function_times(pstats.Stats(prof).stats), _WATCH.profiled)
+    return host_profile(function_times(pstats.Stats(prof).stats), profiled)
 
 
 def host_fingerprint() -> dict:
