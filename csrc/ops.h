@@ -68,6 +68,8 @@ void int8_verify_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
 torch::Tensor pq2_wgmma_prefill(const torch::Tensor& codes, const torch::Tensor& scales,
                                 const torch::Tensor& x, c10::ScalarType out_dtype);
 // The same with the weight scales folded into int8 weights, promoted once a 1024-block
-// (csrc/pq2/wgmma_fold.cuh): x quantized to int8 per token and 1024-block.
+// (csrc/pq2/wgmma_fold.cuh): x quantized to int8 per token and 1024-block; a block's scales
+// become D * q with |q| <= levels (63 for any codes, 127 for codes with no 3).
 torch::Tensor pq2_wgmma_fold_prefill(const torch::Tensor& codes, const torch::Tensor& scales,
-                                     const torch::Tensor& x, c10::ScalarType out_dtype);
+                                     const torch::Tensor& x, c10::ScalarType out_dtype,
+                                     int64_t levels);

@@ -41,8 +41,8 @@ TORCH_LIBRARY(_C_prism, m) {
   m.impl("pq2_wgmma_prefill", c10::kCUDA, &pq2_wgmma_prefill);
   // ... with the weight scales folded into int8 weights (csrc/pq2/wgmma_fold.cuh)
   m.def(
-      "pq2_wgmma_fold_prefill(Tensor codes, Tensor scales, Tensor x, ScalarType out_dtype) -> "
-      "Tensor");
+      "pq2_wgmma_fold_prefill(Tensor codes, Tensor scales, Tensor x, ScalarType out_dtype, "
+      "int levels) -> Tensor");
   m.impl("pq2_wgmma_fold_prefill", c10::kCUDA, &pq2_wgmma_fold_prefill);
 #endif
   // Split-KV decode attention over the INT8 paged cache (csrc/attention/int8_decode.cu):

@@ -4,8 +4,10 @@
 // once per 128-group, so the consumer warpgroups issue their MMAs back to back.
 //
 // The weights: in the block b of row n (8 groups g), the group scale d[n, g] becomes D[n,b] *
-// q[n,g] with D = max_g |d| / 63 (as 1 / (63 / max)) and q = rint(d * 63 / max) in -63..63, and
-// the weight (c - 1) * q an int8 ((c - 1) in -1..2, so |(c - 1) q| <= 126). A lane builds each
+// q[n,g] with D = max_g |d| / L (as 1 / (L / max)) and q = rint(d * L / max) in -L..L, and the
+// weight (c - 1) * q an int8. L is Params::fold_levels: 63 for any codes ((c - 1) in -1..2, so
+// |(c - 1) q| <= 126), 127 where the codes hold no 3 ((c - 1) in -1..1: |(c - 1) q| <= 127; the
+// table's entry for code 3 wraps, and no code selects it). A lane builds each
 // group's table {-q, 0, q, 2q} in one register and turns four codes into four int8 weights with
 // one `prmt` (the codes as its selector nibbles: (word >> sh) & 0x3333, sh = 0, 2, 16, 18 by the
 // lane's k quarter, which takes k 0,8,1,9 / 4,12,5,13 / 2,10,3,11 / 6,14,7,15 of a 16-code word:
@@ -18,7 +20,8 @@
 //
 // y[m, n] = sum_b D[n, b] * sx[m, b] * sum_{k in b} (c[n, k] - 1) * q[n, g(k)] * xq[m, k]:
 // against the exact formula, the weight scales carry a relative error of at most 0.5 / |q|
-// (<= 0.8 % for the block's largest group), and the activation that of one int8 scale a 1024
+// (<= 0.8 % / 0.4 % for the block's largest group at L = 63 / 127), and the activation that
+// of one int8 scale a 1024
 // block; the GPU tests bound the sum of both (tests/kernels/test_pq2_wgmma_prefill.py).
 #pragma once
 
@@ -43,8 +46,8 @@ __device__ __forceinline__ uint32_t fold_table(int q) {
   return (uint32_t(-q) & 0xFFu) | ((uint32_t(q) & 0xFFu) << 16) | ((uint32_t(2 * q) & 0xFFu) << 24);
 }
 
-// 63 / max |d| of a block's 8 fp16 scales (0 where all are 0): q = rint(d * inv).
-__device__ __forceinline__ float fold_inv(const uint4& raw) {
+// levels / max |d| of a block's 8 fp16 scales (0 where all are 0): q = rint(d * inv).
+__device__ __forceinline__ float fold_inv(const uint4& raw, float levels) {
   const __half2* h = reinterpret_cast<const __half2*>(&raw);
   float mx = 0.f;
 #pragma unroll
@@ -52,7 +55,7 @@ __device__ __forceinline__ float fold_inv(const uint4& raw) {
     const float2 f = __half22float2(h[j]);
     mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
   }
-  return mx > 0.f ? 63.f / mx : 0.f;
+  return mx > 0.f ? levels / mx : 0.f;
 }
 
 // The table of group j of the block.
@@ -131,6 +134,7 @@ __global__ void __launch_bounds__(kFoldThreads, 1) fold_gemm_kernel(const Params
   const int lane = l.lane, tq = l.tq, row_a = l.row_a;
   const int sh = (tq & 1) * 2 + (tq >> 1) * 16;
   const int blocks = (p.groups + kBlockGroups - 1) / kBlockGroups;
+  const float levels = static_cast<float>(p.fold_levels);
   float acc[64];  // the fp32 sums and the warpgroup's int32 ones
   int32_t d[64];
   zero64(acc);
@@ -139,7 +143,7 @@ __global__ void __launch_bounds__(kFoldThreads, 1) fold_gemm_kernel(const Params
   uint4 n0 = load_block_scales(l.s0, 0, p.groups), n1 = load_block_scales(l.s1, 0, p.groups);
   for (int b = 0; b < blocks; ++b) {
     const uint4 c0 = n0, c1 = n1;
-    const float inv0 = fold_inv(c0), inv1 = fold_inv(c1);
+    const float inv0 = fold_inv(c0, levels), inv1 = fold_inv(c1, levels);
     const float dw0 = l.ok0 && inv0 > 0.f ? 1.f / inv0 : 0.f;
     const float dw1 = l.ok1 && inv1 > 0.f ? 1.f / inv1 : 0.f;
     if (b + 1 < blocks) {

@@ -18,6 +18,10 @@ struct Pq2WgmmaParams {
   void* out;               // bf16 or fp16 (out_half) [M, ldo]
   int m, n, k, groups, gpad, ldo;
   int out_half;
+  // wgmma_fold only: a block's group scales become D * q with |q| <= fold_levels. 63 keeps
+  // (c - 1) * q an int8 for every code, 3 (+2) included; 127 is for code planes with no 3 (a
+  // ternary checkpoint's), halving the scales' rounding.
+  int fold_levels = 63;
 };
 
 // Tokens a tile of the activation's layout; K must be a multiple of 128.

@@ -1,9 +1,10 @@
 // The torch ops around the PQ2 prefill GEMMs on Hopper's warpgroup MMA (wgmma_prefill.cu): checks,
 // the tiled int8 activation's temporaries, the quantization and GEMM launches on the current
 // stream; pq2_wgmma_fold_prefill runs the variant with the weight scales folded into the int8
-// weights (wgmma_fold.cuh). They exist (and torch_bindings.cpp registers them) only where the
-// extension was built with sm_90 in its architectures (PRISM_HAS_SM90A), so has_compiled_op tells
-// the dispatch; it runs on compute capability 9.0 only.
+// weights (wgmma_fold.cuh) at `levels` (Pq2WgmmaParams::fold_levels). They exist (and
+// torch_bindings.cpp registers them) only where the extension was built with sm_90 in its
+// architectures (PRISM_HAS_SM90A), so has_compiled_op tells the dispatch; it runs on compute
+// capability 9.0 only.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -21,7 +22,7 @@ namespace {
 
 torch::Tensor wgmma_prefill(const char* op, bool fold, const torch::Tensor& codes,
                             const torch::Tensor& scales, const torch::Tensor& x,
-                            c10::ScalarType out_dtype) {
+                            c10::ScalarType out_dtype, int64_t fold_levels) {
   vllm_prism::check_weight_planes(op, codes, scales);
   TORCH_CHECK(codes.stride(0) == codes.size(1) && aligned16(codes), op,
               ": codes must be contiguous rows from a 16-byte aligned start");
@@ -30,6 +31,8 @@ torch::Tensor wgmma_prefill(const char* op, bool fold, const torch::Tensor& code
               op, ": x must be bf16 or fp16 [M, K] with 16-byte aligned rows");
   TORCH_CHECK(out_dtype == torch::kBFloat16 || out_dtype == torch::kFloat16, op,
               ": out_dtype must be bfloat16 or float16");
+  TORCH_CHECK(fold_levels == 63 || fold_levels == 127, op, ": levels must be 63 (any codes) or ",
+              "127 (codes with no 3), got ", fold_levels);
   TORCH_CHECK(x.device() == codes.device() && scales.device() == codes.device(), op,
               ": codes, scales and x must be on one device");
   const int64_t m = x.size(0), n = codes.size(0), k = codes.size(1) * 16;
@@ -68,6 +71,7 @@ torch::Tensor wgmma_prefill(const char* op, bool fold, const torch::Tensor& code
   p.gpad = static_cast<int>(scales.stride(0));
   p.ldo = static_cast<int>(n);
   p.out_half = out_dtype == torch::kFloat16;
+  p.fold_levels = static_cast<int>(fold_levels);
   err = fold ? vllm_prism::pq2_wgmma_fold_gemm(p, stream) : vllm_prism::pq2_wgmma_gemm(p, stream);
   TORCH_CHECK(err == cudaSuccess, op, ": GEMM launch failed: ", cudaGetErrorString(err));
   return out;
@@ -77,12 +81,13 @@ torch::Tensor wgmma_prefill(const char* op, bool fold, const torch::Tensor& code
 
 torch::Tensor pq2_wgmma_prefill(const torch::Tensor& codes, const torch::Tensor& scales,
                                 const torch::Tensor& x, c10::ScalarType out_dtype) {
-  return wgmma_prefill("pq2_wgmma_prefill", false, codes, scales, x, out_dtype);
+  return wgmma_prefill("pq2_wgmma_prefill", false, codes, scales, x, out_dtype, 63);
 }
 
 torch::Tensor pq2_wgmma_fold_prefill(const torch::Tensor& codes, const torch::Tensor& scales,
-                                     const torch::Tensor& x, c10::ScalarType out_dtype) {
-  return wgmma_prefill("pq2_wgmma_fold_prefill", true, codes, scales, x, out_dtype);
+                                     const torch::Tensor& x, c10::ScalarType out_dtype,
+                                     int64_t levels) {
+  return wgmma_prefill("pq2_wgmma_fold_prefill", true, codes, scales, x, out_dtype, levels);
 }
 
 #endif  // PRISM_HAS_SM90A

@@ -99,6 +99,33 @@ def test_linear_compiles_once_for_every_batch_size(tiny_gguf, fmt: str) -> None:
     assert op in ops or op.default in ops, ops
 
 
+@pytest.mark.parametrize("code3", [False, True])
+def test_ternary_record_reaches_the_compiled_op(tiny_gguf, monkeypatch, code3: bool) -> None:
+    """The planes' ternary record (wgmma_fold's 127 scale levels) survives the layer's
+    preparation (the layer holds a Parameter over the checked plane) and reaches the op
+    called from the compiled graph; a layer whose codes hold a 3 is not taken for ternary."""
+    import gc
+
+    from vllm_prism.kernels.pq2 import dispatch
+
+    method, layer = _layer_kn(tiny_gguf, K, N, code3=code3)
+    gc.collect()
+    seen: list[bool] = []
+    run = dispatch.pq2_linear
+
+    def recording(x, w, bias=None):
+        seen.append(w.is_ternary())
+        return run(x, w, bias)
+
+    monkeypatch.setattr(dispatch, "pq2_linear", recording)
+    compiled, _ = _compile_like_vllm(lambda x: method.apply(layer, x))
+    for m in (512, 1):
+        x = torch.randn(m, K).to(torch.bfloat16)
+        _mark_tokens_dynamic(m, x)
+        compiled(x)
+    assert seen and all(t is (not code3) for t in seen), seen
+
+
 def test_ptq1_keeps_one_prepared_form(tiny_gguf) -> None:
     """PTQ1_0 is transcoded once at load: the layer holds the PQ2 planes and no GGUF rows."""
     _, layer, _, _ = _layer(tiny_gguf, "ptq1_0")
@@ -150,8 +177,9 @@ def test_fused_norm_and_activation_compile_and_match_vllms_ops(tiny_gguf) -> Non
     assert any("pq2_glu_linear" in o for o in ops), ops
 
 
-def _layer_kn(tiny_gguf, k: int, n: int):
-    """A PQ2_0 prism linear layer [n, k] with random ternary weights, prepared for the op."""
+def _layer_kn(tiny_gguf, k: int, n: int, code3: bool = False):
+    """A PQ2_0 prism linear layer [n, k] with random ternary weights (with some of the code
+    3, +2, where ``code3``), prepared for the op."""
     from vllm_prism.model_executor.layers.quantization.prism import (PrismConfig,
                                                                      PrismLinearMethod)
 
@@ -160,7 +188,7 @@ def _layer_kn(tiny_gguf, k: int, n: int):
     layer = torch.nn.Module()
     method.create_weights(layer, k, [n], k, n, torch.float32)
     rng = np.random.default_rng(k + n)
-    q = rng.integers(-1, 2, size=(n, k), dtype=np.int8)
+    q = rng.integers(-1, 3 if code3 else 2, size=(n, k), dtype=np.int8)
     d = rng.uniform(0.01, 0.03, size=(n, k // 128)).astype(np.float16)
     layer.weight.data.copy_(torch.from_numpy(codecs.pack_blocks(q, d, GGMLType.PQ2_0)))
     layer.bias = None

@@ -16,10 +16,12 @@ from vllm_prism.gguf.hadamard import forward_transform
 
 
 def random_ternary(n: int, k: int, fmt: str, gen: torch.Generator,
-                   device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                   device: str = "cpu", code3: bool = True
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(raw uint8 rows, q int8 [N, K], d fp16 [N, K/128]) on ``device``, drawn on the CPU
-    generator ``gen`` and packed on ``device``; PQ2_0 uses all four codes."""
-    hi = 3 if fmt == "PQ2_0" else 2
+    generator ``gen`` and packed on ``device``; PQ2_0 uses all four codes unless ``code3`` is
+    False (-1..1 only, as a ternary checkpoint)."""
+    hi = 3 if fmt == "PQ2_0" and code3 else 2
     q = torch.randint(-1, hi, (n, k), generator=gen, dtype=torch.int8).to(device)
     d = ((torch.rand(n, k // 128, generator=gen) + 0.5) * 0.05).to(torch.float16).to(device)
     raw = codecs_torch.pack_blocks(q, d, GGMLType[fmt])

@@ -28,10 +28,11 @@ def need_kernel(kernel: type[dispatch.PQ2LinearKernel]) -> None:
         pytest.skip(why)
 
 
-def random_case(n: int, k: int, block: int | None):
-    """(raw, q, d, signs, PQ2Weight) on the GPU; signs and the rotation where ``block``."""
+def random_case(n: int, k: int, block: int | None, code3: bool = True):
+    """(raw, q, d, signs, PQ2Weight) on the GPU; signs and the rotation where ``block``; codes
+    0..3, or 0..2 without ``code3`` (a ternary checkpoint's)."""
     gen = torch.Generator().manual_seed(n + k)
-    raw, q, d = random_ternary(n, k, "PQ2_0", gen, "cuda")
+    raw, q, d = random_ternary(n, k, "PQ2_0", gen, "cuda", code3=code3)
     signs = random_signs(k, gen, "cuda") if block else None
     return raw, q, d, signs, PQ2Weight.from_raw(raw, signs, block)
 
@@ -55,13 +56,14 @@ def prefill_cases(fn):
     return fn
 
 
-def run_case(kernel: type[dispatch.PQ2LinearKernel], case, m: int, dtype: torch.dtype):
-    """The kernel on a random case (a bias where N = 304): checks the selection, the shape,
-    dtype and finiteness, and returns (planes (raw, q, d, signs, w), activation, y, fp64
-    reference)."""
+def run_case(kernel: type[dispatch.PQ2LinearKernel], case, m: int, dtype: torch.dtype,
+             code3: bool = True):
+    """The kernel on a random case (a bias where N = 304; codes 0..2 only without ``code3``):
+    checks the selection, the shape, dtype and finiteness, and returns (planes (raw, q, d,
+    signs, w), activation, y, fp64 reference)."""
     need_kernel(kernel)
     n, k, block = case
-    raw, q, d, signs, w = random_case(n, k, block)
+    raw, q, d, signs, w = random_case(n, k, block, code3)
     x = torch.randn(m, k, device="cuda", generator=torch.Generator("cuda").manual_seed(m))
     x = x.to(dtype)
     bias = torch.randn(n, device="cuda", dtype=dtype) if n == 304 else None

@@ -16,7 +16,8 @@ from vllm_prism.gguf.constants import GGMLType
 from vllm_prism.gguf.hadamard import forward_transform
 from vllm_prism.kernels.pq2 import dispatch
 from vllm_prism.kernels.pq2.hadamard import ActKind, transform_activation_torch
-from vllm_prism.kernels.pq2.layout import PQ2Weight, PTQ1Weight
+from vllm_prism.kernels.pq2.layout import (PQ2Weight, PTQ1Weight, is_ternary_plane,
+                                           note_ternary_plane)
 
 
 @pytest.mark.parametrize("n,k", [(1, 128), (7, 384), (33, 5120)])
@@ -40,6 +41,55 @@ def test_code_three_is_plus_two() -> None:
     raw = torch.full((1, 34), 0xFF, dtype=torch.uint8)
     raw[0, :2] = torch.tensor([1.0], dtype=torch.float16).view(torch.uint8)
     assert torch.equal(PQ2Weight.from_raw(raw).dequantize(), torch.full((1, 128), 2.0))
+
+
+@pytest.mark.parametrize("field", [0, 7, 15])
+def test_a_code_three_anywhere_is_found(field: int) -> None:
+    """Planes with one 3 (in the word's lowest, a middle and the sign-bit field) are not
+    ternary; the same rows with that 3 made a 2 are, and are recorded by address."""
+    raw, q, _ = random_ternary(5, 384, "PQ2_0", torch.Generator().manual_seed(field),
+                               code3=False)
+    w = PQ2Weight.from_raw(raw)
+    assert w.ternary is True and w.is_ternary() and is_ternary_plane(w.codes)
+    assert PQ2Weight.of_planes(w.codes, w.scales, None, None).is_ternary()
+    # element 16 * word + 4 * f + b sits in field bits 8b + 2f: pick the element of `field`
+    e = 16 * 3 + 4 * (field % 4) + field // 4
+    q3 = q.clone()
+    q3[2, e] = 2
+    w3 = PQ2Weight.from_raw(codecs_torch.pack_blocks(q3, _scales(raw), GGMLType.PQ2_0))
+    assert ((w3.codes[2, 3] >> (2 * field)) & 3).item() == 3
+    assert w3.ternary is False and not w3.is_ternary() and not is_ternary_plane(w3.codes)
+    assert not PQ2Weight.of_planes(w3.codes, w3.scales, None, None).is_ternary()
+
+
+def _scales(raw: torch.Tensor) -> torch.Tensor:
+    """The fp16 d of PQ2_0 rows."""
+    return PQ2Weight.from_raw(raw).unpack()[1]
+
+
+def test_ternary_record_follows_the_planes_life() -> None:
+    """The record holds a plane weakly: a view of another shape, or a plane that died, is not
+    taken for it; a Parameter noted over a plane keeps the record alive after the plane goes."""
+    import gc
+
+    raw, _, _ = random_ternary(4, 256, "PQ2_0", torch.Generator().manual_seed(2), code3=False)
+    w = PQ2Weight.from_raw(raw)
+    assert not is_ternary_plane(w.codes[:2, :8])  # same address, another shape
+    assert not is_ternary_plane(w.codes.clone())  # same shape, another address
+    param = torch.nn.Parameter(w.codes, requires_grad=False)
+    codes_copy = w.codes.clone()
+    del w
+    gc.collect()
+    assert not is_ternary_plane(param)  # its plane died with the weight
+    note_ternary_plane(param)
+    assert is_ternary_plane(param) and is_ternary_plane(param.data)
+    del param
+    gc.collect()
+    assert not is_ternary_plane(codes_copy)
+    # transcoded PTQ1_0 holds trits only
+    praw, _, _ = random_ternary(3, 256, "PTQ1_0", torch.Generator().manual_seed(3))
+    assert PQ2Weight.from_ptq1_raw(praw).is_ternary()
+    assert PTQ1Weight.from_raw(praw).as_pq2().is_ternary()
 
 
 def test_ptq1_planes_and_pq2_copy() -> None:

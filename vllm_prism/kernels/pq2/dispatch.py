@@ -82,6 +82,9 @@ GEMV_CUDA_MAX_MK = 73728
 # per-group norm (rms_group: 32 values, one lane).
 GEMV_FUSED_MAX_K = 32768
 GEMV_FUSED_MIN_RMS_GROUP = 32
+# wgmma_fold's scale levels: |q| <= 63 keeps code 3's weight 2q an int8; 127 for codes with no 3.
+FOLD_LEVELS = 63
+FOLD_LEVELS_TERNARY = 127
 
 
 @dataclass(frozen=True)
@@ -473,22 +476,32 @@ class WgmmaCudaKernel(_CudaOpKernel):
         if x.stride(-1) != 1 or x.stride(0) % 8 or x.data_ptr() % 16:
             x = x.contiguous()
         dtype16 = out_dtype if out_dtype in (torch.bfloat16, torch.float16) else x.dtype
-        y = getattr(torch.ops._C_prism, cls.op)(w.codes, w.scales, x, dtype16)
+        y = cls.gemm(w, x, dtype16)
         if bias is not None:
             y = y + bias.to(y.dtype)
         return y.to(out_dtype)
+
+    @classmethod
+    def gemm(cls, w, x: torch.Tensor, dtype16: torch.dtype) -> torch.Tensor:
+        """The op on a 16-bit activation with 16-byte aligned rows."""
+        return getattr(torch.ops._C_prism, cls.op)(w.codes, w.scales, x, dtype16)
 
 
 class WgmmaFoldKernel(WgmmaCudaKernel):
     """``wgmma_cuda`` with the weight scales folded into the int8 weights (op
     ``torch.ops._C_prism.pq2_wgmma_fold_prefill``, csrc/pq2/wgmma_fold.cuh): in each 1024-wide
     block of K (the Hadamard rotation's block) a row's group scale d becomes D * q with
-    D = max |d| / 63 and q an integer of -63..63, the weight (c - 1) * q an int8, and the
+    D = max |d| / L and q an integer of -L..L, the weight (c - 1) * q an int8, and the
     activation is quantized per token and 1024-block, so the int32 sums are promoted once a
-    block instead of once a 128-group and the MMAs run back to back. An approximation of the
-    weights: a group scale moves by up to 0.5 / |q| of itself (0.8 % for the block's largest).
-    On the H200 it ran 1.29-1.42x faster than wgmma_cuda; with its quantization 1.09-1.30x
-    bf16 ``F.linear`` at M = 2048-4096, 1.04-1.17x on the two wide projections at M = 512 and
+    block instead of once a 128-group and the MMAs run back to back. L is 127 where the codes
+    hold no 3 (every ternary checkpoint: checked when the planes are prepared,
+    ``PQ2Weight.is_ternary``), else 63 (so that the weight of code 3, 2q, stays an int8). An
+    approximation of the weights: a group scale moves by up to 0.5 / |q| of itself (0.4 % /
+    0.8 % for the block's largest at L = 127 / 63; emulated on the CPU the kernel's error is
+    0.82-0.84 % / 0.93-1.02 %, the M = 1 GEMV's int8 activation alone 0.63-0.66 %,
+    benchmarks/results/fold_numerics_cpu.md). On the H200 (at L = 63) it ran 1.29-1.42x
+    faster than wgmma_cuda; with its quantization 1.09-1.30x bf16 ``F.linear`` at M =
+    2048-4096, 1.04-1.17x on the two wide projections at M = 512 and
     0.75-0.78x on the 5120-row ones there, with a relative error of 0.66-0.70 % where a
     block's scales lie within +-12.5 % (benchmarks/results/pq2_wgmma_sweep_h200.md); through
     vLLM a 4K prefill 1.19-1.21x gemm_dq. Only where VLLM_PRISM_PQ2_KERNEL names it: its
@@ -496,6 +509,11 @@ class WgmmaFoldKernel(WgmmaCudaKernel):
 
     name = "wgmma_fold"
     op = "pq2_wgmma_fold_prefill"
+
+    @classmethod
+    def gemm(cls, w, x, dtype16):
+        levels = FOLD_LEVELS_TERNARY if w.is_ternary() else FOLD_LEVELS
+        return torch.ops._C_prism.pq2_wgmma_fold_prefill(w.codes, w.scales, x, dtype16, levels)
 
 
 class GemvCudaA8Kernel(_CudaOpKernel):

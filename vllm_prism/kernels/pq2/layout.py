@@ -18,10 +18,17 @@ PTQ1_0 (28-byte blocks: 24 bytes ``qs``, 2 bytes ``qh``, fp16 ``d`` last) keeps 
 
 The optional Hadamard fold travels with the weight: ``signs`` (float32 ``[K]``, +-1) and
 ``hadamard_block``; the linear op then computes ``y = W_st @ Hblk(signs * x)``.
+
+Preparing a plane also checks whether its codes hold a 3 (the value +2, legal in the PQ2_0
+container, never written by a ternary checkpoint). Planes without one are recorded by address
+(:func:`note_ternary_plane`, :func:`is_ternary_plane`; planes are not written after
+preparation): the prefill kernel ``wgmma_fold`` folds their group scales at twice the
+resolution.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,7 +37,8 @@ import torch
 from vllm_prism.gguf import codecs_torch
 from vllm_prism.gguf.constants import GGMLType
 
-__all__ = ["PQ2Weight", "PTQ1Weight", "GROUP", "PQ2_BLOCK_BYTES", "PTQ1_BLOCK_BYTES"]
+__all__ = ["PQ2Weight", "PTQ1Weight", "GROUP", "PQ2_BLOCK_BYTES", "PTQ1_BLOCK_BYTES",
+           "note_ternary_plane", "is_ternary_plane"]
 
 GROUP = 128
 PQ2_BLOCK_BYTES = 34
@@ -102,15 +110,44 @@ def _transpose_rows(code_bytes: torch.Tensor, chunk: int = 8192) -> torch.Tensor
     return out
 
 
+# Code planes found by _pq2_planes to hold no 3, by device and address. Weakly held: a freed
+# plane's entry goes with it, so a later tensor at the same address is never taken for it.
+_TERNARY_PLANES: weakref.WeakValueDictionary[tuple[str, int], torch.Tensor] = (
+    weakref.WeakValueDictionary())
+
+
+def note_ternary_plane(codes: torch.Tensor) -> None:
+    """Record ``codes``, a plane prepared here and checked to hold no code 3 (or a Parameter
+    over one, which then keeps the record alive), for :func:`is_ternary_plane`."""
+    _TERNARY_PLANES[(str(codes.device), codes.data_ptr())] = codes
+
+
+def is_ternary_plane(codes: torch.Tensor) -> bool:
+    """Whether ``codes`` is a recorded plane (same device, address, shape, strides and dtype
+    as one still alive); False for anything else, the safe answer."""
+    t = _TERNARY_PLANES.get((str(codes.device), codes.data_ptr()))
+    return (t is not None and t.shape == codes.shape and t.stride() == codes.stride()
+            and t.dtype == codes.dtype)
+
+
+def _has_code3(words: torch.Tensor) -> torch.Tensor:
+    """Whether int32 code words hold a 3 (both bits of a 2-bit field set), as a 0-d bool on
+    their device (no host sync). The shift is arithmetic: bit 30 of ``words >> 1`` is bit 31."""
+    return ((words & (words >> 1)) & 0x55555555).ne(0).any()
+
+
 def _pq2_planes(n: int, groups: int, device: torch.device,
                 rows_of: Callable[[int, int], torch.Tensor],
-                chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor]:
+                chunk: int = 8192) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """The int32 codes ``[N, K/16]`` and fp16 scales ``[N, G_pad]`` of PQ2_0 rows, both
     allocated first and filled ``chunk`` rows at a time from ``rows_of(r0, r1)`` (uint8
     ``[r1 - r0, G*34]``), so that no full-size temporary exists: the load peak stays one
-    chunk above the planes and the caching allocator is left without weight-sized holes."""
+    chunk above the planes and the caching allocator is left without weight-sized holes.
+    The third value says whether the codes hold no 3 (one host sync, after the last chunk);
+    such planes are recorded (:func:`note_ternary_plane`)."""
     codes = torch.empty(n, groups * 8, dtype=torch.int32, device=device)
     scales = torch.zeros(n, _round_up(groups, _SCALE_ALIGN), dtype=torch.float16, device=device)
+    has3 = torch.zeros((), dtype=torch.bool, device=device)
     for r0 in range(0, n, chunk):
         r1 = min(n, r0 + chunk)
         blocks = rows_of(r0, r1).reshape(r1 - r0, groups, PQ2_BLOCK_BYTES)
@@ -118,7 +155,11 @@ def _pq2_planes(n: int, groups: int, device: torch.device,
             r1 - r0, groups)
         code_bytes = _transpose_fields(blocks[..., 2:].reshape(r1 - r0, groups * 32))
         codes[r0:r1] = code_bytes.contiguous().view(torch.int32).reshape(r1 - r0, groups * 8)
-    return codes, scales
+        has3 |= _has_code3(codes[r0:r1])
+    ternary = not bool(has3)
+    if ternary:
+        note_ternary_plane(codes)
+    return codes, scales, ternary
 
 
 def _scale_plane(d: torch.Tensor) -> torch.Tensor:
@@ -147,6 +188,8 @@ class PQ2Weight:
     signs: torch.Tensor | None = None
     hadamard_block: int | None = None
     fmt: str = field(default="PQ2_0")
+    # Whether the codes hold no 3 (None: not known yet, see is_ternary).
+    ternary: bool | None = field(default=None, repr=False)
 
     @classmethod
     def from_raw(cls, raw: torch.Tensor, signs: torch.Tensor | None = None,
@@ -158,8 +201,9 @@ class PQ2Weight:
         if device is not None:
             raw = raw.to(device)
         signs, block = _check_transform(k, signs, hadamard_block, raw.device)
-        codes, scales = _pq2_planes(n, g, raw.device, lambda r0, r1: raw[r0:r1])
-        return cls(codes=codes, scales=scales, n=n, k=k, signs=signs, hadamard_block=block)
+        codes, scales, ternary = _pq2_planes(n, g, raw.device, lambda r0, r1: raw[r0:r1])
+        return cls(codes=codes, scales=scales, n=n, k=k, signs=signs, hadamard_block=block,
+                   ternary=ternary)
 
     @classmethod
     def from_ptq1_raw(cls, raw: torch.Tensor, signs: torch.Tensor | None = None,
@@ -169,9 +213,10 @@ class PQ2Weight:
         n, g = _check_raw(raw, PTQ1_BLOCK_BYTES, "PTQ1_0")
         k = g * GROUP
         signs, block = _check_transform(k, signs, hadamard_block, raw.device)
-        codes, scales = _pq2_planes(n, g, raw.device,
-                                    lambda r0, r1: _ptq1_rows_as_pq2(raw[r0:r1]), chunk_rows)
-        return cls(codes=codes, scales=scales, n=n, k=k, signs=signs, hadamard_block=block)
+        codes, scales, ternary = _pq2_planes(
+            n, g, raw.device, lambda r0, r1: _ptq1_rows_as_pq2(raw[r0:r1]), chunk_rows)
+        return cls(codes=codes, scales=scales, n=n, k=k, signs=signs, hadamard_block=block,
+                   ternary=ternary)
 
     @classmethod
     def of_planes(cls, codes: torch.Tensor, scales: torch.Tensor,
@@ -193,6 +238,13 @@ class PQ2Weight:
     def nbytes(self) -> int:
         """Bytes a kernel streams per pass (codes plus the unpadded scales)."""
         return self.n * self.k // 4 + self.n * self.groups * 2
+
+    def is_ternary(self) -> bool:
+        """Whether the codes are known to hold no 3: checked when the planes were prepared,
+        else looked up among the recorded planes (a view made by :meth:`of_planes`)."""
+        if self.ternary is None:
+            self.ternary = is_ternary_plane(self.codes)
+        return self.ternary
 
     def unpack(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(q int8 [N, K] in -1..2, d fp16 [N, K/128]): the exact integer content."""
@@ -286,9 +338,10 @@ class PTQ1Weight:
         PTQ1 bytes on the device.
         """
         if self._pq2 is None:
-            codes, scales = _pq2_planes(
+            codes, scales, ternary = _pq2_planes(
                 self.n, self.groups, self.device,
                 lambda r0, r1: _ptq1_rows_as_pq2(self.to_raw(slice(r0, r1))), chunk_rows)
             self._pq2 = PQ2Weight(codes=codes, scales=scales, n=self.n, k=self.k,
-                                  signs=self.signs, hadamard_block=self.hadamard_block)
+                                  signs=self.signs, hadamard_block=self.hadamard_block,
+                                  ternary=ternary)
         return self._pq2

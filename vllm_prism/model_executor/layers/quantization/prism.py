@@ -278,7 +278,7 @@ def _prepare_planes(layer: torch.nn.Module, config: PrismConfig) -> bool:
     nothing is built on a later call. Returns False (the torch reference path) for block
     types without planes (legacy Q2_0 with 64-element groups).
     """
-    from vllm_prism.kernels.pq2.layout import PQ2Weight
+    from vllm_prism.kernels.pq2.layout import PQ2Weight, note_ternary_plane
 
     raw = layer.weight.data
     if config.ggml_type == GGMLType.PTQ1_0:
@@ -294,6 +294,8 @@ def _prepare_planes(layer: torch.nn.Module, config: PrismConfig) -> bool:
     _register_ops()
     layer.register_parameter("prism_codes", Parameter(w.codes, requires_grad=False))
     layer.register_parameter("prism_scales", Parameter(w.scales, requires_grad=False))
+    if w.ternary:  # the Parameter keeps the plane's record (w.codes goes with w)
+        note_ternary_plane(layer.prism_codes)
     layer.weight.data = torch.empty(0, dtype=torch.uint8, device=raw.device)
     return True
 
