@@ -306,13 +306,16 @@ def _padded_tokenizer(tok: Any, vocab_size: int) -> Any:
 
 
 class _BlockPool:
-    """Random ternary 2-bit code blocks drawn once; a tensor takes a window of them with its
-    own scale, so writing 27 billion weights costs copies, not random draws."""
+    """Random ternary 2-bit code blocks drawn once, each with a scale factor in 0.75..1.25 (a
+    group's scale varies about its tensor's, as in the tiny model and a real checkpoint); a
+    tensor takes a window of them times its own scale, so writing 27 billion weights costs
+    copies, not random draws."""
 
     def __init__(self, rng: np.random.Generator, ternary_type: GGMLType) -> None:
         q = rng.integers(-1, 2, size=(_POOL_BLOCKS, GROUP), dtype=np.int8)
         self.type = ternary_type
         self.raw = pack_blocks(q, np.ones((_POOL_BLOCKS, 1), np.float16), ternary_type)
+        self.factor = rng.uniform(0.75, 1.25, size=_POOL_BLOCKS).astype(np.float32)
         self.block_bytes = self.raw.shape[-1]
         self.rng = rng
 
@@ -323,9 +326,11 @@ class _BlockPool:
         start = int(self.rng.integers(0, _POOL_BLOCKS))
         idx = (start + np.arange(n)) % _POOL_BLOCKS
         blocks = self.raw[idx]
-        d = np.array([out_rms / np.sqrt(cols * 2.0 / 3.0)], np.float16).view(np.uint8)
+        # E[factor^2] = 1 + 0.25^2 / 3: the outputs keep their RMS
+        base = out_rms / np.sqrt(cols * 2.0 / 3.0 * (1.0 + 0.25 ** 2 / 3.0))
+        d = (self.factor[idx] * np.float32(base)).astype(np.float16).view(np.uint8)
         off = 0 if self.type != GGMLType.PTQ1_0 else self.block_bytes - 2
-        blocks[:, off:off + 2] = d
+        blocks[:, off:off + 2] = d.reshape(n, 2)
         return blocks.reshape(rows, -1)
 
 
