@@ -74,8 +74,9 @@ def random_weight(n: int, k: int, gen: torch.Generator) -> PQ2Weight:
 
 
 def clone_weight(w: PQ2Weight) -> PQ2Weight:
+    """A copy at other addresses (the same codes: ternary as ``w`` is)."""
     return PQ2Weight(codes=w.codes.clone(), scales=w.scales.clone(), n=w.n, k=w.k,
-                     signs=w.signs, hadamard_block=w.hadamard_block)
+                     signs=w.signs, hadamard_block=w.hadamard_block, ternary=w.is_ternary())
 
 
 def op_bytes(m: int, n: int, k: int, weight_bytes: int, act_bytes: int = 2) -> int:
