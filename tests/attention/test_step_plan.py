@@ -44,6 +44,25 @@ def test_backend_declares_uniform_batch_graphs() -> None:
     assert PrismAttentionMetadataBuilder._cudagraph_support is AttentionCGSupport.UNIFORM_BATCH
 
 
+def test_builder_lets_a_draft_graph_skip_build(tiny_gguf) -> None:
+    """A built PRISM builder tells vLLM's speculators that a FULL-graph draft step may skip
+    build() (the in-place refresh, Triton's no-op), as the Triton builder does: our kernels
+    read the persistent device buffers its metadata views (prism_attn.py says why)."""
+    pytest.importorskip("vllm.v1.attention.backends.triton_attn")
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from vllm_prism.attention.backends.prism_attn import PrismAttentionMetadataBuilder
+
+    cfg = EngineArgs(model=str(tiny_gguf()), max_model_len=256).create_engine_config()
+    spec = FullAttentionSpec(block_size=16, num_kv_heads=2, head_size=64,
+                             dtype=torch.bfloat16)
+    with set_current_vllm_config(cfg):
+        builder = PrismAttentionMetadataBuilder(spec, ["layer"], cfg, CPU)
+    assert builder.supports_draft_decode_metadata_update is True
+
+
 def test_routing_reads_no_device_value() -> None:
     """The builder routes every step from the host copy of query_start_loc: the device
     seq_lens are never copied to the host for it (that was one GPU sync a step). A meta

@@ -47,12 +47,17 @@ class PrismAttentionMetadataBuilder(TritonAttentionMetadataBuilder):
     step and shared by every layer."""
 
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.UNIFORM_BATCH
-    # The routing is made in build(); a draft-step update that skips build() would keep a
-    # stale plan.
-    supports_draft_decode_metadata_update = False
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any,
                  device: torch.device) -> None:
+        # The Triton __init__ above sets supports_draft_decode_metadata_update (True without
+        # an R-SWA window): a speculator may then replay a FULL-graph draft step without
+        # build(), refreshing the metadata in place (Triton's no-op). That holds for us too:
+        # our kernels read only the persistent device buffers the Triton metadata views, a
+        # replay runs no Python (the plan made at capture, a uniform step's, has no index
+        # lists), and eager and piecewise steps are always built. (Until 2026-12-05 a class
+        # attribute here said False; that instance attribute overrode it, so the GPU DFlash
+        # tests ran as now.)
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         max_reqs = vllm_config.scheduler_config.max_num_seqs
         # Index lists of mixed steps: fixed addresses, filled once per step.
