@@ -102,8 +102,9 @@ def op_objects(tmp_path_factory) -> dict[str, tuple[int, str, Path]]:
 @pytest.mark.parametrize("source", OP_SOURCES)
 def test_op_wrapper_compiles(source: str, op_objects) -> None:
     """The torch ops (argument checks, allocation, launch) and their registration compile
-    against the installed torch's headers, so a signature mismatch with the kernels or the
-    schema shows in CI, not at the GPU machine's build."""
+    against the installed torch's headers, so a signature mismatch with the kernels shows in
+    CI, not at the GPU machine's build (one with a schema string shows at load:
+    test_csrc_bindings.py)."""
     rc, err, _ = op_objects[source]
     assert rc == 0, err[-4000:]
 
