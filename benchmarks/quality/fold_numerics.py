@@ -18,7 +18,8 @@ rules cost in accuracy.
 
 Weights: ternary codes (a third zeros, as in the real file), fp16 group scales drawn three
 ways: ``wide`` (independent per group over two octaves, the wgmma sweep's fill_scales),
-``narrow`` (within +-12.5 % of a row's scale, its fill_narrow_scales) and ``lognormal``
+``narrow`` (within +-12.5 % of a row's scale, its fill_narrow_scales), ``shaped`` (within
++-25 %: the tiny model's and the 27B-shaped file's, vllm_prism/gguf/tiny.py) and ``lognormal``
 (sigma 0.3 about a row's scale). Activations: Gaussian (a rotated activation's shape) with
 per-token magnitudes over two decades, rounded to bf16. Error: ||y - y_exact|| / ||y_exact||
 over the whole output.
@@ -40,7 +41,7 @@ import torch
 
 GROUP = 128
 BLOCK = 1024
-SCENARIOS = ("wide", "narrow", "lognormal")
+SCENARIOS = ("wide", "narrow", "shaped", "lognormal")
 
 
 def quantize_int8(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -74,6 +75,8 @@ def group_scales(kind: str, n: int, g: int, gen: torch.Generator) -> torch.Tenso
         d = (1.0 + u) * torch.exp2(-9.0 + octave)
     elif kind == "narrow":
         d = row * (0.875 + 0.25 * u)
+    elif kind == "shaped":  # the tiny model's and the 27B-shaped file's (vllm_prism.gguf.tiny)
+        d = row * (0.75 + 0.5 * u)
     elif kind == "lognormal":
         d = row * torch.exp(torch.randn(n, g, generator=gen, dtype=torch.float64) * 0.3)
     else:
