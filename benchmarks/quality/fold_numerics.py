@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+from vllm_prism.kernels.pq2.hadamard import quantize_int8_groups
+
 GROUP = 128
 BLOCK = 1024
 SCENARIOS = ("wide", "narrow", "shaped", "lognormal")
@@ -46,13 +48,8 @@ SCENARIOS = ("wide", "narrow", "shaped", "lognormal")
 
 def quantize_int8(x: torch.Tensor, width: int) -> torch.Tensor:
     """x [M, K] through int8 per row and ``width`` values (the producers' rule), dequantized."""
-    m, k = x.shape
-    xg = x.reshape(m, k // width, width)
-    amax = xg.abs().amax(dim=2, keepdim=True)
-    scale = amax / 127.0
-    v = xg / torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.sign(v) * torch.floor(v.abs() + 0.5)
-    return (q * scale).reshape(m, k)
+    q, amax = quantize_int8_groups(x, width)
+    return (q.to(x.dtype) * (amax / 127.0).unsqueeze(-1)).reshape(x.shape)
 
 
 def fold_scales(d: torch.Tensor, levels: int) -> torch.Tensor:

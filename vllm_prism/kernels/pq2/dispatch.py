@@ -498,7 +498,7 @@ class WgmmaFoldKernel(WgmmaCudaKernel):
     ``PQ2Weight.is_ternary``), else 63 (so that the weight of code 3, 2q, stays an int8). An
     approximation of the weights: a group scale moves by up to 0.5 / |q| of itself (0.4 % /
     0.8 % for the block's largest at L = 127 / 63; emulated on the CPU the kernel's error is
-    0.76-0.89 % / 0.88-1.07 %, the M = 1 GEMV's int8 activation alone 0.59-0.67 %,
+    0.76-0.89 % / 0.88-1.07 %, the M = 1 GEMV's int8 activation alone 0.60-0.66 %,
     benchmarks/results/fold_numerics_cpu.md). On the H200 (at L = 63) it ran 1.29-1.42x
     faster than wgmma_cuda; with its quantization 1.09-1.30x bf16 ``F.linear`` at M =
     2048-4096, 1.04-1.17x on the two wide projections at M = 512 and

@@ -47,8 +47,8 @@ if HAS_TRITON:
     from vllm_prism.kernels.common import pdl_release, pdl_wait
 
 __all__ = ["ActKind", "PQ2Activation", "Prologue", "check_activation", "transform_activation",
-           "hadamard_transform", "transform_activation_torch", "block_hadamard_torch",
-           "signed_hadamard_torch", "inverse_signed_hadamard_torch"]
+           "hadamard_transform", "transform_activation_torch", "quantize_int8_groups",
+           "block_hadamard_torch", "signed_hadamard_torch", "inverse_signed_hadamard_torch"]
 
 GROUP = 128
 _MAX_SEG = 1024
@@ -424,13 +424,23 @@ def transform_activation_torch(x: torch.Tensor, signs: torch.Tensor | None, bloc
         gsum = xf.reshape(m, g, GROUP).sum(dim=2)
         act = PQ2Activation(kind, perm.contiguous(), m, k, dtype, None, gsum, res_out)
     else:
-        xg = xf.reshape(m, g, GROUP)
-        amax = xg.abs().amax(dim=2)
-        inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
-        v = xg * inv.unsqueeze(-1)
-        q = (torch.floor(v.abs() + 0.5).clamp(max=127) * torch.sign(v)).to(torch.int32)
+        q, amax = quantize_int8_groups(xf)
         qsum = q.sum(dim=2, dtype=torch.int32)
         act = PQ2Activation(kind, q.reshape(m, k).to(torch.int8), m, k, dtype, amax / 127.0,
                             qsum, res_out)
     act.linear_input = linear_input
     return act
+
+
+def quantize_int8_groups(x: torch.Tensor, width: int = GROUP
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (K a multiple of ``width``) as int8 per row and ``width`` values, the
+    producers' rule (scale max|x| / 127, round half away from zero), in x's float dtype:
+    (q int32 [M, K / width, width], max|x| [M, K / width])."""
+    m, k = x.shape
+    xg = x.reshape(m, k // width, width)
+    amax = xg.abs().amax(dim=2)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    v = xg * inv.unsqueeze(-1)
+    q = (torch.floor(v.abs() + 0.5).clamp(max=127) * torch.sign(v)).to(torch.int32)
+    return q, amax
