@@ -20,9 +20,9 @@
 //
 // y[m, n] = sum_b D[n, b] * sx[m, b] * sum_{k in b} (c[n, k] - 1) * q[n, g(k)] * xq[m, k]:
 // against the exact formula, the weight scales carry a relative error of at most 0.5 / |q|
-// (<= 0.8 % / 0.4 % for the block's largest group at L = 63 / 127), and the activation that
-// of one int8 scale a 1024
-// block; the GPU tests bound the sum of both (tests/kernels/test_pq2_wgmma_prefill.py).
+// (<= 0.8 % / 0.4 % for the block's largest group at L = 63 / 127), and the activation that of
+// one int8 scale a 1024 block; the GPU tests bound the sum of both
+// (tests/kernels/test_pq2_wgmma_prefill.py).
 #pragma once
 
 #include "wgmma_prefill.cuh"
