@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_csrc_compile import _include_dirs
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "csrc"
@@ -50,15 +51,13 @@ def test_every_bound_function_is_declared() -> None:
 @pytest.mark.skipif(CXX is None, reason="no C++ compiler on this machine")
 def test_bindings_load_with_their_schemas(tmp_path: Path) -> None:
     import torch
-    from torch.utils import cpp_extension
 
     (tmp_path / "stubs.cpp").write_text(stubs())
     lib = tmp_path / "prism_bindings.so"
     torch_lib = Path(torch.__file__).parent / "lib"
     cmd = [CXX, "-shared", "-fPIC", "-O0", "-std=c++17", "-DPRISM_HAS_SM90A",
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
-           *(f"-I{p}" for p in cpp_extension.include_paths()), f"-I{CSRC}",
-           f"-I{_python_include()}", str(CSRC / "torch_bindings.cpp"),
+           *_include_dirs(tmp_path), str(CSRC / "torch_bindings.cpp"),
            str(tmp_path / "stubs.cpp"), f"-L{torch_lib}", f"-Wl,-rpath,{torch_lib}",
            "-lc10", "-ltorch_cpu", "-ltorch", "-o", str(lib)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -74,9 +73,3 @@ def test_bindings_load_with_their_schemas(tmp_path: Path) -> None:
     assert sorted(s.split("::")[-1] for s in schemas) == names
     fold = schemas["_C_prism::pq2_wgmma_fold_prefill"]
     assert "int levels" in fold, fold
-
-
-def _python_include() -> str:
-    import sysconfig
-
-    return sysconfig.get_paths()["include"]
