@@ -8,7 +8,8 @@
 #   bash scripts/gpu-session.sh gdnbench ARGS  verification-step Gated DeltaNet kernels, ours in
 #        a launch sweep against vLLM's (bench_gdn_verify.py ARGS)
 #   bash scripts/gpu-session.sh quality      BF16 vs INT8 KV quality on the 27B-shaped file
-#        (ARGS to compare_kv_dtypes.py; --pq2-kernel auto gemm_fp8,auto: two PQ2 kernel choices)
+#        (ARGS to compare_kv_dtypes.py; --pq2-kernel auto gemm_fp8,auto [...]: PQ2 kernel choices,
+#        the first against each other one)
 #   bash scripts/gpu-session.sh startup ARGS  two engine starts of the 27B-shaped file in a row,
 #        Triton's compiles and autotuning by kernel (bench_startup.py ARGS)
 #   bash scripts/gpu-session.sh chain ARGS  a layer's PQ2 linears in sequence through the torch op

@@ -2,7 +2,7 @@
 of one PQ2 kernel choice against another.
 
     python benchmarks/quality/compare_kv_dtypes.py MODEL.gguf [--text FILE] [--max-len 8192] \
-        [--enforce-eager] [--pq2-kernel A B [--kv DTYPE]]
+        [--enforce-eager] [--pq2-kernel A B [C ...] [--kv DTYPE]]
 
 Runs the same token sequence through vLLM twice, with the BF16 cache and with
 ``--kv-cache-dtype int8_per_token_head``, scoring every position (prompt log-probs), and
@@ -15,7 +15,9 @@ the CUDA-graph capture (the same kernels; a shorter start).
 ``--pq2-kernel A B`` compares two values of ``VLLM_PRISM_PQ2_KERNEL`` instead, both on the
 cache dtype ``--kv`` (default ``auto``): the prompt is scored by its prefill, so a prefill
 kernel (``gemm_fp8,auto`` against ``auto``) is measured by it. Then the output names the two
-runs ``a`` and ``b``.
+runs ``a`` and ``b``. With more than two values the first is the reference and the output
+lists each other one against it (``comparisons``), e.g. ``auto mma_cuda,auto wgmma_fold,auto``:
+a prefill at the decode kernels' precision beside the one whose error is in question.
 """
 
 from __future__ import annotations
@@ -76,10 +78,13 @@ def main() -> None:
     parser.add_argument("--max-len", type=int, default=8192)
     parser.add_argument("--enforce-eager", action="store_true",
                         help="no torch.compile / CUDA graphs (same kernels, faster start)")
-    parser.add_argument("--pq2-kernel", nargs=2, metavar=("A", "B"),
-                        help="compare two VLLM_PRISM_PQ2_KERNEL values instead of cache dtypes")
+    parser.add_argument("--pq2-kernel", nargs="+", metavar="KERNEL",
+                        help="compare VLLM_PRISM_PQ2_KERNEL values instead of cache dtypes: "
+                             "the first against each other one")
     parser.add_argument("--kv", default="auto", help="the cache dtype of --pq2-kernel's runs")
     args = parser.parse_args()
+    if args.pq2_kernel is not None and len(args.pq2_kernel) < 2:
+        parser.error("--pq2-kernel needs at least two values (the reference first)")
     from transformers import AutoTokenizer
 
     from vllm_prism.engine.arg_utils import materialize_tokenizer
@@ -90,25 +95,28 @@ def main() -> None:
     if args.pq2_kernel:
         runs = [score_in_child(args.model, ids, args.kv, args.max_len, args.enforce_eager, k)
                 for k in args.pq2_kernel]
-        names = ("a", "b")
+        pairs = [{"a": args.pq2_kernel[0], "b": k, **compare(runs[0], rows, ("a", "b"))}
+                 for k, rows in zip(args.pq2_kernel[1:], runs[1:])]
+        result = {"model": args.model, "tokens": len(ids), "kv": args.kv}
+        result.update(pairs[0] if len(pairs) == 1 else {"comparisons": pairs})
     else:
         runs = [score_in_child(args.model, ids, kv, args.max_len, args.enforce_eager)
                 for kv in ("auto", "int8_per_token_head")]
-        names = ("bf16", "int8")
-    result = {"model": args.model, "tokens": len(ids)}
-    if args.pq2_kernel:
-        result.update(kv=args.kv, a=args.pq2_kernel[0], b=args.pq2_kernel[1])
-    result.update(compare(runs[0], runs[1], names))
+        result = {"model": args.model, "tokens": len(ids)}
+        result.update(compare(runs[0], runs[1], ("bf16", "int8")))
     print(json.dumps(result, indent=1))
 
 
 def compare(first: list, second: list, names: tuple[str, str]) -> dict:
-    """Mean NLL of each run, their difference (second - first), its perplexity ratio and the
-    share of positions whose top-1 tokens agree."""
+    """Mean NLL of each run, their difference (second - first), its perplexity ratio, the
+    share of positions whose top-1 tokens agree and the mean absolute difference of the
+    actual token's log-prob (which, unlike the means, does not let errors cancel)."""
     nll = [-sum(lp for lp, _ in rows) / len(rows) for rows in (first, second)]
     agree = sum(a[1] == b[1] for a, b in zip(first, second)) / len(first)
+    mad = sum(abs(a[0] - b[0]) for a, b in zip(first, second)) / len(first)
     return {f"nll_{names[0]}": nll[0], f"nll_{names[1]}": nll[1], "delta_nll": nll[1] - nll[0],
-            "ppl_ratio": math.exp(nll[1] - nll[0]), "top1_agreement": agree}
+            "ppl_ratio": math.exp(nll[1] - nll[0]), "top1_agreement": agree,
+            "mean_abs_dlogprob": mad}
 
 
 if __name__ == "__main__":

@@ -26,6 +26,9 @@ def test_compare_of_two_runs() -> None:
     assert got["delta_nll"] == pytest.approx(0.25)
     assert got["ppl_ratio"] == pytest.approx(math.exp(0.25))
     assert got["top1_agreement"] == 0.5
+    # the absolute differences do not cancel where the means would
+    assert cq.compare([(-1.0, 5), (-2.0, 6)], [(-2.0, 5), (-1.0, 6)], ("a", "b"))[
+        "mean_abs_dlogprob"] == pytest.approx(1.0)
 
 
 def test_pq2_kernel_runs_get_their_switch(monkeypatch, capsys) -> None:
@@ -53,6 +56,43 @@ def test_pq2_kernel_runs_get_their_switch(monkeypatch, capsys) -> None:
     out = json.loads(capsys.readouterr().out)
     assert (out["a"], out["b"], out["tokens"]) == ("auto", "gemm_fp8,auto", 9)
     assert out["delta_nll"] == pytest.approx(0.25) and out["top1_agreement"] == 1.0
+
+
+def test_several_pq2_kernels_against_the_first(monkeypatch, capsys) -> None:
+    seen = []
+    logprob = {"auto": -1.0, "mma_cuda,auto": -1.5, "wgmma_fold,auto": -3.0}
+
+    def fake_run(cmd, stdout, text, check, env):
+        k = env.get("VLLM_PRISM_PQ2_KERNEL")
+        seen.append(k)
+        ids = json.loads(cmd[-1])[1]
+        rows = [[logprob[k], 3 if k != "wgmma_fold,auto" or i % 2 else 4]
+                for i, _ in enumerate(ids[1:])]
+        return subprocess.CompletedProcess(cmd, 0, stdout="ROWS " + json.dumps(rows))
+
+    class Tok:
+        def encode(self, text):
+            return list(range(5))
+
+    monkeypatch.setattr(cq.subprocess, "run", fake_run)
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda _: Tok())
+    monkeypatch.setattr("vllm_prism.engine.arg_utils.materialize_tokenizer", lambda m: m)
+    monkeypatch.setattr(sys, "argv", ["x", "m.gguf", "--pq2-kernel", "auto", "mma_cuda,auto",
+                                      "wgmma_fold,auto"])
+    cq.main()
+    assert seen == ["auto", "mma_cuda,auto", "wgmma_fold,auto"]
+    got = json.loads(capsys.readouterr().out)["comparisons"]
+    assert [(c["a"], c["b"]) for c in got] == [("auto", "mma_cuda,auto"),
+                                               ("auto", "wgmma_fold,auto")]
+    assert got[0]["delta_nll"] == pytest.approx(0.5) and got[0]["top1_agreement"] == 1.0
+    assert got[1]["mean_abs_dlogprob"] == pytest.approx(2.0)
+    assert got[1]["top1_agreement"] == 0.5
+
+
+def test_one_pq2_kernel_is_refused(monkeypatch) -> None:
+    monkeypatch.setattr(sys, "argv", ["x", "m.gguf", "--pq2-kernel", "auto"])
+    with pytest.raises(SystemExit):
+        cq.main()
 
 
 def test_cache_dtype_runs_by_default(monkeypatch, capsys) -> None:
