@@ -216,8 +216,10 @@ def main() -> None:
     for gap in args.gap_us:
         for part in args.parts:
             us = time_chain(layers, xs, spin_cycles(gap) if gap else 0, prologues, part=part)
-            rec = {"gap_us": gap, "part": part, "us_per_layer": round(us, 2),
-                   "bw_frac": round(layer_bytes / (us * 1e-6) / (read_gbps * 1e9), 3)}
+            # the producers alone read no weights: no share of the bandwidth to give
+            frac = (None if part == "producers"
+                    else round(layer_bytes / (us * 1e-6) / (read_gbps * 1e9), 3))
+            rec = {"gap_us": gap, "part": part, "us_per_layer": round(us, 2), "bw_frac": frac}
             res["records"].append(rec)
             print(json.dumps(rec), flush=True)
     out = Path(args.out)
@@ -235,7 +237,8 @@ def main() -> None:
              f"bandwidth {read_gbps:.0f} GB/s in the same run.", "",
              "| gap after the input projection (us) | part | us a layer | bw_frac |",
              "|---|---|---|---|"]
-    lines += [f"| {r['gap_us']:g} | {r['part']} | {r['us_per_layer']} | {r['bw_frac']} |"
+    lines += [f"| {r['gap_us']:g} | {r['part']} | {r['us_per_layer']} | "
+              f"{'-' if r['bw_frac'] is None else r['bw_frac']} |"
               for r in res["records"]]
     path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(path.with_suffix(".md").read_text())

@@ -25,8 +25,12 @@ def test_cpu_smoke_engine_like_run_matches_the_reference(tmp_path) -> None:
     assert [(r["gap_us"], r["part"]) for r in res["records"]] == [
         (0.0, "all"), (0.0, "weights"), (0.0, "producers")]
     assert all(r["us_per_layer"] > 0 for r in res["records"])
+    # a share of the bandwidth only for the parts that read the weights
+    assert [r["bw_frac"] is None for r in res["records"]] == [False, False, True]
     table = (tmp_path / "pq2_chain_cpu-smoke_m6_engine.md").read_text()
     assert "signs and prologues as in the engine" in table
+    assert table.rstrip().endswith("| producers | " + str(res["records"][2]["us_per_layer"])
+                                   + " | - |")
 
 
 def test_chain_parts_split_each_linear_into_its_producer_and_weight_kernel(monkeypatch) -> None:

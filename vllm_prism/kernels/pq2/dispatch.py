@@ -129,6 +129,8 @@ class PQ2LinearConfig:
     # the scale plane takes loads of four fp16 scales (8-byte aligned, row stride % 4 == 0):
     # the loader's planes always do, a view into foreign storage might not
     scales_by_four: bool = True
+    # the codes are known to hold no 3 (PQ2Weight.is_ternary): wgmma_fold's 127 levels
+    ternary: bool = False
 
     @classmethod
     def of(cls, m: int, w: Weight, dtype: torch.dtype,
@@ -137,7 +139,18 @@ class PQ2LinearConfig:
                    capability=device_capability(w.device),
                    hadamard_block=w.hadamard_block,
                    prologue=PrologueFeatures.of(prologue, dtype),
-                   scales_by_four=_scales_by_four(w))
+                   scales_by_four=_scales_by_four(w), ternary=_known_ternary(w))
+
+
+def _known_ternary(w: Weight) -> bool:
+    """Whether ``w``'s codes are known to hold no 3 (False where unknown: a fake tensor's
+    plane while tracing, or another format)."""
+    if not isinstance(w, PQ2Weight):
+        return False
+    try:
+        return w.is_ternary()
+    except RuntimeError:  # a fake tensor (tracing) has no address to look up
+        return False
 
 
 def _scales_by_four(w: Weight) -> bool:
@@ -504,11 +517,27 @@ class WgmmaFoldKernel(WgmmaCudaKernel):
     2048-4096, 1.04-1.17x on the two wide projections at M = 512 and
     0.75-0.78x on the 5120-row ones there, with a relative error of 0.66-0.70 % where a
     block's scales lie within +-12.5 % (benchmarks/results/pq2_wgmma_sweep_h200.md); through
-    vLLM a 4K prefill 1.19-1.21x gemm_dq. Only where VLLM_PRISM_PQ2_KERNEL names it: its
-    effect on real weights' outputs is not measured."""
+    vLLM a 4K prefill 1.19-1.21x gemm_dq. The automatic choice from M =
+    ``GEMM_DQ_AUTO_MIN_M`` in gemm_dq's place on compute capability 9.0 where the codes are
+    ternary (127 levels) and the matrix is one gemm_dq would take (not the LM head): there it
+    moves the output 1.2-1.35x as far as the int8 activation of the decode kernels (which the
+    automatic choice already gives prefill chunks of M < 512): through vLLM on the H200 a
+    prompt's log-probs 1.036 against 0.867 nats from gemm_dq's on the 27B-shaped file
+    (benchmarks/results/pq2_prefill_quality_h200.md). ``VLLM_PRISM_PQ2_KERNEL=gemm_dq,auto``
+    keeps the exact prefill."""
 
     name = "wgmma_fold"
     op = "pq2_wgmma_fold_prefill"
+    in_auto = True
+    auto_min_m = GEMM_DQ_AUTO_MIN_M
+
+    @classmethod
+    def auto_accepts(cls, c):
+        ok, why = GemmDqKernel.auto_accepts(c)  # the same range and the same matrices
+        if ok and not c.ternary:
+            return False, ("the codes may hold a 3 (63 scale levels, twice the rounding): "
+                           "gemm_dq is exact there")
+        return ok, why
 
     @classmethod
     def gemm(cls, w, x, dtype16):
@@ -834,22 +863,23 @@ class TorchKernel(PQ2LinearKernel):
 # linear: 1.10-1.13x the kernels below for a verification step through vLLM), the CUDA C++
 # GEMV (gemv_cuda) at M = 1..2, the CUDA C++ small-batch kernel (mma_small_cuda) at M = 3..8
 # (its streaming variant mma_stream_cuda from K = 6144, and at M = 2 past K = 8192), the
-# CUDA C++ tensor-core kernel (mma_cuda) past it up to M = 511 and the dequantize-then-cuBLAS
-# prefill (gemm_dq) from M = 512. Without _C: the Triton GEMV up to M = 2 (4 on large N; the
-# fp32 GEMV is issue-bound, see triton_gemv), then the Triton int8 tensor-core kernels (1.1-1.5x
-# faster than bf16 at every M measured), gemm_dq from M = 512. The bf16/fp16 kernels (*_a16)
-# stay for the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16 / gemm_a16 / gemv_a16; the
-# pipelined small-batch variant (mma_small_pipe_cuda), the equal-share one (mma_bulk_cuda), the
-# resident streaming one (mma_persist_cuda), the GEMV with the producer in its launch
-# (gemv_fused_cuda), the FP8 prefill GEMM (gemm_fp8) and the warpgroup-MMA prefill GEMMs
-# (wgmma_cuda; wgmma_fold, which folds the weight scales into the int8 weights) run only where
-# named.
+# CUDA C++ tensor-core kernel (mma_cuda) past it up to M = 511 and from M = 512 on compute
+# capability 9.0 the warpgroup-MMA prefill with folded scales (wgmma_fold) where the codes are
+# ternary, else the dequantize-then-cuBLAS prefill (gemm_dq). Without _C: the Triton GEMV up
+# to M = 2 (4 on large N; the fp32 GEMV is issue-bound, see triton_gemv), then the Triton int8
+# tensor-core kernels (1.1-1.5x faster than bf16 at every M measured), gemm_dq from M = 512.
+# The bf16/fp16 kernels (*_a16) stay for the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16
+# / gemm_a16 / gemv_a16; the pipelined small-batch variant (mma_small_pipe_cuda), the
+# equal-share one (mma_bulk_cuda), the resident streaming one (mma_persist_cuda), the GEMV with
+# the producer in its launch (gemv_fused_cuda), the FP8 prefill GEMM (gemm_fp8) and the exact
+# warpgroup-MMA prefill GEMM (wgmma_cuda) run only where named.
 KERNELS: list[type[PQ2LinearKernel]] = [
     PTQ1GemvKernel, MmaLeanCudaA8Kernel, MmaStreamCudaA8Kernel, GemvCudaA8Kernel,
     MmaSmallCudaA8Kernel, GemvA8Kernel, GemvA16Kernel,
-    GemmDqKernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel, GemmA16Kernel,
+    WgmmaFoldKernel, GemmDqKernel, MmaCudaA8Kernel, MmaA8Kernel, MmaA16Kernel, GemmA8Kernel,
+    GemmA16Kernel,
     MmaSmallPipeCudaA8Kernel, MmaBulkCudaA8Kernel, MmaPersistCudaA8Kernel,
-    GemvFusedCudaKernel, GemmFp8Kernel, WgmmaCudaKernel, WgmmaFoldKernel, TorchKernel,
+    GemvFusedCudaKernel, GemmFp8Kernel, WgmmaCudaKernel, TorchKernel,
 ]
 _BY_NAME = {k.name: k for k in KERNELS}
 
