@@ -10,8 +10,8 @@ quantisation error, measured in docs/attention.md). Graph replay must give eager
 A 640-token sequence is scored as well: its prefill is one M = 640 chunk, so every linear,
 the LM head of its prompt log-probabilities included, runs the prefill kernel (from M = 512
 ``wgmma_fold`` on compute capability 9.0 with vllm_prism._C's op, the tiny model's codes being
-ternary, else ``gemm_dq``), checked position by position against transformers (the CPU build, with the
-torch kernels, differs from it by at most 0.14 nats there).
+ternary, else ``gemm_dq``), checked position by position against transformers (the CPU build,
+with the torch kernels, differs from it by at most 0.14 nats there).
 
 The configurations start in parallel subprocesses (one engine each, a slice of the GPU's
 memory), so the first compile of each runs side by side.
