@@ -41,17 +41,8 @@ def test_pq2_kernel_runs_get_their_switch(monkeypatch, capsys) -> None:
         rows = [[lp, 3] for _ in ids[1:]]
         return subprocess.CompletedProcess(cmd, 0, stdout="noise\nROWS " + json.dumps(rows))
 
-    class Tok:
-        def encode(self, text):
-            return list(range(9))
-
-    monkeypatch.setattr(cq.subprocess, "run", fake_run)
-    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda _: Tok())
-    monkeypatch.setattr("vllm_prism.engine.arg_utils.materialize_tokenizer", lambda m: m)
-    monkeypatch.delenv("VLLM_PRISM_PQ2_KERNEL", raising=False)
-    monkeypatch.setattr(sys, "argv", ["x", "m.gguf", "--pq2-kernel", "auto", "gemm_fp8,auto",
-                                      "--kv", "int8_per_token_head"])
-    cq.main()
+    _run_main(monkeypatch, fake_run, 9, "--pq2-kernel", "auto", "gemm_fp8,auto", "--kv",
+              "int8_per_token_head")
     assert seen == [("int8_per_token_head", "auto"), ("int8_per_token_head", "gemm_fp8,auto")]
     out = json.loads(capsys.readouterr().out)
     assert (out["a"], out["b"], out["tokens"]) == ("auto", "gemm_fp8,auto", 9)
@@ -70,16 +61,8 @@ def test_several_pq2_kernels_against_the_first(monkeypatch, capsys) -> None:
                 for i, _ in enumerate(ids[1:])]
         return subprocess.CompletedProcess(cmd, 0, stdout="ROWS " + json.dumps(rows))
 
-    class Tok:
-        def encode(self, text):
-            return list(range(5))
-
-    monkeypatch.setattr(cq.subprocess, "run", fake_run)
-    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda _: Tok())
-    monkeypatch.setattr("vllm_prism.engine.arg_utils.materialize_tokenizer", lambda m: m)
-    monkeypatch.setattr(sys, "argv", ["x", "m.gguf", "--pq2-kernel", "auto", "mma_cuda,auto",
-                                      "wgmma_fold,auto"])
-    cq.main()
+    _run_main(monkeypatch, fake_run, 5, "--pq2-kernel", "auto", "mma_cuda,auto",
+              "wgmma_fold,auto")
     assert seen == ["auto", "mma_cuda,auto", "wgmma_fold,auto"]
     got = json.loads(capsys.readouterr().out)["comparisons"]
     assert [(c["a"], c["b"]) for c in got] == [("auto", "mma_cuda,auto"),
@@ -102,16 +85,22 @@ def test_cache_dtype_runs_by_default(monkeypatch, capsys) -> None:
         seen.append((json.loads(cmd[-1])[2], env.get("VLLM_PRISM_PQ2_KERNEL")))
         return subprocess.CompletedProcess(cmd, 0, stdout="ROWS [[-2.0, 1]]")
 
+    _run_main(monkeypatch, fake_run, 2)
+    assert seen == [("auto", None), ("int8_per_token_head", None)]
+    out = json.loads(capsys.readouterr().out)
+    assert "nll_bf16" in out and "nll_int8" in out and out["delta_nll"] == 0.0
+
+
+def _run_main(monkeypatch, fake_run, n_ids: int, *args: str) -> None:
+    """compare_kv_dtypes.main on "m.gguf" with ``args``: the text tokenized as ids 0..n_ids-1,
+    each child run answered by ``fake_run`` (no engine), VLLM_PRISM_PQ2_KERNEL unset here."""
     class Tok:
         def encode(self, text):
-            return [1, 2]
+            return list(range(n_ids))
 
     monkeypatch.setattr(cq.subprocess, "run", fake_run)
     monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", lambda _: Tok())
     monkeypatch.setattr("vllm_prism.engine.arg_utils.materialize_tokenizer", lambda m: m)
     monkeypatch.delenv("VLLM_PRISM_PQ2_KERNEL", raising=False)
-    monkeypatch.setattr(sys, "argv", ["x", "m.gguf"])
+    monkeypatch.setattr(sys, "argv", ["x", "m.gguf", *args])
     cq.main()
-    assert seen == [("auto", None), ("int8_per_token_head", None)]
-    out = json.loads(capsys.readouterr().out)
-    assert "nll_bf16" in out and "nll_int8" in out and out["delta_nll"] == 0.0

@@ -157,10 +157,10 @@ def test_long_prefill_logprobs_match_transformers(results: dict, reference: dict
 def _prefill_kernel() -> str:
     """The kernel the automatic choice gives a prefill of M >= 512 on this GPU (ternary
     codes, every linear of the tiny model within gemm_dq's matrix bound)."""
-    from vllm_prism._custom_ops import has_compiled_op
+    from vllm_prism.kernels.pq2.dispatch import WgmmaFoldKernel
 
-    hopper = torch.cuda.get_device_capability() == (9, 0)
-    return "wgmma_fold" if hopper and has_compiled_op("pq2_wgmma_fold_prefill") else "gemm_dq"
+    ok, _ = WgmmaFoldKernel.is_supported(torch.cuda.get_device_capability())
+    return "wgmma_fold" if ok else "gemm_dq"
 
 
 def test_small_batches_run_the_small_batch_kernel(results: dict) -> None:

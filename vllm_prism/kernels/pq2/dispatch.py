@@ -139,13 +139,15 @@ class PQ2LinearConfig:
                    capability=device_capability(w.device),
                    hadamard_block=w.hadamard_block,
                    prologue=PrologueFeatures.of(prologue, dtype),
-                   scales_by_four=_scales_by_four(w), ternary=_known_ternary(w))
+                   scales_by_four=_scales_by_four(w), ternary=_known_ternary(m, w))
 
 
-def _known_ternary(w: Weight) -> bool:
+def _known_ternary(m: int, w: Weight) -> bool:
     """Whether ``w``'s codes are known to hold no 3 (False where unknown: a fake tensor's
-    plane while tracing, or another format)."""
-    if not isinstance(w, PQ2Weight):
+    plane while tracing, or another format). Only looked up from M = GEMM_DQ_AUTO_MIN_M, the
+    only calls whose choice it changes (wgmma_fold's automatic range): the decode path's calls
+    make their weight views anew each time and skip the lookup."""
+    if m < GEMM_DQ_AUTO_MIN_M or not isinstance(w, PQ2Weight):
         return False
     try:
         return w.is_ternary()
@@ -355,6 +357,15 @@ class GemmA8Kernel(GemmA16Kernel):
     act_kind = ActKind.Q8
 
 
+def _gemm_dq_matrix(c: PQ2LinearConfig) -> tuple[bool, str]:
+    """Whether the automatic choice gives the matrix to gemm_dq (and so to the prefill kernel
+    that takes its place, wgmma_fold): its 16-bit copy within ``GEMM_DQ_AUTO_MAX_BYTES``."""
+    if c.n * c.k * 2 > GEMM_DQ_AUTO_MAX_BYTES:
+        return False, (f"N x K = {c.n} x {c.k}: a {c.n * c.k * 2 >> 20} MiB temporary, over "
+                       f"{GEMM_DQ_AUTO_MAX_BYTES >> 20} MiB")
+    return True, ""
+
+
 class GemmDqKernel(PQ2LinearKernel):
     """Prefill (M >= ``GEMM_DQ_MIN_M``): the weight dequantized to the activation's dtype in one
     pass (triton_dequant), then ``F.linear`` (cuBLAS) on the rotated bf16/fp16 activation; a
@@ -371,10 +382,7 @@ class GemmDqKernel(PQ2LinearKernel):
     @classmethod
     def auto_accepts(cls, c):
         ok, why = super().auto_accepts(c)
-        if ok and c.n * c.k * 2 > GEMM_DQ_AUTO_MAX_BYTES:
-            return False, (f"N x K = {c.n} x {c.k}: a {c.n * c.k * 2 >> 20} MiB temporary, over "
-                           f"{GEMM_DQ_AUTO_MAX_BYTES >> 20} MiB")
-        return ok, why
+        return _gemm_dq_matrix(c) if ok else (ok, why)
 
     @classmethod
     def can_implement(cls, c):
@@ -533,7 +541,9 @@ class WgmmaFoldKernel(WgmmaCudaKernel):
 
     @classmethod
     def auto_accepts(cls, c):
-        ok, why = GemmDqKernel.auto_accepts(c)  # the same range and the same matrices
+        ok, why = super().auto_accepts(c)
+        if ok:
+            ok, why = _gemm_dq_matrix(c)  # the matrices gemm_dq would take
         if ok and not c.ternary:
             return False, ("the codes may hold a 3 (63 scale levels, twice the rounding): "
                            "gemm_dq is exact there")
