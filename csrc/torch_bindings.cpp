@@ -60,6 +60,15 @@ TORCH_LIBRARY(_C_prism, m) {
       "Tensor(c!) part_lse, float scale, int max_q, int num_segs, int min_tiles, "
       "bool int_qk=False, int dim_split=2, bool lazy_max=False, int pdl=0) -> ()");
   m.impl("int8_verify_attention", c10::kCUDA, &int8_verify_attention);
+#ifdef PRISM_HAS_SM90A
+  // ... on Hopper's warpgroup MMA (csrc/attention/int8_verify_wgmma.cu), opt-in
+  m.def(
+      "int8_verify_wgmma_attention(Tensor q, Tensor kv_cache, Tensor block_table, "
+      "Tensor seq_lens, Tensor query_start_loc, Tensor? req_ids, Tensor(a!) out, "
+      "Tensor(b!) part_o, Tensor(c!) part_lse, float scale, int max_q, int num_segs, "
+      "int min_tiles, int pdl=0) -> ()");
+  m.impl("int8_verify_wgmma_attention", c10::kCUDA, &int8_verify_wgmma_attention);
+#endif
 }
 
 static struct PyModuleDef prism_module = {PyModuleDef_HEAD_INIT, "_C", nullptr, 0, nullptr};

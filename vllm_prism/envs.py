@@ -50,6 +50,13 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # "0" the exact per-stage softmax every stage. Read per call, outside any traced graph.
     "VLLM_PRISM_ATTN_VERIFY_LAZY": lambda: os.getenv("VLLM_PRISM_ATTN_VERIFY_LAZY",
                                                      "1").strip() != "0",
+    # The CUDA C++ INT8 verification kernel's form: "mma" (default, csrc/attention/int8_verify.cu,
+    # mma.sync) or "wgmma" (int8_verify_wgmma.cu: Hopper's warpgroup MMA, one warpgroup a CTA;
+    # compute capability 9.0 with the extension built for sm_90, head sizes 128 / 256, exact
+    # Q.K; the "mma" form serves every other call). Opt-in until timed on a GPU. Read per call,
+    # outside any traced graph; any other value is refused before the engine starts.
+    "VLLM_PRISM_ATTN_VERIFY_FORM": lambda: os.getenv("VLLM_PRISM_ATTN_VERIFY_FORM",
+                                                     "mma").strip().lower(),
     # The CUDA C++ INT8 decode and verification kernels and their merge with programmatic
     # dependent launch (attention/ops/cuda_decode.py): "1" (default) wherever VLLM_PRISM_PDL
     # gives it to the PQ2 kernels (Hopper and newer); "0" never. Read per call, outside any
@@ -98,6 +105,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
 # The values a switch with a fixed set takes (checked before the engine starts:
 # vllm_prism/engine/arg_utils.py); the first is the default.
 CHOICES: dict[str, tuple[str, ...]] = {
+    "VLLM_PRISM_ATTN_VERIFY_FORM": ("mma", "wgmma"),
     "VLLM_PRISM_DENSE_GEMV": ("auto", "torch", "triton"),
     "VLLM_PRISM_DRAFT_ATTENTION": ("prism", "vllm"),
     "VLLM_PRISM_GDN_VERIFY": ("prism", "vllm"),

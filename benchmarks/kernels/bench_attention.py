@@ -7,7 +7,10 @@ request, vLLM's NHD paged cache with block size 16 and a shuffled block table.
   for the INT8 (``int8_per_token_head``) and BF16 caches: microseconds per layer, share of the
   read bandwidth measured in the same run (bytes = K+V rows and scales of every context token),
   ratio to torch SDPA (flash) on contiguous BF16 K/V of the same shape (``vs_sdpa`` = SDPA time
-  / ours), and for verify the ratio to decode at the same context (``vs_decode``).
+  / ours), and for verify the ratio to decode at the same context (``vs_decode``). The CUDA
+  C++ kernels' variants follow their default rows (``vs_default``): bf16 partials, the other
+  dim_split, the other maxima form and, where it can run (sm_90a build, compute capability
+  9.0), the verification kernel's warpgroup-MMA form (``cuda wgmma``, with ``vs_decode``).
 * noncausal: a DFlash drafter's 6-token block against the whole context (no mask), split,
   and with one segment (``one_segment_us``: one program per KV head over the whole context,
   the launch vLLM's ``unified_attention`` makes for any step of more than one query token).
@@ -345,6 +348,13 @@ def main() -> None:
                                                         {"VERIFY_LAZY_MAX": not lazy})):
                             res["records"].append(rec)
                             print(json.dumps(rec), flush=True)
+                        if wgmma_ready():  # the warpgroup-MMA form (opt-in), against the default
+                            rec = cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
+                                                      "cuda wgmma", {"VERIFY_FORM": "wgmma"},
+                                                      dict(form="wgmma"))
+                            rec["vs_decode"] = round(rec["us"] / dec, 3)
+                            res["records"].append(rec)
+                            print(json.dumps(rec), flush=True)
                         # the same kernel with Q.K on the int8 tensor cores (opt-in)
                         exact_us = us
                         us, err = ours_time(cache, ctx, ql, check=True, kernel="cuda",
@@ -622,6 +632,20 @@ def cuda_variant_record(cache: Cache, ctx: int, q_len: int, default_us: float, b
     if triton_us is not None:
         rec["vs_triton"] = round(triton_us / us, 3)
     return dict(rec, vs_default=round(us / default_us, 3), err=float(f"{err:.3g}"))
+
+
+def wgmma_ready() -> bool:
+    """Whether the verification kernel's warpgroup-MMA form can run here (an sm_90a build on
+    compute capability 9.0, this head size); says why not, once."""
+    q = torch.empty(1, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
+    why = cuda_decode.wgmma_verify_problem(q)
+    if why and not _WGMMA_SAID:
+        _WGMMA_SAID.append(why)
+        print(f"warpgroup-MMA verification form not timed: {why}", flush=True)
+    return why is None
+
+
+_WGMMA_SAID: list[str] = []
 
 
 def cuda_ready(cache: Cache, q_len: int = 1) -> bool:

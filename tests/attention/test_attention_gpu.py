@@ -20,6 +20,7 @@ from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry, decode_a
                                       reference_attention, verify_attention, write_kv)
 from vllm_prism.attention.ops import cuda_decode
 from vllm_prism.attention.ops import prefill as prefill_mod
+from vllm_prism.attention.ops import triton_split_kv as split_mod
 
 pytestmark = pytest.mark.gpu
 TOL = 1e-2
@@ -273,6 +274,11 @@ def test_cuda_decode_refusals(child_python):
 # (KV heads, query heads per KV head, head size, block size, layout, query dtype)
 VERIFY_SHAPES = [(4, 6, 256, 16, "NHD", torch.bfloat16), (4, 6, 256, 784, "HND", torch.bfloat16),
                  (2, 8, 128, 32, "NHD", torch.float16), (1, 6, 64, 48, "NHD", torch.bfloat16)]
+# (query heads per KV head, query tokens of the widest request): every warp layout of the
+# verification kernel, which the widest request picks: 8 columns (one warp, one n-tile), 12
+# (one warp, two n-tiles), 18 (two warps, the fourth n-tile empty), 30 (two warps, four
+# n-tiles), 36 (five warps), 48 (six warps)
+VERIFY_COLUMN_CASES = [(4, 2), (6, 2), (6, 3), (6, 5), (6, 6), (6, 8)]
 
 
 @needs_c
@@ -285,12 +291,74 @@ def test_cuda_verify(shape, lazy_max, monkeypatch):
     tiles, contexts to 70K; many segments and one; NHD (16-byte copies, heads at 0 or 8 mod
     16) and HND (8-byte copies); the exact per-stage softmax and the lazy maxima."""
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
+    _check_cuda_segmentations(_verify_batch(shape), verify_attention)
+
+
+def _verify_batch(shape):
+    """A verification batch of VERIFY_SHAPES' ``shape``: 2..8 query tokens, contexts 2 to 70K,
+    the causal tail inside a tile and across tiles."""
     nkv, group, hs, bs, layout, qdt = shape
     q_lens = [2, 6, 3, 8 if group * 8 <= 48 else 6, 5, 4]
     lens = [2, 100, 17, 5000, 70001, 33]
-    b = make_batch(lens, q_lens, torch.int8, device="cuda", block_size=bs, layout=layout,
-                   head_size=hs, num_kv_heads=nkv, group=group, q_dtype=qdt, seed=14)
+    return make_batch(lens, q_lens, torch.int8, device="cuda", block_size=bs, layout=layout,
+                      head_size=hs, num_kv_heads=nkv, group=group, q_dtype=qdt, seed=14)
+
+
+# the warpgroup-MMA verification form (csrc/attention/int8_verify_wgmma.cu): an sm_90a build on
+# compute capability 9.0
+needs_wgmma = pytest.mark.skipif(
+    not has_compiled_op(cuda_decode.WGMMA_VERIFY_OP) or not torch.cuda.is_available()
+    or torch.cuda.get_device_capability() != (9, 0),
+    reason="the warpgroup-MMA verification form needs an sm_90a build on compute capability 9.0")
+
+
+def _wgmma_form(monkeypatch) -> list[str]:
+    """Asks for the warpgroup-MMA verification form; returns the list of the forms that served
+    each verification launch from here on."""
+    monkeypatch.setattr(cuda_decode, "VERIFY_FORM", "wgmma")
+    served: list[str] = []
+    launch = cuda_decode.launch_cuda_verify
+
+    def spy(*args, **kwargs):
+        served.append(launch(*args, **kwargs))
+        return served[-1]
+
+    monkeypatch.setattr(split_mod, "launch_cuda_verify", spy)
+    return served
+
+
+@needs_wgmma
+@pytest.mark.parametrize("shape", [s for s in VERIFY_SHAPES if s[2] in (128, 256)],
+                         ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(*s[:5]))
+def test_cuda_verify_wgmma(shape, monkeypatch):
+    """The verification kernel's warpgroup-MMA form at every head size it has (128, 256):
+    2..8 query tokens, requests of different lengths in one launch, the causal tail inside a
+    tile and across tiles, contexts to 70K, many segments and one, NHD (heads at 0 or 8 mod
+    16) and HND, fp16 and bf16 queries; every launch served by that form."""
+    served = _wgmma_form(monkeypatch)
+    _check_cuda_segmentations(_verify_batch(shape), verify_attention)
+    assert served == ["wgmma", "wgmma"]
+
+
+@needs_wgmma
+@pytest.mark.parametrize("case", VERIFY_COLUMN_CASES, ids=lambda c: f"g{c[0]}_q{c[1]}")
+def test_cuda_verify_wgmma_columns(case, monkeypatch):
+    """The warpgroup-MMA form at every MMA width it is compiled for (8 to 48 columns: 1 to 6
+    n-tiles), requests narrower than the widest in the same launch, at the 27B layer's shape."""
+    served = _wgmma_form(monkeypatch)
+    _check_cuda_segmentations(_columns_batch(case), verify_attention)
+    assert served == ["wgmma", "wgmma"]
+
+
+@needs_wgmma
+def test_cuda_verify_wgmma_falls_back_at_head_size_64(monkeypatch):
+    """Where the warpgroup-MMA form has no kernel (head size 64) the mma form serves the call,
+    still against the reference."""
+    served = _wgmma_form(monkeypatch)
+    b = make_batch([2, 100, 5000], [2, 6, 4], torch.int8, device="cuda", block_size=48,
+                   head_size=64, num_kv_heads=1, group=6, seed=14)
     _check_cuda_segmentations(b, verify_attention)
+    assert served == ["mma", "mma"]
 
 
 @needs_c
@@ -310,13 +378,6 @@ def test_cuda_bf16_partials(dim_split, monkeypatch):
         _check_cuda_segmentations(ver, verify_attention)
 
 
-# (query heads per KV head, query tokens of the widest request): every warp layout of the
-# verification kernel, which the widest request picks: 8 columns (one warp, one n-tile), 12
-# (one warp, two n-tiles), 18 (two warps, the fourth n-tile empty), 30 (two warps, four
-# n-tiles), 36 (five warps), 48 (six warps)
-VERIFY_COLUMN_CASES = [(4, 2), (6, 2), (6, 3), (6, 5), (6, 6), (6, 8)]
-
-
 @needs_c
 @pytest.mark.parametrize("lazy_max", [False, True])
 @pytest.mark.parametrize("dim_split", [1, 2])
@@ -329,23 +390,30 @@ def test_cuda_verify_column_blocks(case, dim_split, lazy_max, monkeypatch):
     softmax and the lazy maxima."""
     monkeypatch.setattr(cuda_decode, "VERIFY_DIM_SPLIT", dim_split)
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
+    _check_cuda_segmentations(_columns_batch(case), verify_attention)
+
+
+def _columns_batch(case):
+    """A verification batch whose widest request has VERIFY_COLUMN_CASES' ``case`` (group,
+    query tokens), narrower requests beside it, at the 27B layer's shape."""
     group, max_q = case
     q_lens = [max_q, 2, max(2, max_q - 1), max_q]
-    lens = [20, 3001, 700, 40000]
-    b = make_batch(lens, q_lens, torch.int8, device="cuda", num_kv_heads=4, group=group,
-                   head_size=256, seed=16 + max_q)
-    _check_cuda_segmentations(b, verify_attention)
+    return make_batch([20, 3001, 700, 40000], q_lens, torch.int8, device="cuda",
+                      num_kv_heads=4, group=group, head_size=256, seed=16 + max_q)
 
 
 @needs_c
+@pytest.mark.parametrize("form", ["mma", pytest.param("wgmma", marks=needs_wgmma)])
 @pytest.mark.parametrize("q_len", [4, 6])
-def test_cuda_verify_lazy_max_spikes(q_len, monkeypatch):
+def test_cuda_verify_lazy_max_spikes(q_len, form, monkeypatch):
     """The lazy maxima where they must fall back: a few positions deep into the context whose
     keys point along the request's queries (scores far above every earlier one, 2^8 past the
     running maxima) and whose values are 40x larger (V scales past the running maximum), so
     that stages after the first take the exact path again. Against the fp32 reference, and
-    the spikes change the output (a kernel that skipped them would fail)."""
+    the spikes change the output (a kernel that skipped them would fail). The warpgroup-MMA
+    form (exact maxima every stage) on the same spikes: its rescaling of the accumulators."""
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", True)
+    served = _wgmma_form(monkeypatch) if form == "wgmma" else None
     lens = [5000, 70001]
     b = make_batch(lens, [q_len, q_len], torch.int8, device="cuda", seed=31, q_gain=1.0)
     ref_before = _ref(b)
@@ -364,11 +432,12 @@ def test_cuda_verify_lazy_max_spikes(q_len, monkeypatch):
     ref = _ref(b)
     assert rel_err(ref_before, ref) > 0.5  # the spikes dominate the output
     _check_cuda_segmentations(b, verify_attention)
+    assert served is None or served == ["wgmma", "wgmma"]
 
 
 @needs_c
 @pytest.mark.parametrize("trigger", ["start", "end"])
-@pytest.mark.parametrize("q_len", [1, 6])
+@pytest.mark.parametrize("q_len", [1, 6, pytest.param("6-wgmma", marks=needs_wgmma)])
 def test_cuda_pdl_reads_new_slots_after_their_writer(q_len, trigger, monkeypatch):
     """Programmatic dependent launch: the step's slots (a request's last ``q_len``) are written
     by a kernel that lets the attention kernel launch at once and writes them after a spin
@@ -381,6 +450,9 @@ def test_cuda_pdl_reads_new_slots_after_their_writer(q_len, trigger, monkeypatch
     from pdl_writer import slow_copy_slots
     monkeypatch.setattr(cuda_decode, "ATTN_PDL", True)
     monkeypatch.setattr(cuda_decode, "ATTN_PDL_TRIGGER", trigger)
+    served = None
+    if q_len == "6-wgmma":  # the warpgroup-MMA verification form
+        q_len, served = 6, _wgmma_form(monkeypatch)
     lens = [5000, 70001]
     b = make_batch(lens, [q_len, q_len], torch.int8, device="cuda", seed=41, q_gain=1.0)
     old = b.cache.clone()
@@ -413,12 +485,15 @@ def test_cuda_pdl_reads_new_slots_after_their_writer(q_len, trigger, monkeypatch
         assert torch.equal(b.cache, new)
         errs = _per_request(out, ref, b)
         assert max(errs) < CUDA_TOL, (segs, errs)
+    assert served is None or served == ["wgmma", "wgmma"]
 
 
 @needs_c
-def test_cuda_verify_selected_requests_and_graph():
+@pytest.mark.parametrize("form", ["mma", pytest.param("wgmma", marks=needs_wgmma)])
+def test_cuda_verify_selected_requests_and_graph(form, monkeypatch):
     """Verification requests picked by index in a mixed step, captured in a CUDA graph and
-    replayed after the contexts grew."""
+    replayed after the contexts grew; both kernel forms."""
+    served = _wgmma_form(monkeypatch) if form == "wgmma" else None
     b = make_batch([3000, 70000, 500, 40000], [6, 1, 4, 6], torch.int8, device="cuda",
                    seed=15)
     md = AttentionMetadata.build(b.block_table, [2000, 70000, 300, 30000], [6, 1, 4, 6])
@@ -438,6 +513,7 @@ def test_cuda_verify_selected_requests_and_graph():
     assert torch.isnan(out[qsl[1]:qsl[2]].float()).all()  # request 1 not selected
     errs = [e for r, e in enumerate(_per_request(out, _ref(b), b)) if r != 1]
     assert max(errs) < CUDA_TOL, errs
+    assert served is None or served == ["wgmma", "wgmma"]
 
 
 def test_int_qk_error():

@@ -101,6 +101,61 @@ def test_verify_lazy_maxima_switch(monkeypatch):
     assert [c[-1] for c in calls] == [0] * 3  # pdl, the op's last argument
 
 
+def test_verify_form_switch(monkeypatch):
+    """The verification kernel's warpgroup-MMA form: only where asked (VLLM_PRISM_ATTN_VERIFY_FORM
+    or the module's VERIFY_FORM) and only where it can serve the call (the sm_90a op built,
+    compute capability 9.0, head size 128 / 256, exact Q.K); the mma form takes every other
+    call, with the same arguments it always had; a bad switch value is refused by name."""
+    calls = []
+
+    class FakeOps:
+        def int8_verify_attention(self, *args):
+            calls.append(("mma", args))
+
+        def int8_verify_wgmma_attention(self, *args):
+            calls.append(("wgmma", args))
+
+    monkeypatch.setattr(torch.ops, "_C_prism", FakeOps(), raising=False)
+    monkeypatch.setattr(cuda_decode, "VERIFY_FORM", None)
+    monkeypatch.setattr(cuda_decode, "has_compiled_op", lambda name: True)
+    cap = {"v": (9, 0)}
+    monkeypatch.setattr(cuda_decode, "device_capability", lambda device: cap["v"])
+    q = torch.empty(6, 24, 256, dtype=torch.bfloat16)
+    args = (q,) + (None,) * 8 + (0.0625, 6, 4)
+    monkeypatch.delenv("VLLM_PRISM_ATTN_VERIFY_FORM", raising=False)
+    assert cuda_decode.launch_cuda_verify(*args) == "mma"  # the default
+    monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_FORM", "wgmma")
+    assert cuda_decode.launch_cuda_verify(*args, pdl=True) == "wgmma"
+    assert cuda_decode.launch_cuda_verify(*args, int_qk=True) == "mma"
+    q128 = torch.empty(6, 16, 128, dtype=torch.bfloat16)
+    assert cuda_decode.launch_cuda_verify(q128, *args[1:]) == "wgmma"
+    q64 = torch.empty(6, 24, 64, dtype=torch.bfloat16)
+    assert cuda_decode.launch_cuda_verify(q64, *args[1:]) == "mma"
+    cap["v"] = (8, 9)
+    assert cuda_decode.launch_cuda_verify(*args) == "mma"
+    cap["v"] = (9, 0)
+    monkeypatch.setattr(cuda_decode, "has_compiled_op",
+                        lambda name: name != cuda_decode.WGMMA_VERIFY_OP)
+    assert cuda_decode.launch_cuda_verify(*args) == "mma"
+    monkeypatch.delenv("VLLM_PRISM_ATTN_VERIFY_FORM")
+    monkeypatch.setattr(cuda_decode, "has_compiled_op", lambda name: True)
+    monkeypatch.setattr(cuda_decode, "VERIFY_FORM", "wgmma")
+    assert cuda_decode.launch_cuda_verify(*args) == "wgmma"
+    assert [c[0] for c in calls] == ["mma", "wgmma", "mma", "wgmma", "mma", "mma", "mma",
+                                     "wgmma"]
+    wg = [a for form, a in calls if form == "wgmma"]
+    # the wgmma op: the call's tensors, scale, max_q, segments, MIN_TILES and the pdl mode
+    assert all(a is b for a, b in zip(wg[0][:9], args[:9], strict=True))
+    assert wg[0][9:] == (0.0625, 6, 4, cuda_decode.MIN_TILES, cuda_decode.pdl_mode(True))
+    assert wg[1][0] is q128 and wg[2][-1] == 0
+    mma = [a for form, a in calls if form == "mma"]
+    assert all(len(a) == 17 for a in mma) and mma[1][-4] is True  # int_qk kept
+    monkeypatch.setattr(cuda_decode, "VERIFY_FORM", None)
+    monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_FORM", "fast")
+    with pytest.raises(ValueError, match="VLLM_PRISM_ATTN_VERIFY_FORM"):
+        cuda_decode.launch_cuda_verify(*args)
+
+
 def test_attention_pdl_switch(monkeypatch):
     """Programmatic dependent launch of the attention kernels: where the PQ2 kernels have it
     and VLLM_PRISM_ATTN_PDL is not 0, a module setting over both; never on the CPU."""

@@ -20,7 +20,7 @@ TORCH_FREE = ["csrc/pq2/mma_int8.cu", "csrc/pq2/gemv_int8.cu", "csrc/pq2/mma_sma
               "csrc/pq2/mma_bulk.cu", "csrc/pq2/mma_lean.cu",
               "csrc/attention/int8_decode.cu", "csrc/attention/int8_verify.cu"]
 # Built for the arch-specific sm_90a alone (CMakeLists.txt's prism_sm90a library).
-SM90A = ["csrc/pq2/wgmma_prefill.cu"]
+SM90A = ["csrc/pq2/wgmma_prefill.cu", "csrc/attention/int8_verify_wgmma.cu"]
 SM90A_FLAGS = ["-gencode", "arch=compute_90a,code=sm_90a"]
 
 
@@ -188,6 +188,28 @@ def test_wgmma_prefill_compiles(tmp_path: Path) -> None:
     if sass is not None:
         assert "IGMMA.64x128x32.S8.S8" in sass and "UBLKCP" in sass
         assert "USETMAXREG.DEALLOC" in sass and "USETMAXREG.TRY_ALLOC" in sass
+
+
+@pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
+def test_wgmma_verify_compiles(tmp_path: Path) -> None:
+    """The verification attention kernel on warpgroup MMA (csrc/attention/int8_verify_wgmma.cu,
+    sm_90a) builds as CMake builds it: every (head size, n-tiles) form it launches (128 / 256 x
+    1..6), the fp16 MMAs with their A operands in registers issued
+    without compiler-inserted waits or serialization (ptxas's C7510-C7520 notes), no spills."""
+    res = subprocess.run([NVCC, "-c", "-std=c++17", "-O3", "--use_fast_math", *SM90A_FLAGS,
+                          "-Xptxas", "-v", f"-I{ROOT / 'csrc'}", str(ROOT / SM90A[1]),
+                          "-o", str(tmp_path / "k.o")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    entries = re.findall(r"int8_verify_wgmma_kernelILi(\d+)ELi(\d+)E", res.stderr)
+    assert {(int(h), int(n)) for h, n in entries} == {(h, n) for h in (128, 256)
+                                                      for n in range(1, 7)}
+    assert not re.search(r"C75[12]\d", res.stderr), res.stderr[-4000:]
+    spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
+    assert spills and all(int(s) == 0 for s in spills), res.stderr[-4000:]
+    sass = _sass(tmp_path / "k.o")
+    if sass is not None:
+        assert "HGMMA.64x40x16.F32" in sass
 
 
 def _sass(obj: Path) -> str | None:

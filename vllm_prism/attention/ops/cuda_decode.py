@@ -21,6 +21,10 @@ causal tail in one pass. ``auto`` takes it wherever it can serve the call: on th
 ``int_qk`` (opt-in, as the Triton path's) it quantises each query column to int8 (absmax /
 127) and runs Q.K on the int8 tensor cores straight from the cache's bytes, no K conversion;
 written for the shared-memory latency that bounds it (attention_h200_notes.md), not yet timed.
+Its warpgroup-MMA form (csrc/attention/int8_verify_wgmma.cu, ``VLLM_PRISM_ATTN_VERIFY_FORM=
+wgmma`` or ``VERIFY_FORM``, opt-in until timed) runs the same call with one warpgroup a CTA:
+S^T and O^T as ``wgmma`` with K and V^T from registers, each int8 element converted once;
+:func:`wgmma_verify_problem` says where it cannot (the "mma" form serves those calls).
 
 Both kernels and their merge launch with programmatic dependent launch where the PQ2 kernels do
 (``VLLM_PRISM_PDL``, Hopper and newer) and ``VLLM_PRISM_ATTN_PDL`` is on (``ATTN_PDL``
@@ -32,6 +36,9 @@ step writes context slots before its draft block.
 """
 
 from __future__ import annotations
+
+import functools
+import logging
 
 import torch
 
@@ -46,10 +53,15 @@ __all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_DIM_SPLIT", "H
            "PARTIALS_DTYPE", "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "VERIFY_LAZY_MAX",
            "attention_pdl", "cuda_decode_problem", "cuda_verify_problem", "decode_dim_split",
            "launch_cuda_decode", "launch_cuda_verify", "layout_problem", "num_cuda_segments",
-           "pdl_mode", "verify_lazy_max"]
+           "pdl_mode", "verify_form", "verify_lazy_max", "wgmma_verify_problem",
+           "VERIFY_FORM", "VERIFY_FORMS", "WGMMA_VERIFY_OP"]
 
 OP = "int8_decode_attention"
+logger = logging.getLogger(__name__)
+
 VERIFY_OP = "int8_verify_attention"
+WGMMA_VERIFY_OP = "int8_verify_wgmma_attention"  # registered where the build has sm_90a
+WGMMA_HEAD_SIZES = (128, 256)
 # query tokens x query heads per KV head (csrc/attention/int8_attention.cuh)
 MAX_VERIFY_COLUMNS = 48
 HEAD_SIZES = (64, 128, 256)
@@ -76,6 +88,11 @@ VERIFY_DIM_SPLIT = 2
 # 32K, the same error. None: the VLLM_PRISM_ATTN_VERIFY_LAZY switch (default on); a benchmark
 # or a test sets True or False here.
 VERIFY_LAZY_MAX: bool | None = None
+# verification's kernel form: "mma" (int8_verify.cu) or "wgmma" (int8_verify_wgmma.cu, where
+# wgmma_verify_problem is None). None: the VLLM_PRISM_ATTN_VERIFY_FORM switch (default "mma");
+# a benchmark or a test sets a form here.
+VERIFY_FORM: str | None = None
+VERIFY_FORMS = envs.CHOICES["VLLM_PRISM_ATTN_VERIFY_FORM"]
 MAX_SEGMENTS = 256
 # programmatic dependent launch of the kernels and their merge: None follows the switch
 # VLLM_PRISM_ATTN_PDL and the PQ2 kernels' choice (use_pdl: VLLM_PRISM_PDL on a Hopper or newer
@@ -179,15 +196,55 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                        req_ids: torch.Tensor | None, out: torch.Tensor, part_o: torch.Tensor,
                        part_lse: torch.Tensor, scale: float, max_q: int, num_segs: int,
-                       int_qk: bool = False, pdl: bool = False) -> None:
+                       int_qk: bool = False, pdl: bool = False) -> str:
     """One launch of the verification kernel: ``out`` directly or the partials; ``int_qk``
     runs Q.K on the int8 tensor cores with the query quantised per column (opt-in); ``pdl``
-    (causal calls only): programmatic dependent launch."""
+    (causal calls only): programmatic dependent launch. Returns the form that ran
+    (:func:`verify_form`, "mma" where the "wgmma" form cannot serve the call)."""
+    if verify_form() == "wgmma":
+        why = wgmma_verify_problem(q, int_qk)
+        if why is None:
+            torch.ops._C_prism.int8_verify_wgmma_attention(
+                q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o,
+                part_lse, float(scale), int(max_q), int(num_segs), MIN_TILES, pdl_mode(pdl))
+            return "wgmma"
+        _log_wgmma_fallback(why)
     torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
                                              float(scale), int(max_q), int(num_segs), MIN_TILES,
                                              bool(int_qk), VERIFY_DIM_SPLIT, verify_lazy_max(),
                                              pdl_mode(pdl))
+    return "mma"
+
+
+def verify_form() -> str:
+    """The verification kernel's form asked for: VERIFY_FORM or the switch ("mma", "wgmma")."""
+    form = VERIFY_FORM or envs.VLLM_PRISM_ATTN_VERIFY_FORM
+    if form not in VERIFY_FORMS:
+        raise ValueError(f"VLLM_PRISM_ATTN_VERIFY_FORM must be one of {VERIFY_FORMS}, not "
+                         f"{form!r}")
+    return form
+
+
+def wgmma_verify_problem(q: torch.Tensor, int_qk: bool = False) -> str | None:
+    """Why the warpgroup-MMA form cannot serve a verification call that the CUDA kernel can
+    (cuda_verify_problem is None), or None when it can."""
+    if not has_compiled_op(WGMMA_VERIFY_OP):
+        return "vllm_prism._C was built without sm_90 among its architectures"
+    cap = device_capability(q.device)
+    if cap != (9, 0):
+        return f"the sm_90a warpgroup MMA runs on compute capability 9.0 only, not {cap}"
+    if q.shape[-1] not in WGMMA_HEAD_SIZES:
+        return f"no warpgroup-MMA form for head size {q.shape[-1]} ({WGMMA_HEAD_SIZES})"
+    if int_qk:
+        return "int_qk runs on the mma form only"
+    return None
+
+
+@functools.cache
+def _log_wgmma_fallback(why: str) -> None:
+    logger.warning("VLLM_PRISM_ATTN_VERIFY_FORM=wgmma: the mma form serves this "
+                   "verification call: %s", why)
 
 
 def pdl_mode(pdl: bool) -> int:

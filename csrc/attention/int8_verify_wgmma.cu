@@ -1,0 +1,528 @@
+// Split-KV verification attention over the paged INT8 cache on Hopper's warpgroup MMA (sm_90a;
+// compiled apart by CMakeLists.txt's prism_sm90a object, launched by the torch op only on
+// compute capability 9.0 and only where asked: VLLM_PRISM_ATTN_VERIFY_FORM=wgmma). The same
+// call as int8_verify.cu (parameters, grid, segments, partials, PDL), another inner loop:
+//
+//   S^T [64 slots x 8NT columns] = K . Q^T     16 (hd 256) wgmma.m64n{8NT}k16, K from registers
+//   O^T [hd x 8NT columns]      += V^T . P^T   hd / 64 m-blocks x 4 k-steps of the same MMA,
+//                                              V^T from registers
+//
+// One CTA = one warpgroup (4 warps) = one (request, KV head, segment); a stage is 4 16-slot
+// tiles, the MMA's 64 rows (warp w: tile w). Each int8 K and V element becomes an fp16 operand
+// once in the CTA, in the registers of the warp whose rows it is; Q^T (once a CTA) and P^T
+// (once a stage) are the MMAs' B operands in shared memory, K-major core matrices without
+// swizzle (8 columns x 16 bytes a core matrix, written by the threads, so each write is
+// followed by fence.proxy.async before the barrier that publishes it). A stage:
+//   1. the stage's rows are in (cp.async, two stages, the next one copied while this one is
+//      computed: int8_verify.cu's copy); barrier;
+//   2. S^T: the warp's K fragments (rows g, g + 8 of its tile in the decode kernel's slot
+//      order; a lane's 8 bytes at 32 kk + 8 t are k-steps 2 kk and 2 kk + 1, so Q^T is stored
+//      in that permuted dimension order), the MMAs, wait;
+//   3. K scales, the causal mask, each warp's column maxima to shared memory; barrier;
+//   4. the columns' new maxima (every thread computes those of its own columns from the four
+//      tiles' values: S^T and O^T hold the same columns in a lane), the accumulator's factors,
+//      P (times the slot's V scale over the running V-scale maximum) transposed 8x8 into P^T,
+//      whose K index is the S^T row: so V^T's k positions are the slots of those rows;
+//      barrier;
+//   5. O^T: the warp's V^T fragments (hd 256: output row 16w + g + 8h of m-block b is
+//      dimension 4 (16w + g + 8h) + b, so one 32-bit load of a slot feeds the four m-blocks;
+//      hd 128: dimension 4 (8w + g) + 2b + h), the MMAs, wait.
+// Three barriers a stage as the exact form of int8_verify.cu; the instructions a stage are the
+// point: 16 + 16 MMA instructions a warp where the mma.sync form issues 160 a tile and builds K
+// twice (attention_h200_notes.md, tenth session). Head sizes 128 and 256, exact Q.K only.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+
+#include "int8_attention.cuh"
+#include "int8_tile.cuh"
+#include "wgmma_rs.cuh"
+
+namespace vllm_prism {
+namespace {
+
+using namespace attn;
+
+constexpr int kSlots = 16;
+constexpr int kTiles = 4;  // a stage: 4 tiles, the MMA's 64 rows
+constexpr int kStageSlots = kSlots * kTiles;
+constexpr int kThreads = 128;  // one warpgroup
+
+template <int HD, int NT>
+struct WShape {
+  static constexpr int kN = 8 * NT;        // columns: the MMA's N
+  static constexpr int kKSteps = HD / 16;  // S^T
+  static constexpr int kMBlocks = HD / 64;  // O^T
+  static constexpr int kRow = 2 * HD + 8;  // bytes of one (slot, head) row in the cache
+  // shared rows as int8_verify.cu's: words = 8 mod 32, room for a row 8 bytes in
+  static constexpr int kSRow = 4 * (((kRow / 4 - 8 + 31) / 32) * 32 + 8);
+  static constexpr int kStageBytes = kStageSlots * kSRow;
+  static constexpr int kQSbo = 16 * HD;  // Q^T: bytes between 8-column groups (HD / 8 cores)
+  static constexpr int kPSbo = 16 * kStageSlots;  // P^T: the same over a stage's 64 slots
+  static constexpr int kQOff = 2 * kStageBytes;
+  static constexpr int kPOff = kQOff + kN * HD * 2;
+  static constexpr int kRedOff = kPOff + kN * kStageSlots * 2;  // fp32 [warp][column]
+  static constexpr int kSmem = kRedOff + kTiles * kN * 4;
+  static constexpr int kTpr = kThreads / kStageSlots;  // threads copying a row
+  static_assert(HD == 128 || HD == 256, "head sizes 128 and 256");
+  static_assert(kSRow >= kRow + 8 && (kSRow / 4) % 32 == 8 && kSRow % 16 == 0, "row layout");
+  static_assert(kStageBytes % 128 == 0 && kQOff % 128 == 0 && kPOff % 128 == 0, "alignment");
+};
+
+// Q^T into shared memory as the S^T MMAs' B operand: column c = token * group + head (zero past
+// the request's columns), scaled by qk_scale, fp16. Dimension 32 kk + 8 t + j is k index
+// 32 kk + 8 (j / 2) + 2 t + j % 2 (the order of the K fragments, above); element (c, k) at byte
+// (c / 8) kQSbo + (k / 8) 128 + (c % 8) 16 + (k % 8) 2.
+template <int HD, int NT>
+__device__ __forceinline__ void stage_query_t(const Int8AttnParams& p, int kvh, int q_start,
+                                              int n_cols, uint8_t* qs) {
+  using S = WShape<HD, NT>;
+  constexpr int kChunks = HD / 8;
+  for (int i = threadIdx.x; i < S::kN * kChunks; i += kThreads) {
+    const int c = i / kChunks;
+    const int d = (i - c * kChunks) * 8;
+    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (c < n_cols) {
+      const int tq = c / p.group;
+      const int hq = kvh * p.group + (c - tq * p.group);
+      const int64_t elem = static_cast<int64_t>(q_start + tq) * p.stride_qt +
+                           static_cast<int64_t>(hq) * p.stride_qh + d;
+      load_q8_f32(reinterpret_cast<const uint8_t*>(p.q) + elem * 2, p.q_dtype, p.qk_scale, v);
+    }
+    const int kk = d / 32, t = (d % 32) / 8;
+    uint8_t* dst = qs + (c >> 3) * S::kQSbo + (c & 7) * 16 + 4 * t + 4 * kk * 128;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      *reinterpret_cast<uint32_t*>(dst + j * 128) = pack_f16x2(v[2 * j], v[2 * j + 1]);
+  }
+}
+
+// Four fp16 pairs of dimension bytes from two slots' V words (already ^ 0x80): pair j holds byte
+// j of w_a (low half, the first slot) and of w_b.
+__device__ __forceinline__ void v_pairs(uint32_t w_a, uint32_t w_b, uint32_t k64,
+                                        uint32_t (&h)[4]) {
+  const uint32_t lo = __byte_perm(w_a, w_b, 0x5140), hi = __byte_perm(w_a, w_b, 0x7362);
+  h[0] = f16x2_sel<0x4140>(lo, k64);
+  h[1] = f16x2_sel<0x4342>(lo, k64);
+  h[2] = f16x2_sel<0x4140>(hi, k64);
+  h[3] = f16x2_sel<0x4342>(hi, k64);
+}
+
+template <int HD, int NT>
+__global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const Int8AttnParams p) {
+  using S = WShape<HD, NT>;
+  constexpr int T = kTiles;
+  constexpr int MB = S::kMBlocks;
+  constexpr int KS = S::kKSteps;
+  extern __shared__ __align__(128) uint8_t smem[];
+  uint8_t* qs = smem + S::kQOff;
+  uint8_t* ps = smem + S::kPOff;
+  float* red = reinterpret_cast<float*>(smem + S::kRedOff);
+
+  const int sel = blockIdx.x;
+  const int kvh = blockIdx.y;
+  const int seg = blockIdx.z;
+  const int warp = threadIdx.x >> 5;  // = its tile of a stage
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  const int req = p.req_ids != nullptr ? p.req_ids[sel] : sel;
+  const int q_start = p.qsl[req];
+  const int q_len = min(p.qsl[req + 1] - q_start, p.max_q);
+  if (q_len <= 0) return;
+  const int seq_len = p.seq_lens[req];
+  const int prefix = max(seq_len - q_len, 0);
+  const int n_cols = q_len * p.group;
+  const int n_tiles = (seq_len + kSlots - 1) / kSlots;
+  int tps = max((n_tiles + p.num_segs - 1) / p.num_segs, p.min_tiles);
+  tps = (tps + T - 1) / T * T;
+  const int t0 = seg * tps;
+  const int t1 = min(t0 + tps, n_tiles);
+  const int n_stages = t1 > t0 ? (t1 - t0 + T - 1) / T : 0;
+  const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.stride_bt;
+  const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.cache) +
+                         static_cast<int64_t>(kvh) * p.stride_ch;
+  const bool vec16 = reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.stride_cb % 16 == 0 &&
+                     p.stride_cn % 16 == 0;
+  const int shift = vec16 ? static_cast<int>((static_cast<int64_t>(kvh) * p.stride_ch) % 16) : 0;
+
+  // stage `st` (int8_verify.cu's copy: kTpr threads a row, tiles past the context not copied)
+  auto issue = [&](int st) {
+    constexpr int kTpr = S::kTpr;
+    const int row = threadIdx.x / kTpr, sub = threadIdx.x % kTpr;
+    const int tl = t0 + st * T + row / kSlots;
+    if (tl >= n_tiles) return;
+    const int pos = tl * kSlots + row % kSlots;
+    const uint8_t* src = cache + static_cast<int64_t>(bt[pos / p.block_size]) * p.stride_cb +
+                         static_cast<int64_t>(pos % p.block_size) * p.stride_cn;
+    const uint32_t dst = smem_u32(smem + (st & 1) * S::kStageBytes + row * S::kSRow);
+    if (vec16) {
+      constexpr int kPieces = HD / 8 + 1;
+#pragma unroll
+      for (int i = 0; i < (kPieces + kTpr - 1) / kTpr; ++i) {
+        const int j = sub + kTpr * i;
+        if (j < kPieces) {
+          const bool half = shift == 0 ? j == HD / 8 : j == 0;
+          if (half) cp_async8(dst + (shift == 0 ? 2 * HD : 8), src + (shift == 0 ? 2 * HD : 0));
+          else cp_async16(dst + 16 * j, src + 16 * j - shift);
+        }
+      }
+    } else {
+#pragma unroll 4
+      for (int j = sub; j < S::kRow / 8; j += kTpr) cp_async8(dst + 8 * j, src + 8 * j);
+    }
+  };
+
+  const bool early = p.pdl && n_stages > 0 && min(t0 + T, n_tiles) * kSlots <= prefix;
+  if (early) issue(0);
+  pdl_trigger(p.pdl, 1);
+  pdl_wait();
+  if (!early && n_stages > 0) issue(0);
+  cp_async_commit();
+
+  stage_query_t<HD, NT>(p, kvh, q_start, n_cols, qs);
+  fence_proxy_async();  // Q^T is read by the MMAs after the first stage's barrier
+
+  const uint32_t k64 = 0x64646464u | (static_cast<uint32_t>(p.head_dim) >> 16);
+  const uint64_t q_desc = make_smem_desc(smem_u32(qs), 128, S::kQSbo);
+  const uint64_t p_desc = make_smem_desc(smem_u32(ps), 128, S::kPSbo);
+
+  float oacc[MB][4 * NT];  // O^T: m-block b, this lane's rows and columns
+#pragma unroll
+  for (int b = 0; b < MB; ++b)
+#pragma unroll
+    for (int i = 0; i < 4 * NT; ++i) oacc[b][i] = 0.f;
+  float m[NT][2];  // running maxima of this lane's columns 8n + 2t + e
+  float l[NT][2];  // this lane's share of their row sums
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+    m[n][0] = m[n][1] = -INFINITY;
+    l[n][0] = l[n][1] = 0.f;
+  }
+  float run_vmax = 1e-30f;
+
+  const int rg = slot_of_row(g);  // S^T rows g and g + 8 of the warp's tile
+  const int rg8 = rg + 8;
+  const int r0 = slot_of_row(2 * t);  // V^T k positions 2t, 2t + 1, 2t + 8, 2t + 9
+  const int r1 = slot_of_row(2 * t + 1);
+  const int r2 = r0 + 8;
+  const int r3 = r1 + 8;
+
+  for (int st = 0; st < n_stages; ++st) {
+    cp_async_wait<0>();
+    __syncthreads();  // the stage is in; every warp is done with the previous one's P^T, red
+    if (st + 1 < n_stages) issue(st + 1);
+    cp_async_commit();
+
+    const uint8_t* base = smem + (st & 1) * S::kStageBytes + shift;
+    const int stage_pos = (t0 + st * T) * kSlots;
+    const uint8_t* row_g = base + (warp * kSlots + rg) * S::kSRow;
+    const uint8_t* row_g8 = base + (warp * kSlots + rg8) * S::kSRow;
+
+    // ---- S^T = K . Q^T
+    float sacc[4 * NT];
+    {
+      uint32_t ka[KS][4];
+#pragma unroll
+      for (int kk = 0; kk < KS / 2; ++kk) {
+        const uint2 x = *reinterpret_cast<const uint2*>(row_g + 32 * kk + 8 * t);
+        const uint2 y = *reinterpret_cast<const uint2*>(row_g8 + 32 * kk + 8 * t);
+        const uint32_t xa = x.x ^ kSignFlip, xb = y.x ^ kSignFlip;
+        const uint32_t ya = x.y ^ kSignFlip, yb = y.y ^ kSignFlip;
+        ka[2 * kk][0] = f16x2_sel<0x4140>(xa, k64);
+        ka[2 * kk][1] = f16x2_sel<0x4140>(xb, k64);
+        ka[2 * kk][2] = f16x2_sel<0x4342>(xa, k64);
+        ka[2 * kk][3] = f16x2_sel<0x4342>(xb, k64);
+        ka[2 * kk + 1][0] = f16x2_sel<0x4140>(ya, k64);
+        ka[2 * kk + 1][1] = f16x2_sel<0x4140>(yb, k64);
+        ka[2 * kk + 1][2] = f16x2_sel<0x4342>(ya, k64);
+        ka[2 * kk + 1][3] = f16x2_sel<0x4342>(yb, k64);
+      }
+#pragma unroll
+      for (int i = 0; i < 4 * NT; ++i) sacc[i] = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4 * NT; ++i) reg_fence(sacc[i]);
+      wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < KS; ++s)
+        wgmma_f16_rs<NT>(sacc, ka[s], q_desc + static_cast<uint64_t>(16 * s), s > 0);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < 4 * NT; ++i) reg_fence(sacc[i]);
+#pragma unroll
+      for (int s = 0; s < KS; ++s)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) reg_fence(ka[s][i]);
+    }
+
+    // ---- scores: K scales, the causal mask; the warp's column maxima
+    const int pos0 = stage_pos + warp * kSlots;
+    const int pg = pos0 + rg, pg8 = pos0 + rg8;
+    const float ks_g = ld_f32(row_g + HD), ks_g8 = ld_f32(row_g8 + HD);
+    float vs_g = ld_f32(row_g + 2 * HD + 4), vs_g8 = ld_f32(row_g8 + 2 * HD + 4);
+    if (pg >= seq_len) vs_g = 0.f;  // slots past the end hold garbage
+    if (pg8 >= seq_len) vs_g8 = 0.f;
+    const bool masked = pos0 + kSlots - 1 > prefix;  // the tile reaches the causal tail
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * n + 2 * t + e;
+        float sa = sacc[4 * n + e] * ks_g, sb = sacc[4 * n + 2 + e] * ks_g8;
+        if (masked) {
+          const int lim = min(prefix + col / p.group, seq_len - 1);
+          if (pg > lim) sa = -INFINITY;
+          if (pg8 > lim) sb = -INFINITY;
+        }
+        sacc[4 * n + e] = sa;
+        sacc[4 * n + 2 + e] = sb;
+        float mx = fmaxf(sa, sb);
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+        if (g == 0) red[warp * S::kN + col] = mx;
+      }
+    }
+    // the stage's V-scale maximum, the same in every warp
+    float vmax = 0.f;
+#pragma unroll
+    for (int r = lane; r < kStageSlots; r += 32) {
+      if (stage_pos + r < seq_len) vmax = fmaxf(vmax, ld_f32(base + r * S::kSRow + 2 * HD + 4));
+    }
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
+    const float new_vmax = fmaxf(run_vmax, vmax);
+    const float vr = new_vmax > run_vmax ? run_vmax / new_vmax : 1.f;
+    const float inv_vmax = 1.f / new_vmax;
+    run_vmax = new_vmax;
+    __syncthreads();  // every tile's maxima are in
+
+    // ---- the columns' maxima, factors and row sums; P^T into shared memory
+    float f[NT][2];
+    bool rescale = false;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      float pv[4];
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * n + 2 * t + e;
+        float ms = red[col];
+#pragma unroll
+        for (int w = 1; w < T; ++w) ms = fmaxf(ms, red[w * S::kN + col]);
+        const float mo = m[n][e];
+        const float mn = fmaxf(mo, ms);
+        const float mu = mn == -INFINITY ? 0.f : mn;
+        const float a = mn == mo ? 1.f : exp2f(mo - mu);  // mn > mo: finite
+        m[n][e] = mn;
+        f[n][e] = a * vr;
+        rescale |= f[n][e] != 1.f;
+        const float pa = exp2f(sacc[4 * n + e] - mu), pb = exp2f(sacc[4 * n + 2 + e] - mu);
+        l[n][e] = l[n][e] * a + pa + pb;
+        pv[e] = pa * vs_g * inv_vmax;
+        pv[2 + e] = pb * vs_g8 * inv_vmax;
+      }
+      // after the transpose lane (g, t) holds column 8n + g at k (S^T rows) 16 warp + 8h + 2t, + 1
+      uint8_t* prow = ps + n * S::kPSbo + (2 * warp) * 128 + g * 16 + 4 * t;
+      *reinterpret_cast<uint32_t*>(prow) = transpose8x8(pack_f16x2(pv[0], pv[1]));
+      *reinterpret_cast<uint32_t*>(prow + 128) = transpose8x8(pack_f16x2(pv[2], pv[3]));
+    }
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          oacc[b][4 * n] *= f[n][0];
+          oacc[b][4 * n + 1] *= f[n][1];
+          oacc[b][4 * n + 2] *= f[n][0];
+          oacc[b][4 * n + 3] *= f[n][1];
+        }
+    }
+    fence_proxy_async();
+    __syncthreads();  // the stage's P^T is in
+
+    // ---- O^T += V^T . P^T: k-step ks is tile ks (k position j: the slot of S^T row j)
+    {
+      uint32_t va[T][MB][4];
+#pragma unroll
+      for (int ks = 0; ks < T; ++ks) {
+        const uint8_t* tv = base + ks * kSlots * S::kSRow + HD + 4;
+        const uint8_t* v0 = tv + r0 * S::kSRow;
+        const uint8_t* v1 = tv + r1 * S::kSRow;
+        const uint8_t* v2 = tv + r2 * S::kSRow;
+        const uint8_t* v3 = tv + r3 * S::kSRow;
+        if constexpr (HD == 256) {
+          // word u = 16 warp + g + 8h: dimensions 4u + b are row 16 warp + g + 8h of m-block b
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int off = 4 * (16 * warp + g + 8 * h);
+            uint32_t lo[4], hi[4];
+            v_pairs(ld_u32(v0 + off) ^ kSignFlip, ld_u32(v1 + off) ^ kSignFlip, k64, lo);
+            v_pairs(ld_u32(v2 + off) ^ kSignFlip, ld_u32(v3 + off) ^ kSignFlip, k64, hi);
+#pragma unroll
+            for (int b = 0; b < MB; ++b) {
+              va[ks][b][h] = lo[b];      // a0 / a1: k 2t, 2t + 1 of rows g / g + 8
+              va[ks][b][2 + h] = hi[b];  // a2 / a3: k 2t + 8, 2t + 9
+            }
+          }
+        } else {
+          // word u = 8 warp + g: dimension 4u + 2b + h is row 16 warp + g + 8h of m-block b
+          const int off = 4 * (8 * warp + g);
+          uint32_t lo[4], hi[4];
+          v_pairs(ld_u32(v0 + off) ^ kSignFlip, ld_u32(v1 + off) ^ kSignFlip, k64, lo);
+          v_pairs(ld_u32(v2 + off) ^ kSignFlip, ld_u32(v3 + off) ^ kSignFlip, k64, hi);
+#pragma unroll
+          for (int b = 0; b < MB; ++b) {
+            va[ks][b][0] = lo[2 * b];
+            va[ks][b][1] = lo[2 * b + 1];
+            va[ks][b][2] = hi[2 * b];
+            va[ks][b][3] = hi[2 * b + 1];
+          }
+        }
+      }
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int i = 0; i < 4 * NT; ++i) reg_fence(oacc[b][i]);
+      wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < T; ++ks)
+#pragma unroll
+        for (int b = 0; b < MB; ++b)
+          wgmma_f16_rs<NT>(oacc[b], va[ks][b], p_desc + static_cast<uint64_t>(16 * ks), 1);
+      wgmma_commit();
+      wgmma_wait<0>();
+#pragma unroll
+      for (int b = 0; b < MB; ++b)
+#pragma unroll
+        for (int i = 0; i < 4 * NT; ++i) reg_fence(oacc[b][i]);
+#pragma unroll
+      for (int ks = 0; ks < T; ++ks)
+#pragma unroll
+        for (int b = 0; b < MB; ++b)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) reg_fence(va[ks][b][i]);
+    }
+  }
+  cp_async_wait<0>();
+  pdl_trigger(p.pdl, 2);
+
+  // ---- the row sums: over the lanes of a tile, then over the tiles
+#pragma unroll
+  for (int n = 0; n < NT; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float ls = l[n][e];
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+      if (g == 0) red[warp * S::kN + 8 * n + 2 * t + e] = ls;
+    }
+  }
+  __syncthreads();
+  auto col_sum = [&](int col) {
+    return (red[col] + red[S::kN + col]) + (red[2 * S::kN + col] + red[3 * S::kN + col]);
+  };
+
+  // f(n, e, tq, hq, ls) for this lane's columns 8n + 2t + e of the request: token tq, query
+  // head hq, row sum ls
+  auto for_columns = [&](auto&& f) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int col = 8 * n + 2 * t + e;
+        if (col >= n_cols) continue;
+        const int tq = col / p.group;
+        f(n, e, tq, kvh * p.group + (col - tq * p.group), col_sum(col));
+      }
+    }
+  };
+
+  // ---- the log2-sum-exp of each column, by the first warp
+  if (p.num_segs > 1 && warp == 0 && g == 0) {
+    for_columns([&](int n, int e, int tq, int hq, float ls) {
+      p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + seg] =
+          ls > 0.f ? m[n][e] + log2f(ls) : -INFINITY;
+    });
+  }
+
+  // ---- this lane's rows (dimensions) of its columns
+  const bool direct = p.num_segs == 1;
+  auto write = [&](int tq, int hq, int d, const float (&o)[4]) {
+    if (direct) {
+      uint8_t* op = reinterpret_cast<uint8_t*>(p.out) +
+                    (static_cast<int64_t>(q_start + tq) * p.stride_ot +
+                     static_cast<int64_t>(hq) * p.stride_oh + d) * 2;
+      store_out(op, p.out_dtype, o);
+    } else {
+      store_partial(p.part_o, p.part_bf16,
+                    sel * p.stride_pr + tq * p.stride_pt + hq * p.stride_ph + seg * p.stride_ps +
+                        d,
+                    o);
+    }
+  };
+  for_columns([&](int n, int e, int tq, int hq, float ls) {
+    if (!direct && !(ls > 0.f)) return;  // an empty segment: the merge skips its partial
+    const float inv = ls > 0.f ? run_vmax / ls : 0.f;
+    if constexpr (HD == 256) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float o[4] = {oacc[0][4 * n + 2 * h + e] * inv, oacc[1][4 * n + 2 * h + e] * inv,
+                            oacc[2][4 * n + 2 * h + e] * inv, oacc[3][4 * n + 2 * h + e] * inv};
+        write(tq, hq, 4 * (16 * warp + g + 8 * h), o);
+      }
+    } else {
+      const float o[4] = {oacc[0][4 * n + e] * inv, oacc[0][4 * n + 2 + e] * inv,
+                          oacc[1][4 * n + e] * inv, oacc[1][4 * n + 2 + e] * inv};
+      write(tq, hq, 4 * (8 * warp + g), o);
+    }
+  });
+}
+
+template <int HD, int NT>
+cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
+  using S = WShape<HD, NT>;
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      int8_verify_wgmma_kernel<HD, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+  if (attr != cudaSuccess) return attr;
+  static const cudaError_t carve = cudaFuncSetAttribute(
+      int8_verify_wgmma_kernel<HD, NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      cudaSharedmemCarveoutMaxShared);
+  if (carve != cudaSuccess) return carve;
+  return launch_kernel(int8_verify_wgmma_kernel<HD, NT>,
+                       dim3(num_selected, p.num_kv_heads, p.num_segs), kThreads, S::kSmem,
+                       stream, p);
+}
+
+template <int HD>
+cudaError_t launch_hd(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
+  switch ((p.group * p.max_q + 7) / 8) {
+    case 1: return launch<HD, 1>(p, num_selected, stream);
+    case 2: return launch<HD, 2>(p, num_selected, stream);
+    case 3: return launch<HD, 3>(p, num_selected, stream);
+    case 4: return launch<HD, 4>(p, num_selected, stream);
+    case 5: return launch<HD, 5>(p, num_selected, stream);
+    case 6: return launch<HD, 6>(p, num_selected, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace
+
+bool int8_verify_wgmma_supported(int head_dim) { return head_dim == 128 || head_dim == 256; }
+
+cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int num_selected,
+                                     cudaStream_t stream) {
+  if (num_selected <= 0 || p.num_kv_heads <= 0 || p.num_segs <= 0) return cudaSuccess;
+  if (p.group < 1 || p.max_q < 1 || p.group * p.max_q > kInt8VerifyMaxCols ||
+      p.block_size % kSlots != 0 || p.int_qk)
+    return cudaErrorInvalidValue;
+  switch (p.head_dim) {
+    case 128: return launch_hd<128>(p, num_selected, stream);
+    case 256: return launch_hd<256>(p, num_selected, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace vllm_prism
