@@ -1,0 +1,431 @@
+"""Lane-level emulation of csrc/attention/int8_verify_wgmma.cu's index mapping, on the CPU.
+
+The warpgroup-MMA verification kernel moves every value through layouts a test on the CPU
+cannot run: wgmma's register fragments (A: mma.m16n8k16's per warp; D: element 4n + 2h + e of a
+lane at row 16w + g + 8h, column 8n + 2t + e), its shared-memory descriptor (K-major core
+matrices, no swizzle: element (k, n) at (n / 8) SBO + (k / 8) LBO + (n % 8) 16 + (k % 8) 2),
+movmatrix's 8x8 transpose and prmt's byte selection. This script models those operations as
+the PTX ISA defines them and runs the kernel's loads, stores and register hand-overs lane by
+lane, as the kernel writes them, for one CTA over three stages (a partial last tile, a V-scale
+jump, the causal tail), against a float reference. Keep it in step with the kernel: a change
+to the kernel's index math is checked here before it goes to a GPU (it found the head size 128
+V word mapping wrong before the first commit).
+
+    python scripts/emulate_verify_wgmma.py            # every head size, n-tile count, offset
+    python scripts/emulate_verify_wgmma.py --hd 256 --nt 5 --shift 8
+
+Exits 1 where a case's relative error passes 1e-3 (fp16 operands give ~4e-4).
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import sys
+
+import numpy as np
+
+
+def emulate(seed: int, HD: int, NT: int, SHIFT: int) -> float:  # noqa: C901, N803
+    """The kernel's output for one CTA against the reference: relative L2 error."""
+    rng = np.random.default_rng(seed)
+    group = 6
+    q_len = min(8, (8 * NT) // group)
+    n_cols = q_len * group
+    seq_len = 64 * 3 - 10  # three stages, last partial
+    prefix = seq_len - q_len
+    kRow = 2 * HD + 8
+    kSRow = 4 * (((kRow // 4 - 8 + 31) // 32) * 32 + 8)
+    kN = 8 * NT
+    qk_scale = 1.0 / np.sqrt(HD) * 1.4426950408889634
+
+    def slot_of_row(r):
+        rr = r & 7
+        return (r & 8) | (rr if rr < 4 else (rr ^ 1))
+
+    # cache rows: [K int8 HD | K scale f32 | V int8 HD | V scale f32]
+    K8 = rng.integers(-127, 128, (seq_len, HD), dtype=np.int64)
+    V8 = rng.integers(-127, 128, (seq_len, HD), dtype=np.int64)
+    ks = rng.uniform(0.001, 0.02, seq_len).astype(np.float32)
+    vs = rng.uniform(0.001, 0.05, seq_len).astype(np.float32)
+    vs[50] = 0.5  # a V-scale jump
+    Q = rng.standard_normal((q_len, group, HD)).astype(np.float32)
+
+    def row_bytes(s):
+        b = bytearray(kRow)
+        b[0:HD] = bytes((K8[s] & 0xFF).astype(np.uint8))
+        b[HD : HD + 4] = struct.pack("<f", ks[s])
+        b[HD + 4 : 2 * HD + 4] = bytes((V8[s] & 0xFF).astype(np.uint8))
+        b[2 * HD + 4 : 2 * HD + 8] = struct.pack("<f", vs[s])
+        return b
+
+    def f16(x):
+        return np.float16(x)
+
+    def u32(buf, off):
+        return struct.unpack_from("<I", buf, off)[0]
+
+    def f32(buf, off):
+        return struct.unpack_from("<f", buf, off)[0]
+
+    def prmt(a, b, sel):
+        bytes_ = [(a >> (8 * i)) & 0xFF for i in range(4)] + [
+            (b >> (8 * i)) & 0xFF for i in range(4)
+        ]
+        out = 0
+        for i in range(4):
+            out |= bytes_[(sel >> (4 * i)) & 7] << (8 * i)
+        return out
+
+    def h2(word):  # f16x2 register -> (lo, hi) float
+        lo = np.frombuffer(struct.pack("<H", word & 0xFFFF), np.float16)[0]
+        hi = np.frombuffer(struct.pack("<H", word >> 16), np.float16)[0]
+        return float(lo), float(hi)
+
+    def pack_h2(lo, hi):
+        return struct.unpack("<H", np.float16(lo).tobytes())[0] | (
+            struct.unpack("<H", np.float16(hi).tobytes())[0] << 16
+        )
+
+    def sub_bias(word):
+        lo, hi = h2(word)
+        return pack_h2(np.float16(lo) - np.float16(1152), np.float16(hi) - np.float16(1152))
+
+    K64 = 0x64646464
+
+    def f16x2_sel(flipped, sel):
+        return sub_bias(prmt(flipped, K64, sel))
+
+    # shared memory
+    smem_stage = [bytearray(64 * kSRow + 16) for _ in range(2)]
+    qs = bytearray(kN * HD * 2)
+    ps = bytearray(kN * 64 * 2)
+    kQSbo = 16 * HD
+    kPSbo = 16 * 64
+
+    # ---- Q^T staging (as stage_query_t)
+    for c in range(kN):
+        for ch in range(HD // 8):
+            d = ch * 8
+            v = np.zeros(8, np.float32)
+            if c < n_cols:
+                tq, hq = c // group, c % group
+                v = Q[tq, hq, d : d + 8].astype(np.float16).astype(np.float32) * np.float32(
+                    qk_scale
+                )
+            kk, t = d // 32, (d % 32) // 8
+            base = (c >> 3) * kQSbo + (c & 7) * 16 + 4 * t + 4 * kk * 128
+            for j in range(4):
+                struct.pack_into("<I", qs, base + j * 128, pack_h2(v[2 * j], v[2 * j + 1]))
+
+    def wgmma(dacc, afrag, smem, start, lbo, sbo, accumulate):
+        """dacc[w][lane] list of 4NT floats; afrag[w][lane] 4 regs; B from smem at `start`."""
+        A = np.zeros((64, 16))
+        for w in range(4):
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                for j in range(4):
+                    lo, hi = h2(afrag[w][lane][j])
+                    row = 16 * w + g + 8 * (j % 2)
+                    col = 2 * t + 8 * (j // 2)
+                    A[row, col], A[row, col + 1] = lo, hi
+        B = np.zeros((16, kN))
+        for k in range(16):
+            for n in range(kN):
+                off = start + (n // 8) * sbo + (k // 8) * lbo + (n % 8) * 16 + (k % 8) * 2
+                B[k, n] = float(np.frombuffer(bytes(smem[off : off + 2]), np.float16)[0])
+        D = A @ B
+        for w in range(4):
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                for i in range(4 * NT):
+                    n, h, e = i // 4, (i // 2) % 2, i % 2
+                    val = D[16 * w + g + 8 * h, 8 * n + 2 * t + e]
+                    dacc[w][lane][i] = (dacc[w][lane][i] if accumulate else 0.0) + val
+
+    def movmatrix_t(regs):  # regs[lane] -> transposed
+        M = np.zeros((8, 8), dtype=object)
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            lo, hi = h2(regs[lane])
+            M[g][2 * t], M[g][2 * t + 1] = lo, hi
+        out = [0] * 32
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            out[lane] = pack_h2(M[2 * t][g], M[2 * t + 1][g])
+        return out
+
+    n_tiles = (seq_len + 15) // 16
+    n_stages = (n_tiles + 3) // 4
+    MB = HD // 64
+    oacc = [[[[0.0] * (4 * NT) for _ in range(MB)] for _ in range(32)] for _ in range(4)]
+    m = [[[[-np.inf, -np.inf] for _ in range(NT)] for _ in range(32)] for _ in range(4)]
+    rsum = [[[[0.0, 0.0] for _ in range(NT)] for _ in range(32)] for _ in range(4)]
+    run_vmax = 1e-30
+    red = np.zeros(4 * kN, np.float32)
+    for st in range(n_stages):
+        buf = smem_stage[st & 1]
+        for row in range(64):
+            pos = st * 64 + row
+            if pos // 16 < n_tiles and pos < seq_len:
+                rb = row_bytes(pos)
+                buf[row * kSRow + SHIFT : row * kSRow + SHIFT + kRow] = rb
+        base = SHIFT
+        stage_pos = st * 64
+        # S^T
+        ka = [[None] * 32 for _ in range(4)]
+        sacc = [[[0.0] * (4 * NT) for _ in range(32)] for _ in range(4)]
+        for w in range(4):
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                rg = slot_of_row(g)
+                rg8 = rg + 8
+                rowg = base + (w * 16 + rg) * kSRow
+                rowg8 = base + (w * 16 + rg8) * kSRow
+                frags = []
+                for kk in range(HD // 32):
+                    xx, xy = u32(buf, rowg + 32 * kk + 8 * t), u32(buf, rowg + 32 * kk + 8 * t + 4)
+                    yx, yy = (
+                        u32(buf, rowg8 + 32 * kk + 8 * t),
+                        u32(buf, rowg8 + 32 * kk + 8 * t + 4),
+                    )
+                    xa, xb, ya, yb = (
+                        xx ^ 0x80808080,
+                        yx ^ 0x80808080,
+                        xy ^ 0x80808080,
+                        yy ^ 0x80808080,
+                    )
+                    frags.append(
+                        [
+                            f16x2_sel(xa, 0x4140),
+                            f16x2_sel(xb, 0x4140),
+                            f16x2_sel(xa, 0x4342),
+                            f16x2_sel(xb, 0x4342),
+                        ]
+                    )
+                    frags.append(
+                        [
+                            f16x2_sel(ya, 0x4140),
+                            f16x2_sel(yb, 0x4140),
+                            f16x2_sel(ya, 0x4342),
+                            f16x2_sel(yb, 0x4342),
+                        ]
+                    )
+                ka[w][lane] = frags
+        for s in range(HD // 16):
+            wgmma(
+                sacc,
+                [[ka[w][lane][s] for lane in range(32)] for w in range(4)],
+                qs,
+                256 * s,
+                128,
+                kQSbo,
+                s > 0,
+            )
+        # scores
+        vsl = {}
+        for w in range(4):
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                rg = slot_of_row(g)
+                rg8 = rg + 8
+                rowg = base + (w * 16 + rg) * kSRow
+                rowg8 = base + (w * 16 + rg8) * kSRow
+                pos0 = stage_pos + w * 16
+                pg, pg8 = pos0 + rg, pos0 + rg8
+                ksg, ksg8 = f32(buf, rowg + HD), f32(buf, rowg8 + HD)
+                vsg, vsg8 = f32(buf, rowg + 2 * HD + 4), f32(buf, rowg8 + 2 * HD + 4)
+                if pg >= seq_len:
+                    vsg = 0.0
+                if pg8 >= seq_len:
+                    vsg8 = 0.0
+                vsl[(w, lane)] = (vsg, vsg8)
+                masked = pos0 + 15 > prefix
+                for n in range(NT):
+                    for e in range(2):
+                        col = 8 * n + 2 * t + e
+                        sa = sacc[w][lane][4 * n + e] * ksg
+                        sb = sacc[w][lane][4 * n + 2 + e] * ksg8
+                        if masked:
+                            lim = min(prefix + col // group, seq_len - 1)
+                            if pg > lim:
+                                sa = -np.inf
+                            if pg8 > lim:
+                                sb = -np.inf
+                        sacc[w][lane][4 * n + e] = sa
+                        sacc[w][lane][4 * n + 2 + e] = sb
+        for w in range(4):
+            for col in range(kN):
+                n, rem = col // 8, col % 8
+                t, e = rem // 2, rem % 2
+                red[w * kN + col] = max(
+                    max(sacc[w][4 * g + t][4 * n + e], sacc[w][4 * g + t][4 * n + 2 + e])
+                    for g in range(8)
+                )
+        vmax = 0.0
+        for r in range(64):
+            if stage_pos + r < seq_len:
+                vmax = max(vmax, f32(buf, base + r * kSRow + 2 * HD + 4))
+        new_vmax = max(run_vmax, vmax)
+        vr = run_vmax / new_vmax if new_vmax > run_vmax else 1.0
+        inv_vmax = 1.0 / new_vmax
+        run_vmax = new_vmax
+        pv_regs = {}
+        for w in range(4):
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                vsg, vsg8 = vsl[(w, lane)]
+                f = [[1, 1] for _ in range(NT)]
+                for n in range(NT):
+                    pv = [0] * 4
+                    for e in range(2):
+                        col = 8 * n + 2 * t + e
+                        ms = max(red[ww * kN + col] for ww in range(4))
+                        mo = m[w][lane][n][e]
+                        mn = max(mo, ms)
+                        mu = 0.0 if mn == -np.inf else mn
+                        a = 1.0 if mn == mo else 2.0 ** (mo - mu)
+                        m[w][lane][n][e] = mn
+                        f[n][e] = a * vr
+                        pa = 2.0 ** (sacc[w][lane][4 * n + e] - mu)
+                        pb = 2.0 ** (sacc[w][lane][4 * n + 2 + e] - mu)
+                        rsum[w][lane][n][e] = rsum[w][lane][n][e] * a + pa + pb
+                        pv[e] = pa * vsg * inv_vmax
+                        pv[2 + e] = pb * vsg8 * inv_vmax
+                    pv_regs[(w, lane, n)] = (pack_h2(pv[0], pv[1]), pack_h2(pv[2], pv[3]))
+                for b in range(MB):
+                    for n in range(NT):
+                        oacc[w][lane][b][4 * n] *= f[n][0]
+                        oacc[w][lane][b][4 * n + 1] *= f[n][1]
+                        oacc[w][lane][b][4 * n + 2] *= f[n][0]
+                        oacc[w][lane][b][4 * n + 3] *= f[n][1]
+        for w in range(4):
+            for n in range(NT):
+                for h in range(2):
+                    tr = movmatrix_t([pv_regs[(w, lane, n)][h] for lane in range(32)])
+                    for lane in range(32):
+                        g, t = lane >> 2, lane & 3
+                        off = n * kPSbo + (2 * w) * 128 + g * 16 + 4 * t + h * 128
+                        struct.pack_into("<I", ps, off, tr[lane])
+        # O^T
+        va = [[None] * 32 for _ in range(4)]
+        for w in range(4):
+            for lane in range(32):
+                g, t = lane >> 2, lane & 3
+                r0, r1 = slot_of_row(2 * t), slot_of_row(2 * t + 1)
+                r2, r3 = r0 + 8, r1 + 8
+                per = []
+                for ks_ in range(4):
+                    tv = base + ks_ * 16 * kSRow + HD + 4
+
+                    def vw(r, off):
+                        return u32(buf, tv + r * kSRow + off) ^ 0x80808080
+
+                    def vpairs(wa, wb):
+                        lo, hi = prmt(wa, wb, 0x5140), prmt(wa, wb, 0x7362)
+                        return [
+                            f16x2_sel(lo, 0x4140),
+                            f16x2_sel(lo, 0x4342),
+                            f16x2_sel(hi, 0x4140),
+                            f16x2_sel(hi, 0x4342),
+                        ]
+
+                    fr = [[0] * 4 for _ in range(MB)]
+                    if HD == 256:
+                        for h in range(2):
+                            off = 4 * (16 * w + g + 8 * h)
+                            lo = vpairs(vw(r0, off), vw(r1, off))
+                            hi = vpairs(vw(r2, off), vw(r3, off))
+                            for b in range(MB):
+                                fr[b][h] = lo[b]
+                                fr[b][2 + h] = hi[b]
+                    else:
+                        off = 4 * (8 * w + g)
+                        lo = vpairs(vw(r0, off), vw(r1, off))
+                        hi = vpairs(vw(r2, off), vw(r3, off))
+                        for b in range(MB):
+                            fr[b] = [lo[2 * b], lo[2 * b + 1], hi[2 * b], hi[2 * b + 1]]
+                    per.append(fr)
+                va[w][lane] = per
+        for ks_ in range(4):
+            for b in range(MB):
+                dview = [[oacc[w][lane][b] for lane in range(32)] for w in range(4)]
+                wgmma(
+                    dview,
+                    [[va[w][lane][ks_][b] for lane in range(32)] for w in range(4)],
+                    ps,
+                    256 * ks_,
+                    128,
+                    kPSbo,
+                    True,
+                )
+
+    # finalize
+    out = np.full((q_len, group, HD), np.nan)
+    colsum = np.zeros(kN)
+    for w in range(4):
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            for n in range(NT):
+                for e in range(2):
+                    colsum[8 * n + 2 * t + e] += rsum[w][lane][n][e]
+    for w in range(4):
+        for lane in range(32):
+            g, t = lane >> 2, lane & 3
+            for n in range(NT):
+                for e in range(2):
+                    col = 8 * n + 2 * t + e
+                    if col >= n_cols:
+                        continue
+                    ls = colsum[col]
+                    inv = run_vmax / ls if ls > 0 else 0
+                    tq, hq = col // group, col % group
+                    if HD == 256:
+                        for h in range(2):
+                            d = 4 * (16 * w + g + 8 * h)
+                            for b in range(4):
+                                out[tq, hq, d + b] = oacc[w][lane][b][4 * n + 2 * h + e] * inv
+                    else:
+                        d = 4 * (8 * w + g)
+                        vals = [
+                            oacc[w][lane][0][4 * n + e],
+                            oacc[w][lane][0][4 * n + 2 + e],
+                            oacc[w][lane][1][4 * n + e],
+                            oacc[w][lane][1][4 * n + 2 + e],
+                        ]
+                        for j in range(4):
+                            out[tq, hq, d + j] = vals[j] * inv
+
+    # reference
+    Kf = K8 * ks[:, None]
+    Vf = V8 * vs[:, None]
+    ref = np.zeros_like(out)
+    for tq in range(q_len):
+        lim = prefix + tq
+        for hq in range(group):
+            s = Kf[: lim + 1] @ Q[tq, hq] / np.sqrt(HD)
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            ref[tq, hq] = p @ Vf[: lim + 1]
+    return float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hd", type=int, nargs="*", default=[128, 256])
+    ap.add_argument("--nt", type=int, nargs="*", default=[1, 2, 3, 4, 5, 6])
+    ap.add_argument("--shift", type=int, nargs="*", default=[0, 8])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    worst = 0.0
+    for hd in args.hd:
+        for nt in args.nt:
+            for shift in args.shift:
+                err = emulate(args.seed + 10 * nt + shift, hd, nt, shift)
+                worst = max(worst, err if err == err else float("inf"))
+                print(f"head size {hd}, {nt} n-tiles, rows at {shift} mod 16: rel err {err:.3e}")
+    sys.exit(0 if worst < 1e-3 else 1)
+
+
+if __name__ == "__main__":
+    main()
