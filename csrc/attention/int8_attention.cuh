@@ -79,7 +79,7 @@ cudaError_t int8_verify_launch(const Int8AttnParams& p, int num_selected, cudaSt
 
 // The verification kernel on Hopper's warpgroup MMA (int8_verify_wgmma.cu, built for sm_90a only:
 // declared here, defined where the extension has PRISM_HAS_SM90A): head sizes 128 and 256, exact
-// Q.K (p.int_qk 0); the same grid, partials and PDL as int8_verify_launch.
+// Q.K (p.int_qk 0); the same grid, partials, lazy maxima and PDL as int8_verify_launch.
 bool int8_verify_wgmma_supported(int head_dim);
 cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int num_selected,
                                      cudaStream_t stream);

@@ -71,12 +71,13 @@ void int8_verify_wgmma_attention(const torch::Tensor& q, const torch::Tensor& kv
                                  const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
                                  torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
                                  int64_t max_q, int64_t num_segs, int64_t min_tiles,
-                                 int64_t pdl) {
+                                 bool lazy_max, int64_t pdl) {
   const char* op = "int8_verify_wgmma_attention";
   int64_t n_sel = 0;
   vllm_prism::Int8AttnParams p =
       verify_params(op, q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out,
                     part_o, part_lse, scale, max_q, num_segs, min_tiles, pdl, n_sel);
+  p.lazy_max = lazy_max ? 1 : 0;
   TORCH_CHECK(vllm_prism::int8_verify_wgmma_supported(p.head_dim), op,
               ": no kernel for head size ", p.head_dim, " (128 and 256)");
   if (n_sel == 0) return;

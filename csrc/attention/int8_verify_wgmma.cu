@@ -27,9 +27,12 @@
 //   5. O^T: the warp's V^T fragments (hd 256: output row 16w + g + 8h of m-block b is
 //      dimension 4 (16w + g + 8h) + b, so one 32-bit load of a slot feeds the four m-blocks;
 //      hd 128: dimension 4 (8w + g) + 2b + h), the MMAs, wait.
-// Three barriers a stage as the exact form of int8_verify.cu; the instructions a stage are the
-// point: 16 + 16 MMA instructions a warp where the mma.sync form issues 160 a tile and builds K
-// twice (attention_h200_notes.md, tenth session). Head sizes 128 and 256, exact Q.K only.
+// Three barriers a stage as the exact form of int8_verify.cu, two with its lazy maxima
+// (p.lazy_max, LM: from the second stage on P against the running maxima as they stand, one
+// barrier that publishes P^T and ORs the lanes' verdicts, the stage redone exactly where a
+// score passes its maximum by 2^8 or a V scale the running maximum). The instructions a stage
+// are the point: 16 + 16 MMA instructions a warp where the mma.sync form issues 160 a tile and
+// builds K twice (attention_h200_notes.md, tenth session). Head sizes 128 and 256, exact Q.K.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -48,6 +51,8 @@ constexpr int kSlots = 16;
 constexpr int kTiles = 4;  // a stage: 4 tiles, the MMA's 64 rows
 constexpr int kStageSlots = kSlots * kTiles;
 constexpr int kThreads = 128;  // one warpgroup
+// LM: how far (log2) a score may exceed its column's running maximum on the lazy path (P <= 256)
+constexpr float kLazyHeadroom = 8.f;
 
 template <int HD, int NT>
 struct WShape {
@@ -109,7 +114,7 @@ __device__ __forceinline__ void v_pairs(uint32_t w_a, uint32_t w_b, uint32_t k64
   h[3] = f16x2_sel<0x4342>(hi, k64);
 }
 
-template <int HD, int NT>
+template <int HD, int NT, bool LM>
 __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const Int8AttnParams p) {
   using S = WShape<HD, NT>;
   constexpr int T = kTiles;
@@ -279,68 +284,121 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
         }
         sacc[4 * n + e] = sa;
         sacc[4 * n + 2 + e] = sb;
-        float mx = fmaxf(sa, sb);
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-        if (g == 0) red[warp * S::kN + col] = mx;
       }
     }
-    // the stage's V-scale maximum, the same in every warp
-    float vmax = 0.f;
-#pragma unroll
-    for (int r = lane; r < kStageSlots; r += 32) {
-      if (stage_pos + r < seq_len) vmax = fmaxf(vmax, ld_f32(base + r * S::kSRow + 2 * HD + 4));
-    }
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
-    const float new_vmax = fmaxf(run_vmax, vmax);
-    const float vr = new_vmax > run_vmax ? run_vmax / new_vmax : 1.f;
-    const float inv_vmax = 1.f / new_vmax;
-    run_vmax = new_vmax;
-    __syncthreads();  // every tile's maxima are in
-
-    // ---- the columns' maxima, factors and row sums; P^T into shared memory
-    float f[NT][2];
-    bool rescale = false;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      float pv[4];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 8 * n + 2 * t + e;
-        float ms = red[col];
-#pragma unroll
-        for (int w = 1; w < T; ++w) ms = fmaxf(ms, red[w * S::kN + col]);
-        const float mo = m[n][e];
-        const float mn = fmaxf(mo, ms);
-        const float mu = mn == -INFINITY ? 0.f : mn;
-        const float a = mn == mo ? 1.f : exp2f(mo - mu);  // mn > mo: finite
-        m[n][e] = mn;
-        f[n][e] = a * vr;
-        rescale |= f[n][e] != 1.f;
-        const float pa = exp2f(sacc[4 * n + e] - mu), pb = exp2f(sacc[4 * n + 2 + e] - mu);
-        l[n][e] = l[n][e] * a + pa + pb;
-        pv[e] = pa * vs_g * inv_vmax;
-        pv[2 + e] = pb * vs_g8 * inv_vmax;
-      }
-      // after the transpose lane (g, t) holds column 8n + g at k (S^T rows) 16 warp + 8h + 2t, + 1
+    // P^T of n-tile n from v = rows g (e = 0, 1) and g + 8 (2, 3) of the lane's columns: after
+    // the transpose lane (g, t) holds column 8n + g at k (S^T rows) 16 warp + 8h + 2t, + 1
+    auto store_pt = [&](int n, const float (&v)[4]) {
       uint8_t* prow = ps + n * S::kPSbo + (2 * warp) * 128 + g * 16 + 4 * t;
-      *reinterpret_cast<uint32_t*>(prow) = transpose8x8(pack_f16x2(pv[0], pv[1]));
-      *reinterpret_cast<uint32_t*>(prow + 128) = transpose8x8(pack_f16x2(pv[2], pv[3]));
-    }
-    if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-      for (int b = 0; b < MB; ++b)
+      *reinterpret_cast<uint32_t*>(prow) = transpose8x8(pack_f16x2(v[0], v[1]));
+      *reinterpret_cast<uint32_t*>(prow + 128) = transpose8x8(pack_f16x2(v[2], v[3]));
+    };
+
+    bool exact = true;
+    if constexpr (LM) {
+      // The lazy path (after the first stage; int8_verify.cu's): P against the running maxima
+      // and the running V-scale maximum as they stand, valid where no score exceeds its
+      // column's maximum by more than kLazyHeadroom (P <= 2^8 in fp16) and no V scale the
+      // running maximum; one barrier publishes P^T and ORs the verdicts, and a stage out of
+      // those bounds is redone exactly.
+      if (st > 0) {
+        const float inv_ref = 1.f / run_vmax;
+        bool over = vs_g > run_vmax || vs_g8 > run_vmax;
+        float linc[NT][2];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
-          oacc[b][4 * n] *= f[n][0];
-          oacc[b][4 * n + 1] *= f[n][1];
-          oacc[b][4 * n + 2] *= f[n][0];
-          oacc[b][4 * n + 3] *= f[n][1];
+          float pv[4];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float mo = m[n][e];
+            const float hi = fmaxf(sacc[4 * n + e], sacc[4 * n + 2 + e]);
+            over |= mo == -INFINITY ? hi > -INFINITY : hi - mo > kLazyHeadroom;
+            const float mu = mo == -INFINITY ? 0.f : mo;
+            const float pa = exp2f(sacc[4 * n + e] - mu), pb = exp2f(sacc[4 * n + 2 + e] - mu);
+            linc[n][e] = pa + pb;
+            pv[e] = pa * vs_g * inv_ref;
+            pv[2 + e] = pb * vs_g8 * inv_ref;
+          }
+          store_pt(n, pv);
         }
+        fence_proxy_async();
+        if (!__syncthreads_or(over)) {  // every P^T is in, the accumulators stand
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            l[n][0] += linc[n][0];
+            l[n][1] += linc[n][1];
+          }
+          exact = false;
+        }
+      }
     }
-    fence_proxy_async();
-    __syncthreads();  // the stage's P^T is in
+
+    if (exact) {
+      // ---- the warp's column maxima; the stage's V-scale maximum, the same in every warp
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float mx = fmaxf(sacc[4 * n + e], sacc[4 * n + 2 + e]);
+#pragma unroll
+          for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+          if (g == 0) red[warp * S::kN + 8 * n + 2 * t + e] = mx;
+        }
+      }
+      float vmax = 0.f;
+#pragma unroll
+      for (int r = lane; r < kStageSlots; r += 32) {
+        if (stage_pos + r < seq_len)
+          vmax = fmaxf(vmax, ld_f32(base + r * S::kSRow + 2 * HD + 4));
+      }
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
+      const float new_vmax = fmaxf(run_vmax, vmax);
+      const float vr = new_vmax > run_vmax ? run_vmax / new_vmax : 1.f;
+      const float inv_vmax = 1.f / new_vmax;
+      run_vmax = new_vmax;
+      __syncthreads();  // every tile's maxima are in
+
+      // ---- the columns' maxima, factors and row sums; P^T into shared memory
+      float f[NT][2];
+      bool rescale = false;
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        float pv[4];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * n + 2 * t + e;
+          float ms = red[col];
+#pragma unroll
+          for (int w = 1; w < T; ++w) ms = fmaxf(ms, red[w * S::kN + col]);
+          const float mo = m[n][e];
+          const float mn = fmaxf(mo, ms);
+          const float mu = mn == -INFINITY ? 0.f : mn;
+          const float a = mn == mo ? 1.f : exp2f(mo - mu);  // mn > mo: finite
+          m[n][e] = mn;
+          f[n][e] = a * vr;
+          rescale |= f[n][e] != 1.f;
+          const float pa = exp2f(sacc[4 * n + e] - mu), pb = exp2f(sacc[4 * n + 2 + e] - mu);
+          l[n][e] = l[n][e] * a + pa + pb;
+          pv[e] = pa * vs_g * inv_vmax;
+          pv[2 + e] = pb * vs_g8 * inv_vmax;
+        }
+        store_pt(n, pv);
+      }
+      if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+        for (int b = 0; b < MB; ++b)
+#pragma unroll
+          for (int n = 0; n < NT; ++n) {
+            oacc[b][4 * n] *= f[n][0];
+            oacc[b][4 * n + 1] *= f[n][1];
+            oacc[b][4 * n + 2] *= f[n][0];
+            oacc[b][4 * n + 3] *= f[n][1];
+          }
+      }
+      fence_proxy_async();
+      __syncthreads();  // the stage's P^T is in
+    }
 
     // ---- O^T += V^T . P^T: k-step ks is tile ks (k position j: the slot of S^T row j)
     {
@@ -480,19 +538,27 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
   });
 }
 
-template <int HD, int NT>
-cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
+template <int HD, int NT, bool LM>
+cudaError_t launch_form(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
   using S = WShape<HD, NT>;
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      int8_verify_wgmma_kernel<HD, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(int8_verify_wgmma_kernel<HD, NT, LM>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (attr != cudaSuccess) return attr;
   static const cudaError_t carve = cudaFuncSetAttribute(
-      int8_verify_wgmma_kernel<HD, NT>, cudaFuncAttributePreferredSharedMemoryCarveout,
+      int8_verify_wgmma_kernel<HD, NT, LM>, cudaFuncAttributePreferredSharedMemoryCarveout,
       cudaSharedmemCarveoutMaxShared);
   if (carve != cudaSuccess) return carve;
-  return launch_kernel(int8_verify_wgmma_kernel<HD, NT>,
+  return launch_kernel(int8_verify_wgmma_kernel<HD, NT, LM>,
                        dim3(num_selected, p.num_kv_heads, p.num_segs), kThreads, S::kSmem,
                        stream, p);
+}
+
+// the lazy maxima (p.lazy_max) or the exact per-stage softmax
+template <int HD, int NT>
+cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
+  return p.lazy_max ? launch_form<HD, NT, true>(p, num_selected, stream)
+                    : launch_form<HD, NT, false>(p, num_selected, stream);
 }
 
 template <int HD>

@@ -328,23 +328,29 @@ def _wgmma_form(monkeypatch) -> list[str]:
 
 
 @needs_wgmma
+@pytest.mark.parametrize("lazy_max", [False, True])
 @pytest.mark.parametrize("shape", [s for s in VERIFY_SHAPES if s[2] in (128, 256)],
                          ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(*s[:5]))
-def test_cuda_verify_wgmma(shape, monkeypatch):
+def test_cuda_verify_wgmma(shape, lazy_max, monkeypatch):
     """The verification kernel's warpgroup-MMA form at every head size it has (128, 256):
     2..8 query tokens, requests of different lengths in one launch, the causal tail inside a
     tile and across tiles, contexts to 70K, many segments and one, NHD (heads at 0 or 8 mod
-    16) and HND, fp16 and bf16 queries; every launch served by that form."""
+    16) and HND, fp16 and bf16 queries, the exact per-stage softmax and the lazy maxima; every
+    launch served by that form."""
+    monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
     served = _wgmma_form(monkeypatch)
     _check_cuda_segmentations(_verify_batch(shape), verify_attention)
     assert served == ["wgmma", "wgmma"]
 
 
 @needs_wgmma
+@pytest.mark.parametrize("lazy_max", [False, True])
 @pytest.mark.parametrize("case", VERIFY_COLUMN_CASES, ids=lambda c: f"g{c[0]}_q{c[1]}")
-def test_cuda_verify_wgmma_columns(case, monkeypatch):
+def test_cuda_verify_wgmma_columns(case, lazy_max, monkeypatch):
     """The warpgroup-MMA form at every MMA width it is compiled for (8 to 48 columns: 1 to 6
-    n-tiles), requests narrower than the widest in the same launch, at the 27B layer's shape."""
+    n-tiles), requests narrower than the widest in the same launch, at the 27B layer's shape;
+    both maxima forms."""
+    monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
     served = _wgmma_form(monkeypatch)
     _check_cuda_segmentations(_columns_batch(case), verify_attention)
     assert served == ["wgmma", "wgmma"]
@@ -410,8 +416,8 @@ def test_cuda_verify_lazy_max_spikes(q_len, form, monkeypatch):
     keys point along the request's queries (scores far above every earlier one, 2^8 past the
     running maxima) and whose values are 40x larger (V scales past the running maximum), so
     that stages after the first take the exact path again. Against the fp32 reference, and
-    the spikes change the output (a kernel that skipped them would fail). The warpgroup-MMA
-    form (exact maxima every stage) on the same spikes: its rescaling of the accumulators."""
+    the spikes change the output (a kernel that skipped them would fail). The same for the
+    warpgroup-MMA form's lazy maxima."""
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", True)
     served = _wgmma_form(monkeypatch) if form == "wgmma" else None
     lens = [5000, 70001]

@@ -144,9 +144,10 @@ def test_verify_form_switch(monkeypatch):
     assert [c[0] for c in calls] == ["mma", "wgmma", "mma", "wgmma", "mma", "mma", "mma",
                                      "wgmma"]
     wg = [a for form, a in calls if form == "wgmma"]
-    # the wgmma op: the call's tensors, scale, max_q, segments, MIN_TILES and the pdl mode
+    # the wgmma op: the call's tensors, scale, max_q, segments, MIN_TILES, lazy maxima, pdl
     assert all(a is b for a, b in zip(wg[0][:9], args[:9], strict=True))
-    assert wg[0][9:] == (0.0625, 6, 4, cuda_decode.MIN_TILES, cuda_decode.pdl_mode(True))
+    assert wg[0][9:] == (0.0625, 6, 4, cuda_decode.MIN_TILES, cuda_decode.verify_lazy_max(),
+                         cuda_decode.pdl_mode(True))
     assert wg[1][0] is q128 and wg[2][-1] == 0
     mma = [a for form, a in calls if form == "mma"]
     assert all(len(a) == 17 for a in mma) and mma[1][-4] is True  # int_qk kept

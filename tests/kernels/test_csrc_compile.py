@@ -193,17 +193,17 @@ def test_wgmma_prefill_compiles(tmp_path: Path) -> None:
 @pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
 def test_wgmma_verify_compiles(tmp_path: Path) -> None:
     """The verification attention kernel on warpgroup MMA (csrc/attention/int8_verify_wgmma.cu,
-    sm_90a) builds as CMake builds it: every (head size, n-tiles) form it launches (128 / 256 x
-    1..6), the fp16 MMAs with their A operands in registers issued
+    sm_90a) builds as CMake builds it: every (head size, n-tiles, maxima) form it launches
+    (128 / 256 x 1..6, lazy and exact), the fp16 MMAs with their A operands in registers issued
     without compiler-inserted waits or serialization (ptxas's C7510-C7520 notes), no spills."""
     res = subprocess.run([NVCC, "-c", "-std=c++17", "-O3", "--use_fast_math", *SM90A_FLAGS,
                           "-Xptxas", "-v", f"-I{ROOT / 'csrc'}", str(ROOT / SM90A[1]),
                           "-o", str(tmp_path / "k.o")],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
-    entries = re.findall(r"int8_verify_wgmma_kernelILi(\d+)ELi(\d+)E", res.stderr)
-    assert {(int(h), int(n)) for h, n in entries} == {(h, n) for h in (128, 256)
-                                                      for n in range(1, 7)}
+    entries = re.findall(r"int8_verify_wgmma_kernelILi(\d+)ELi(\d+)ELb([01])E", res.stderr)
+    assert {(int(h), int(n), int(lm)) for h, n, lm in entries} == {
+        (h, n, lm) for h in (128, 256) for n in range(1, 7) for lm in (0, 1)}
     assert not re.search(r"C75[12]\d", res.stderr), res.stderr[-4000:]
     spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
     assert spills and all(int(s) == 0 for s in spills), res.stderr[-4000:]

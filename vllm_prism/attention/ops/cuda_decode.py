@@ -206,7 +206,8 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
         if why is None:
             torch.ops._C_prism.int8_verify_wgmma_attention(
                 q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o,
-                part_lse, float(scale), int(max_q), int(num_segs), MIN_TILES, pdl_mode(pdl))
+                part_lse, float(scale), int(max_q), int(num_segs), MIN_TILES, verify_lazy_max(),
+                pdl_mode(pdl))
             return "wgmma"
         _log_wgmma_fallback(why)
     torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
