@@ -56,9 +56,9 @@ __all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_DIM_SPLIT", "H
            "pdl_mode", "verify_form", "verify_lazy_max", "wgmma_verify_problem",
            "VERIFY_FORM", "VERIFY_FORMS", "WGMMA_VERIFY_OP"]
 
-OP = "int8_decode_attention"
 logger = logging.getLogger(__name__)
 
+OP = "int8_decode_attention"
 VERIFY_OP = "int8_verify_attention"
 WGMMA_VERIFY_OP = "int8_verify_wgmma_attention"  # registered where the build has sm_90a
 WGMMA_HEAD_SIZES = (128, 256)
