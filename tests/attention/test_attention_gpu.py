@@ -182,13 +182,14 @@ CUDA_SHAPES = [(4, 6, 256, 16, torch.bfloat16), (4, 6, 256, 784, torch.bfloat16)
 
 def _check_cuda_segmentations(b, attention) -> None:
     """``attention`` (decode_attention or verify_attention) on the CUDA kernel with the
-    default segment count and with one segment (direct output), against the reference."""
+    default segment count and with one segment (direct output), against the reference; a
+    failure says where the output is wrong (_error_pattern)."""
     ref = _ref(b)
     for segs in (None, 1):
         out = poisoned_out(b.q)
         attention(b.q, b.cache, b.md, out=out, kernel="cuda", num_segs=segs)
         errs = _per_request(out, ref, b)
-        assert max(errs) < CUDA_TOL, (segs, errs)
+        assert max(errs) < CUDA_TOL, (segs, errs, _error_pattern(out, ref, b))
 
 
 @needs_c
@@ -325,6 +326,25 @@ def _wgmma_form(monkeypatch) -> list[str]:
 
     monkeypatch.setattr(split_mod, "launch_cuda_verify", spy)
     return served
+
+
+def _error_pattern(out: torch.Tensor, ref: torch.Tensor, b) -> str:
+    """Where an output is wrong, for a failing kernel (for the warpgroup-MMA form the
+    lane-level emulation, scripts/emulate_verify_wgmma.py, tells which index mapping gives
+    such a pattern): the
+    relative error by request, by query head, by dimension mod 8 and by 64-dimension block,
+    and the NaN count."""
+    err = (out.float() - ref).abs()
+    scale = ref.abs().mean().clamp_min(1e-12)
+    qsl = b.md.query_start_loc_cpu.tolist()
+    by_req = [round((err[qsl[r]:qsl[r + 1]].mean() / scale).item(), 3)
+              for r in range(len(qsl) - 1)]
+    by_head = [round((err[:, h].mean() / scale).item(), 3) for h in range(out.shape[1])]
+    by_mod8 = [round((err[..., d::8].mean() / scale).item(), 3) for d in range(8)]
+    by_block = [round((err[..., d:d + 64].mean() / scale).item(), 3)
+                for d in range(0, out.shape[-1], 64)]
+    return (f"by request {by_req}, by query head {by_head}, by dim mod 8 {by_mod8}, "
+            f"by 64-dim block {by_block}, NaN {int(torch.isnan(out.float()).sum())}")
 
 
 @needs_wgmma
