@@ -61,6 +61,9 @@ prefilled. Prompts are random token ids, distinct per request.
 * ``--attn-verify-lazy 1 0`` likewise with ``VLLM_PRISM_ATTN_VERIFY_LAZY`` (the CUDA C++
   INT8 verification kernel with its lazy running maxima, or the exact softmax every stage;
   ``[verify lazy 0]``), for the engines with a drafter only.
+* ``--attn-verify-form mma wgmma`` likewise with ``VLLM_PRISM_ATTN_VERIFY_FORM`` (the CUDA
+  C++ INT8 verification kernel on mma.sync, or its warpgroup-MMA form on Hopper;
+  ``[verify form wgmma]``), for the engines with a drafter only.
 * ``--gdn-verify prism vllm`` likewise with ``VLLM_PRISM_GDN_VERIFY`` (the Gated DeltaNet
   recurrence of a verification step: vllm-prism's kernel reading its inputs in place, or
   vLLM's choice), for the engines with a drafter only.
@@ -881,6 +884,9 @@ def _kernel_label(drafter: bool) -> str:
         label = f"{label} [gdn verify {envs.VLLM_PRISM_GDN_VERIFY}]"
     if not envs.VLLM_PRISM_ATTN_VERIFY_LAZY:
         label = f"{label} [verify lazy 0]"
+    form = envs.VLLM_PRISM_ATTN_VERIFY_FORM
+    if form != _default("VLLM_PRISM_ATTN_VERIFY_FORM"):
+        label = f"{label} [verify form {form}]"
     return label if gdn == "auto" else f"{label} [gdn {gdn}]"
 
 
@@ -895,7 +901,7 @@ def _plain_variant(r: dict) -> tuple:
     """_variant without the labels of the switches only an engine with a drafter reads (the
     drafter's attention, the verification step's Gated DeltaNet and attention kernels): a
     plain engine runs each with its first value, unlabelled."""
-    kern = re.sub(r" \[(draft attention|gdn verify|gdn|verify lazy) [\w-]+\]", "",
+    kern = re.sub(r" \[(draft attention|gdn verify|gdn|verify lazy|verify form) [\w-]+\]", "",
                   r.get("pq2_kernel", "auto"))
     return _variant({**r, "pq2_kernel": kern})
 
@@ -1075,6 +1081,12 @@ def build_parser() -> argparse.ArgumentParser:
             "turn (1: the CUDA C++ INT8 verification kernel keeps its running maxima "
             "across stages while the scores stay within 2^8 of them; 0: the exact "
             "softmax every stage)")
+    p.add_argument("--attn-verify-form", nargs="+",
+                   default=[_default("VLLM_PRISM_ATTN_VERIFY_FORM")],
+                   choices=envs.CHOICES["VLLM_PRISM_ATTN_VERIFY_FORM"],
+                   help="VLLM_PRISM_ATTN_VERIFY_FORM for the engines with a drafter, each in "
+                   "turn (the CUDA C++ INT8 verification kernel on mma.sync, or its "
+                   "warpgroup-MMA form on Hopper)")
     _on_off(p, "--engine-process", "0",
             "VLLM_ENABLE_V1_MULTIPROCESSING for each engine in turn: 0 (default) "
             "the engine core in the benchmark's process, where the torch profiler sees "
@@ -1136,10 +1148,12 @@ ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("attn_decode_split", "VLLM_PRISM_ATTN_DECODE_SPLIT", "split"),
                    ("attn_pdl", "VLLM_PRISM_ATTN_PDL", "attnpdl"),
                    ("attn_verify_lazy", "VLLM_PRISM_ATTN_VERIFY_LAZY", "lazy"),
+                   ("attn_verify_form", "VLLM_PRISM_ATTN_VERIFY_FORM", "form"),
                    ("engine_process", "VLLM_ENABLE_V1_MULTIPROCESSING", "mp"))
 # what only an engine with a drafter reads (VLLM_PRISM_GDN_VERIFY and vLLM's
 # VLLM_GDN_DECODE_KERNEL choose for the speculative decoding path only)
-SPEC_ONLY_SWITCHES = {"draft_attention", "gdn_verify", "gdn_spec_kernel", "attn_verify_lazy"}
+SPEC_ONLY_SWITCHES = {"draft_attention", "gdn_verify", "gdn_spec_kernel", "attn_verify_lazy",
+                      "attn_verify_form"}
 
 
 def engine_runs(args: argparse.Namespace, argv: list[str], drafter: str | None,

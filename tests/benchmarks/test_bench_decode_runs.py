@@ -158,28 +158,40 @@ def test_the_drafter_switch_varies_only_the_engines_with_a_drafter() -> None:
     assert [r["ratio_to_plain"] for r in spec] == [1.5, 2.5]
 
 
-def test_verify_lazy_switch_varies_only_the_engines_with_a_drafter(monkeypatch) -> None:
-    """``--attn-verify-lazy 1 0``: the DFlash engines with the verification kernel's lazy
-    maxima and without (labelled ``[verify lazy 0]``), the plain engine once; both verify
-    records get their ratio over that plain step."""
-    kids = _children(["m.gguf", "--kv", "int8_per_token_head", "--spec-k", "5",
-                      "--attn-verify-lazy", "1", "0"])
-    assert [(a.spec_k, env["VLLM_PRISM_ATTN_VERIFY_LAZY"]) for a, env in kids] == [
-        ([], "1"), ([5], "1"), ([5], "0")]
-    for name in ("VLLM_PRISM_PQ2_KERNEL", "VLLM_PRISM_GEMV_TUNING", "VLLM_PRISM_DENSE_GEMV",
-                 "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_PRISM_PREFILL_FRESH_KV",
-                 "VLLM_PRISM_ATTN_DECODE_SPLIT", "VLLM_PRISM_DRAFT_ATTENTION",
-                 "VLLM_PRISM_GDN_VERIFY", "VLLM_GDN_DECODE_KERNEL"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_LAZY", "0")
-    assert bench_decode._kernel_label(drafter=True) == "auto [verify lazy 0]"
+# the verification kernel's switches: (option, variable, its default, the other value, the
+# label an engine with the other value gets)
+VERIFY_SWITCHES = [("--attn-verify-lazy", "VLLM_PRISM_ATTN_VERIFY_LAZY", "1", "0",
+                    "[verify lazy 0]"),
+                   ("--attn-verify-form", "VLLM_PRISM_ATTN_VERIFY_FORM", "mma", "wgmma",
+                    "[verify form wgmma]")]
+
+
+@pytest.mark.parametrize("switch", VERIFY_SWITCHES, ids=lambda s: s[0])
+def test_verify_switch_varies_only_the_engines_with_a_drafter(switch, monkeypatch) -> None:
+    """``--attn-verify-lazy 1 0`` (the verification kernel's lazy maxima or the exact softmax)
+    and ``--attn-verify-form mma wgmma`` (its mma.sync or warpgroup-MMA form): the DFlash
+    engines with each value (the other labelled), the plain engine once; both verify records
+    get their ratio over that plain step."""
+    option, name, default, other, label = switch
+    kids = _children(["m.gguf", "--kv", "int8_per_token_head", "--spec-k", "5", option,
+                      default, other])
+    assert [(a.spec_k, env[name]) for a, env in kids] == [
+        ([], default), ([5], default), ([5], other)]
+    for var in ("VLLM_PRISM_PQ2_KERNEL", "VLLM_PRISM_GEMV_TUNING", "VLLM_PRISM_DENSE_GEMV",
+                "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_PRISM_PREFILL_FRESH_KV",
+                "VLLM_PRISM_ATTN_DECODE_SPLIT", "VLLM_PRISM_DRAFT_ATTENTION",
+                "VLLM_PRISM_GDN_VERIFY", "VLLM_GDN_DECODE_KERNEL",
+                "VLLM_PRISM_ATTN_VERIFY_LAZY", "VLLM_PRISM_ATTN_VERIFY_FORM"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv(name, other)
+    assert bench_decode._kernel_label(drafter=True) == f"auto {label}"
     assert bench_decode._kernel_label(drafter=False) == "auto"
-    monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_LAZY", "1")
+    monkeypatch.setenv(name, default)
     assert bench_decode._kernel_label(drafter=True) == "auto"
     base = {"kind": "decode", "batch": 1, "context": 4, "ms_per_step": 2.0, "kv": "k",
             "mode": "default", "pq2_kernel": "auto"}
     spec = [{**base, "kind": "verify", "ms_per_step": 3.0},
-            {**base, "kind": "verify", "ms_per_step": 4.0, "pq2_kernel": "auto [verify lazy 0]"}]
+            {**base, "kind": "verify", "ms_per_step": 4.0, "pq2_kernel": f"auto {label}"}]
     bench_decode._add_verify_ratios([base, *spec])
     assert [r["ratio_to_plain"] for r in spec] == [1.5, 2.0]
 
