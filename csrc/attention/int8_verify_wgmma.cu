@@ -33,6 +33,8 @@
 // score passes its maximum by 2^8 or a V scale the running maximum). The instructions a stage
 // are the point: 16 + 16 MMA instructions a warp where the mma.sync form issues 160 a tile and
 // builds K twice (attention_h200_notes.md, tenth session). Head sizes 128 and 256, exact Q.K.
+// scripts/emulate_verify_wgmma.py runs this index mapping lane by lane on the CPU against a
+// float reference: a change to it goes there too, and is checked there before a GPU.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
