@@ -210,6 +210,15 @@ def test_wgmma_verify_compiles(tmp_path: Path) -> None:
     sass = _sass(tmp_path / "k.o")
     if sass is not None:
         assert "HGMMA.64x40x16.F32" in sass
+    # the PTX (no cuobjdump needed): the MMA of every width from registers, and the proxy
+    # fence that publishes Q^T and P^T to it
+    ptx = subprocess.run([NVCC, "-ptx", "-std=c++17", "-O3", "--use_fast_math",
+                          "-gencode", "arch=compute_90a,code=compute_90a", f"-I{ROOT / 'csrc'}",
+                          str(ROOT / SM90A[1]), "-o", "-"], capture_output=True, text=True,
+                         timeout=600).stdout
+    for n in range(8, 49, 8):
+        assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in ptx, n
+    assert "fence.proxy.async.shared::cta" in ptx and "movmatrix.sync.aligned" in ptx
 
 
 def _sass(obj: Path) -> str | None:
