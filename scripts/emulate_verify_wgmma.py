@@ -251,13 +251,14 @@ def emulate(
         # S^T
         ka = [[None] * 32 for _ in range(4)]
         sacc = [[[0.0] * (4 * NT) for _ in range(32)] for _ in range(4)]
+        def s_rows(w, lane):  # the lane's S^T rows: their slots in the tile, shared rows
+            rg = slot_of_row(lane >> 2)
+            return rg, rg + 8, base + (w * 16 + rg) * kSRow, base + (w * 16 + rg + 8) * kSRow
+
         for w in range(4):
             for lane in range(32):
-                g, t = lane >> 2, lane & 3
-                rg = slot_of_row(g)
-                rg8 = rg + 8
-                rowg = base + (w * 16 + rg) * kSRow
-                rowg8 = base + (w * 16 + rg8) * kSRow
+                t = lane & 3
+                _, _, rowg, rowg8 = s_rows(w, lane)
                 frags = []
                 for kk in range(HD // 32):
                     xx, xy = u32(buf, rowg + 32 * kk + 8 * t), u32(buf, rowg + 32 * kk + 8 * t + 4)
@@ -302,11 +303,8 @@ def emulate(
         vsl = {}
         for w in range(4):
             for lane in range(32):
-                g, t = lane >> 2, lane & 3
-                rg = slot_of_row(g)
-                rg8 = rg + 8
-                rowg = base + (w * 16 + rg) * kSRow
-                rowg8 = base + (w * 16 + rg8) * kSRow
+                t = lane & 3
+                rg, rg8, rowg, rowg8 = s_rows(w, lane)
                 pos0 = stage_pos + w * 16
                 pg, pg8 = pos0 + rg, pos0 + rg8
                 ksg, ksg8 = f32(buf, rowg + HD), f32(buf, rowg8 + HD)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import math
 import sys
@@ -634,18 +635,15 @@ def cuda_variant_record(cache: Cache, ctx: int, q_len: int, default_us: float, b
     return dict(rec, vs_default=round(us / default_us, 3), err=float(f"{err:.3g}"))
 
 
+@functools.cache
 def wgmma_ready() -> bool:
     """Whether the verification kernel's warpgroup-MMA form can run here (an sm_90a build on
     compute capability 9.0, this head size); says why not, once."""
     q = torch.empty(1, HQ, HS, device=DEVICE, dtype=torch.bfloat16)
     why = cuda_decode.wgmma_verify_problem(q)
-    if why and not _WGMMA_SAID:
-        _WGMMA_SAID.append(why)
+    if why:
         print(f"warpgroup-MMA verification form not timed: {why}", flush=True)
     return why is None
-
-
-_WGMMA_SAID: list[str] = []
 
 
 def cuda_ready(cache: Cache, q_len: int = 1) -> bool:

@@ -56,8 +56,9 @@
 #include <cmath>
 #include <type_traits>
 
-#include "int8_tile.cuh"
 #include "int8_attention.cuh"
+#include "int8_tile.cuh"
+#include "int8_verify_copy.cuh"
 
 namespace vllm_prism {
 namespace {
@@ -255,34 +256,12 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
                      p.stride_cn % 16 == 0;
   const int shift = vec16 ? static_cast<int>((static_cast<int64_t>(kvh) * p.stride_ch) % 16) : 0;
 
-  // stage `st`: kTpr threads a row, tiles past the context not copied (their slots are masked)
+  // stage `st`: kTpr threads a row (the copying threads: S::kCopyThreads, the last ones)
   auto issue = [&](int st) {
-    constexpr int kTpr = S::kTpr;
     const int ct = static_cast<int>(threadIdx.x) - (S::kCopyHalf1 ? S::kCopyThreads : 0);
     if (ct < 0) return;
-    const int row = ct / kTpr, sub = ct % kTpr;
-    const int tl = t0 + st * T + row / kSlots;
-    if (tl >= n_tiles) return;
-    const int pos = tl * kSlots + row % kSlots;
-    const uint8_t* src = cache + static_cast<int64_t>(bt[pos / p.block_size]) * p.stride_cb +
-                         static_cast<int64_t>(pos % p.block_size) * p.stride_cn;
-    const uint32_t dst = smem_u32(smem + (st & 1) * S::kStageBytes + row * S::kSRow);
-    if (vec16) {
-      // pieces j = 0..HD/8: 16 bytes each but one of 8 (the first where shift = 8, else last)
-      constexpr int kPieces = HD / 8 + 1;
-#pragma unroll
-      for (int i = 0; i < (kPieces + kTpr - 1) / kTpr; ++i) {
-        const int j = sub + kTpr * i;
-        if (j < kPieces) {
-          const bool half = shift == 0 ? j == HD / 8 : j == 0;
-          if (half) cp_async8(dst + (shift == 0 ? 2 * HD : 8), src + (shift == 0 ? 2 * HD : 0));
-          else cp_async16(dst + 16 * j, src + 16 * j - shift);
-        }
-      }
-    } else {
-#pragma unroll 4
-      for (int j = sub; j < S::kRow / 8; j += kTpr) cp_async8(dst + 8 * j, src + 8 * j);
-    }
+    copy_stage_rows<HD, T, S::kTpr, S::kSRow>(p, cache, bt, t0, n_tiles, vec16, shift, st, ct,
+                                              smem + (st & 1) * S::kStageBytes);
   };
 
   // With PDL, stage 0 starts before griddepcontrol.wait where its tiles lie wholly before the

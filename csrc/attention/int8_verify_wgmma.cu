@@ -14,7 +14,7 @@
 // swizzle (8 columns x 16 bytes a core matrix, written by the threads, so each write is
 // followed by fence.proxy.async before the barrier that publishes it). A stage:
 //   1. the stage's rows are in (cp.async, two stages, the next one copied while this one is
-//      computed: int8_verify.cu's copy); barrier;
+//      computed: int8_verify_copy.cuh, as int8_verify.cu); barrier;
 //   2. S^T: the warp's K fragments (rows g, g + 8 of its tile in the decode kernel's slot
 //      order; a lane's 8 bytes at 32 kk + 8 t are k-steps 2 kk and 2 kk + 1, so Q^T is stored
 //      in that permuted dimension order), the MMAs, wait;
@@ -42,6 +42,7 @@
 
 #include "int8_attention.cuh"
 #include "int8_tile.cuh"
+#include "int8_verify_copy.cuh"
 #include "wgmma_rs.cuh"
 
 namespace vllm_prism {
@@ -155,31 +156,11 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
                      p.stride_cn % 16 == 0;
   const int shift = vec16 ? static_cast<int>((static_cast<int64_t>(kvh) * p.stride_ch) % 16) : 0;
 
-  // stage `st` (int8_verify.cu's copy: kTpr threads a row, tiles past the context not copied)
+  // stage `st` (int8_verify_copy.cuh: kTpr threads a row)
   auto issue = [&](int st) {
-    constexpr int kTpr = S::kTpr;
-    const int row = threadIdx.x / kTpr, sub = threadIdx.x % kTpr;
-    const int tl = t0 + st * T + row / kSlots;
-    if (tl >= n_tiles) return;
-    const int pos = tl * kSlots + row % kSlots;
-    const uint8_t* src = cache + static_cast<int64_t>(bt[pos / p.block_size]) * p.stride_cb +
-                         static_cast<int64_t>(pos % p.block_size) * p.stride_cn;
-    const uint32_t dst = smem_u32(smem + (st & 1) * S::kStageBytes + row * S::kSRow);
-    if (vec16) {
-      constexpr int kPieces = HD / 8 + 1;
-#pragma unroll
-      for (int i = 0; i < (kPieces + kTpr - 1) / kTpr; ++i) {
-        const int j = sub + kTpr * i;
-        if (j < kPieces) {
-          const bool half = shift == 0 ? j == HD / 8 : j == 0;
-          if (half) cp_async8(dst + (shift == 0 ? 2 * HD : 8), src + (shift == 0 ? 2 * HD : 0));
-          else cp_async16(dst + 16 * j, src + 16 * j - shift);
-        }
-      }
-    } else {
-#pragma unroll 4
-      for (int j = sub; j < S::kRow / 8; j += kTpr) cp_async8(dst + 8 * j, src + 8 * j);
-    }
+    copy_stage_rows<HD, T, S::kTpr, S::kSRow>(p, cache, bt, t0, n_tiles, vec16, shift, st,
+                                              static_cast<int>(threadIdx.x),
+                                              smem + (st & 1) * S::kStageBytes);
   };
 
   const bool early = p.pdl && n_stages > 0 && min(t0 + T, n_tiles) * kSlots <= prefix;
