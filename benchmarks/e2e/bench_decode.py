@@ -1004,6 +1004,13 @@ def _on_off(p: argparse.ArgumentParser, flag: str, default: str, help_text: str)
     p.add_argument(flag, nargs="+", default=[default], choices=["1", "0"], help=help_text)
 
 
+def _choice(p: argparse.ArgumentParser, flag: str, name: str, help_text: str) -> None:
+    """An engine switch of ENGINE_SWITCHES with a fixed set of values (envs.CHOICES[name], the
+    first its default), one engine per value given."""
+    p.add_argument(flag, nargs="+", default=[_default(name)], choices=envs.CHOICES[name],
+                   help=help_text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("model")
@@ -1042,22 +1049,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gemv-tuning", nargs="+", default=[""],
                    help="VLLM_PRISM_GEMV_TUNING for the engines, each in turn (e.g. "
                    "'depth=2,scales=1' 'split=4'; '' for the defaults)")
-    p.add_argument("--dense-gemv", nargs="+", default=[_default("VLLM_PRISM_DENSE_GEMV")],
-                   choices=envs.CHOICES["VLLM_PRISM_DENSE_GEMV"],
-                   help="VLLM_PRISM_DENSE_GEMV for the engines, each in turn (the float "
-                   "projections: auto, the small-M Triton GEMV at M <= 8; torch, F.linear; "
-                   "triton, the GEMV at every M <= 16)")
-    p.add_argument("--draft-attention", nargs="+",
-                   default=[_default("VLLM_PRISM_DRAFT_ATTENTION")],
-                   choices=envs.CHOICES["VLLM_PRISM_DRAFT_ATTENTION"],
-                   help="VLLM_PRISM_DRAFT_ATTENTION for the engines with a drafter, each in "
-                   "turn (a drafter's attention with an INT8 KV cache: the PRISM backend, or "
-                   "vLLM's choice)")
-    p.add_argument("--gdn-verify", nargs="+", default=[_default("VLLM_PRISM_GDN_VERIFY")],
-                   choices=envs.CHOICES["VLLM_PRISM_GDN_VERIFY"],
-                   help="VLLM_PRISM_GDN_VERIFY for the engines with a drafter, each in turn "
-                   "(the Gated DeltaNet recurrence of a verification step: vllm-prism's kernel "
-                   "reading its inputs in place, or vLLM's choice)")
+    _choice(p, "--dense-gemv", "VLLM_PRISM_DENSE_GEMV",
+            "VLLM_PRISM_DENSE_GEMV for the engines, each in turn (the float "
+            "projections: auto, the small-M Triton GEMV at M <= 8; torch, F.linear; "
+            "triton, the GEMV at every M <= 16)")
+    _choice(p, "--draft-attention", "VLLM_PRISM_DRAFT_ATTENTION",
+            "VLLM_PRISM_DRAFT_ATTENTION for the engines with a drafter, each in "
+            "turn (a drafter's attention with an INT8 KV cache: the PRISM backend, or "
+            "vLLM's choice)")
+    _choice(p, "--gdn-verify", "VLLM_PRISM_GDN_VERIFY",
+            "VLLM_PRISM_GDN_VERIFY for the engines with a drafter, each in turn "
+            "(the Gated DeltaNet recurrence of a verification step: vllm-prism's kernel "
+            "reading its inputs in place, or vLLM's choice)")
     p.add_argument("--gdn-spec-kernel", nargs="+", default=["auto"],
                    choices=["auto", "cuda", "triton"],
                    help="vLLM's VLLM_GDN_DECODE_KERNEL for the engines with a drafter, each in "
@@ -1081,12 +1084,10 @@ def build_parser() -> argparse.ArgumentParser:
             "turn (1: the CUDA C++ INT8 verification kernel keeps its running maxima "
             "across stages while the scores stay within 2^8 of them; 0: the exact "
             "softmax every stage)")
-    p.add_argument("--attn-verify-form", nargs="+",
-                   default=[_default("VLLM_PRISM_ATTN_VERIFY_FORM")],
-                   choices=envs.CHOICES["VLLM_PRISM_ATTN_VERIFY_FORM"],
-                   help="VLLM_PRISM_ATTN_VERIFY_FORM for the engines with a drafter, each in "
-                   "turn (the CUDA C++ INT8 verification kernel on mma.sync, or its "
-                   "warpgroup-MMA form on Hopper)")
+    _choice(p, "--attn-verify-form", "VLLM_PRISM_ATTN_VERIFY_FORM",
+            "VLLM_PRISM_ATTN_VERIFY_FORM for the engines with a drafter, each in "
+            "turn (the CUDA C++ INT8 verification kernel on mma.sync, or its "
+            "warpgroup-MMA form on Hopper)")
     _on_off(p, "--engine-process", "0",
             "VLLM_ENABLE_V1_MULTIPROCESSING for each engine in turn: 0 (default) "
             "the engine core in the benchmark's process, where the torch profiler sees "

@@ -329,11 +329,10 @@ def _wgmma_form(monkeypatch) -> list[str]:
 
 
 def _error_pattern(out: torch.Tensor, ref: torch.Tensor, b) -> str:
-    """Where an output is wrong, for a failing kernel (for the warpgroup-MMA form the
-    lane-level emulation, scripts/emulate_verify_wgmma.py, tells which index mapping gives
-    such a pattern): the
-    relative error by request, by query head, by dimension mod 8 and by 64-dimension block,
-    and the NaN count."""
+    """Where an output is wrong, for a failing kernel: the relative error by request, by query
+    head, by dimension mod 8 and by 64-dimension block, and the NaN count (for the
+    warpgroup-MMA form, scripts/emulate_verify_wgmma.py tells which index mapping gives such a
+    pattern)."""
     err = (out.float() - ref).abs()
     scale = ref.abs().mean().clamp_min(1e-12)
     qsl = b.md.query_start_loc_cpu.tolist()
