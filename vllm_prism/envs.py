@@ -24,6 +24,14 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # tried first in that order and, where none can run a call, it falls back to auto with a
     # warning.
     "VLLM_PRISM_PQ2_KERNEL": lambda: os.getenv("VLLM_PRISM_PQ2_KERNEL", "auto").strip().lower(),
+    # The automatic prefill kernel from M = 512 on compute capability 9.0 where the codes are
+    # ternary (not the LM head): "0" (default) the exact gemm_dq; "1" wgmma_fold (int8
+    # activations per token and 1024-block, the group scales folded into the weights: 1.19-1.21x
+    # gemm_dq for a 4K prefill through vLLM on the H200, but the tiny model's 640-token prompt
+    # log-probs 0.35-0.40 nats from transformers' against gemm_dq's 0.17-0.19, over the e2e
+    # tests' 0.35: benchmarks/results/e2e_h200_notes.md, thirty-fourth session).
+    "VLLM_PRISM_PQ2_FOLD_PREFILL": lambda: os.getenv("VLLM_PRISM_PQ2_FOLD_PREFILL",
+                                                     "0").strip().lower() in ("1", "true", "on"),
     # Programmatic dependent launch of the PQ2 linear kernels on Hopper and newer GPUs
     # (kernels/common.py use_pdl): each kernel lets the next one launch early and waits for its
     # inputs in the kernel; the GEMV loads its first weight tile before that wait. On by
@@ -53,8 +61,9 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # The CUDA C++ INT8 verification kernel's form: "mma" (default, csrc/attention/int8_verify.cu,
     # mma.sync) or "wgmma" (int8_verify_wgmma.cu: Hopper's warpgroup MMA, one warpgroup a CTA;
     # compute capability 9.0 with the extension built for sm_90, head sizes 128 / 256, exact
-    # Q.K; the "mma" form serves every other call). Opt-in until timed on a GPU. Read per call,
-    # outside any traced graph; any other value is refused before the engine starts.
+    # Q.K; the "mma" form serves every other call). Opt-in: 1.05-1.20x the mma form's time on the
+    # H200 (docs/attention.md). Read per call, outside any traced graph; any other value is
+    # refused before the engine starts.
     "VLLM_PRISM_ATTN_VERIFY_FORM": lambda: os.getenv("VLLM_PRISM_ATTN_VERIFY_FORM",
                                                      "mma").strip().lower(),
     # The CUDA C++ INT8 decode and verification kernels and their merge with programmatic

@@ -8,6 +8,7 @@ import logging
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from pq2_reference import (dense, quantize_q8, random_signs, random_ternary, reference_linear,
                            rel_err)
 
@@ -304,12 +305,14 @@ def test_gemm_dq_leaves_the_lm_head_to_the_int8_kernels() -> None:
     assert not ok and "2425 MiB temporary" in why
 
 
-def test_fold_prefill_is_automatic_for_ternary_codes_on_hopper(monkeypatch) -> None:
-    """From M = 512 the automatic choice takes wgmma_fold in gemm_dq's place where the codes
-    are known to be ternary (127 scale levels) on compute capability 9.0, and keeps gemm_dq
-    where a 3 occurs (63 levels), on other GPUs, for the LM head (gemm_dq's matrix bound) and
-    where the plane's record cannot be looked up (a fake tensor while tracing); below M = 512
-    mma_cuda as before."""
+def test_fold_prefill_only_where_switched_on(monkeypatch) -> None:
+    """From M = 512 the automatic choice keeps the exact gemm_dq unless
+    VLLM_PRISM_PQ2_FOLD_PREFILL=1 (wgmma_fold failed the e2e tests' log-prob tolerance on the
+    H200); with it, wgmma_fold takes gemm_dq's place where the codes are known to be ternary
+    (127 scale levels) on compute capability 9.0, and gemm_dq stays where a 3 occurs (63
+    levels), on other GPUs, for the LM head (gemm_dq's matrix bound) and where the plane's
+    record cannot be looked up (a fake tensor while tracing); below M = 512 mma_cuda as
+    before. The codes are looked up only with the switch on."""
     monkeypatch.setattr(dispatch._CudaOpKernel, "is_supported",
                         classmethod(lambda cls, cap: (True, "")))
     _interpreted_weight(monkeypatch, "auto")
@@ -319,30 +322,41 @@ def test_fold_prefill_is_automatic_for_ternary_codes_on_hopper(monkeypatch) -> N
     raw, _, _ = random_ternary(16, 1024, "PQ2_0", gen, code3=True)
     with3 = PQ2Weight.from_raw(raw, random_signs(1024, gen), 1024)
     assert ternary.is_ternary() and not with3.is_ternary()
+
+    def chosen(m: int, w: PQ2Weight, dtype: torch.dtype = torch.bfloat16) -> str:
+        return dispatch.select_kernel(m, w, dtype).name
     try:
-        assert [dispatch.select_kernel(m, ternary, torch.bfloat16).name
-                for m in (511, 512, 4096)] == ["mma_cuda", "wgmma_fold", "wgmma_fold"]
-        assert dispatch.select_kernel(512, with3, torch.bfloat16).name == "gemm_dq"
-        assert dispatch.select_kernel(512, ternary, torch.float32).name == "gemm_a8"
+        monkeypatch.delenv("VLLM_PRISM_PQ2_FOLD_PREFILL", raising=False)
+        assert [chosen(m, ternary) for m in (511, 512, 4096)] == ["mma_cuda", "gemm_dq",
+                                                                  "gemm_dq"]
+        assert not dispatch.PQ2LinearConfig.of(512, ternary, torch.bfloat16).ternary
+        monkeypatch.setenv("VLLM_PRISM_PQ2_FOLD_PREFILL", "1")
+        assert [chosen(m, ternary) for m in (511, 512, 4096)] == ["mma_cuda", "wgmma_fold",
+                                                                  "wgmma_fold"]
+        assert chosen(512, with3) == "gemm_dq"
+        assert chosen(512, ternary, torch.float32) == "gemm_a8"
     finally:
         dispatch._select.cache_clear()
     fold = dispatch.WgmmaFoldKernel
 
-    def config(n: int, cap: tuple[int, int], ternary: bool = True) -> dispatch.PQ2LinearConfig:
+    def config(n: int, cap: tuple[int, int], ternary: bool = True,
+               on: bool = True) -> dispatch.PQ2LinearConfig:
         return dispatch.PQ2LinearConfig(m=512, n=n, k=5120, dtype=torch.bfloat16, fmt="PQ2_0",
-                                        device_type="cuda", capability=cap, ternary=ternary)
+                                        device_type="cuda", capability=cap, ternary=ternary,
+                                        fold_prefill=on)
     assert fold.auto_accepts(config(34816, (9, 0)))[0]
+    ok, why = fold.auto_accepts(config(34816, (9, 0), on=False))
+    assert not ok and "VLLM_PRISM_PQ2_FOLD_PREFILL" in why
     ok, why = fold.auto_accepts(config(34816, (9, 0), ternary=False))
     assert not ok and "may hold a 3" in why
     ok, why = fold.auto_accepts(config(248320, (9, 0)))
     assert not ok and "MiB temporary" in why
-    monkeypatch.undo()  # the real is_supported: sm_90a only
-    ok, why = fold.is_supported((8, 9))
-    assert not ok and "9.0 only" in why
-    from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake = dataclasses.replace(ternary, codes=mode.from_tensor(ternary.codes), ternary=None)
         assert not dispatch.PQ2LinearConfig.of(512, fake, torch.bfloat16).ternary
+    monkeypatch.undo()  # the real is_supported: sm_90a only
+    ok, why = fold.is_supported((8, 9))
+    assert not ok and "9.0 only" in why
 
 
 def test_auto_order_without_the_compiled_kernels(monkeypatch) -> None:

@@ -39,7 +39,8 @@ def test_refusals(kernel) -> None:
     assert "bf16 or fp16" in kernel.can_implement(prefill_config(512, dtype=torch.float32))[1]
     assert "multiple of 128" in kernel.can_implement(prefill_config(512, k=1088))[1]
     assert kernel.can_implement(prefill_config(512, n=248320, k=5120)) == (True, "")
-    assert kernel.in_auto == (kernel is FOLD)  # ternary codes from M = 512 (test_pq2_layout)
+    # wgmma_fold: ternary codes from M = 512 with VLLM_PRISM_PQ2_FOLD_PREFILL=1 (test_pq2_layout)
+    assert kernel.in_auto == (kernel is FOLD)
     assert dispatch._BY_NAME[kernel.name] is kernel
 
 

@@ -131,22 +131,26 @@ class PQ2LinearConfig:
     scales_by_four: bool = True
     # the codes are known to hold no 3 (PQ2Weight.is_ternary): wgmma_fold's 127 levels
     ternary: bool = False
+    # VLLM_PRISM_PQ2_FOLD_PREFILL: the automatic choice may give wgmma_fold gemm_dq's calls
+    fold_prefill: bool = False
 
     @classmethod
     def of(cls, m: int, w: Weight, dtype: torch.dtype,
            prologue: Prologue = NO_PROLOGUE) -> PQ2LinearConfig:
+        fold = envs.VLLM_PRISM_PQ2_FOLD_PREFILL
         return cls(m=m, n=w.n, k=w.k, dtype=dtype, fmt=w.fmt, device_type=w.device.type,
                    capability=device_capability(w.device),
                    hadamard_block=w.hadamard_block,
                    prologue=PrologueFeatures.of(prologue, dtype),
-                   scales_by_four=_scales_by_four(w), ternary=_known_ternary(m, w))
+                   scales_by_four=_scales_by_four(w), ternary=fold and _known_ternary(m, w),
+                   fold_prefill=fold)
 
 
 def _known_ternary(m: int, w: Weight) -> bool:
     """Whether ``w``'s codes are known to hold no 3 (False where unknown: a fake tensor's
-    plane while tracing, or another format). Only looked up from M = GEMM_DQ_AUTO_MIN_M, the
-    only calls whose choice it changes (wgmma_fold's automatic range): the decode path's calls
-    make their weight views anew each time and skip the lookup."""
+    plane while tracing, or another format). Only looked up where it can change the choice
+    (VLLM_PRISM_PQ2_FOLD_PREFILL on, from M = GEMM_DQ_AUTO_MIN_M: wgmma_fold's automatic
+    range): the decode path's calls make their weight views anew each time and skip it."""
     if m < GEMM_DQ_AUTO_MIN_M or not isinstance(w, PQ2Weight):
         return False
     try:
@@ -525,14 +529,15 @@ class WgmmaFoldKernel(WgmmaCudaKernel):
     2048-4096, 1.04-1.17x on the two wide projections at M = 512 and
     0.75-0.78x on the 5120-row ones there, with a relative error of 0.66-0.70 % where a
     block's scales lie within +-12.5 % (benchmarks/results/pq2_wgmma_sweep_h200.md); through
-    vLLM a 4K prefill 1.19-1.21x gemm_dq. The automatic choice from M =
-    ``GEMM_DQ_AUTO_MIN_M`` in gemm_dq's place on compute capability 9.0 where the codes are
-    ternary (127 levels) and the matrix is one gemm_dq would take (not the LM head): there it
-    moves the output 1.2-1.35x as far as the int8 activation of the decode kernels (which the
-    automatic choice already gives prefill chunks of M < 512): through vLLM on the H200 a
-    prompt's log-probs 1.036 against 0.867 nats from gemm_dq's on the 27B-shaped file
-    (benchmarks/results/pq2_prefill_quality_h200.md). ``VLLM_PRISM_PQ2_KERNEL=gemm_dq,auto``
-    keeps the exact prefill."""
+    vLLM a 4K prefill 1.19-1.21x gemm_dq. It moves the output 1.2-1.35x as far as the int8
+    activation of the decode kernels (which the automatic choice gives prefill chunks of
+    M < 512): through vLLM on the H200 a prompt's log-probs 1.036 against 0.867 nats from
+    gemm_dq's on the 27B-shaped file (benchmarks/results/pq2_prefill_quality_h200.md), and
+    the tiny model's 640-token prompt 0.35-0.40 nats from transformers' at most against
+    gemm_dq's 0.17-0.19, over the e2e tests' 0.35 (tests/e2e/test_gpu_llm.py, 2026-12-05).
+    So it takes gemm_dq's calls (from M = ``GEMM_DQ_AUTO_MIN_M`` on compute capability 9.0
+    where the codes are ternary, 127 levels, and the matrix is one gemm_dq would take: not
+    the LM head) only with ``VLLM_PRISM_PQ2_FOLD_PREFILL=1``; the exact gemm_dq otherwise."""
 
     name = "wgmma_fold"
     op = "pq2_wgmma_fold_prefill"
@@ -541,6 +546,9 @@ class WgmmaFoldKernel(WgmmaCudaKernel):
 
     @classmethod
     def auto_accepts(cls, c):
+        if not c.fold_prefill:
+            return False, ("VLLM_PRISM_PQ2_FOLD_PREFILL is off: gemm_dq keeps the exact "
+                           "prefill")
         ok, why = super().auto_accepts(c)
         if ok:
             ok, why = _gemm_dq_matrix(c)  # the matrices gemm_dq would take
@@ -874,10 +882,11 @@ class TorchKernel(PQ2LinearKernel):
 # GEMV (gemv_cuda) at M = 1..2, the CUDA C++ small-batch kernel (mma_small_cuda) at M = 3..8
 # (its streaming variant mma_stream_cuda from K = 6144, and at M = 2 past K = 8192), the
 # CUDA C++ tensor-core kernel (mma_cuda) past it up to M = 511 and from M = 512 on compute
-# capability 9.0 the warpgroup-MMA prefill with folded scales (wgmma_fold) where the codes are
-# ternary, else the dequantize-then-cuBLAS prefill (gemm_dq). Without _C: the Triton GEMV up
-# to M = 2 (4 on large N; the fp32 GEMV is issue-bound, see triton_gemv), then the Triton int8
-# tensor-core kernels (1.1-1.5x faster than bf16 at every M measured), gemm_dq from M = 512.
+# capability 9.0 with VLLM_PRISM_PQ2_FOLD_PREFILL=1 the warpgroup-MMA prefill with folded
+# scales (wgmma_fold) where the codes are ternary, else the dequantize-then-cuBLAS prefill
+# (gemm_dq). Without _C: the Triton GEMV up to M = 2 (4 on large N; the fp32 GEMV is
+# issue-bound, see triton_gemv), then the Triton int8 tensor-core kernels (1.1-1.5x faster than
+# bf16 at every M measured), gemm_dq from M = 512.
 # The bf16/fp16 kernels (*_a16) stay for the reference precision: VLLM_PRISM_PQ2_KERNEL=mma_a16
 # / gemm_a16 / gemv_a16; the pipelined small-batch variant (mma_small_pipe_cuda), the
 # equal-share one (mma_bulk_cuda), the resident streaming one (mma_persist_cuda), the GEMV with
