@@ -7,7 +7,7 @@
         [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]]
         [--draft-attention prism [vllm]] [--gdn-verify prism [vllm]]
         [--gdn-spec-kernel auto [triton]] [--fresh-kv 1 [0]] [--attn-decode-split 2 [1]]
-        [--engine-process 0 [1]]
+        [--fold-prefill 0 [1]] [--engine-process 0 [1]]
         [--profile-batches 1 [8]] [--host-profile] [--side-by-side]
         [--out-dir benchmarks/results]
 
@@ -52,6 +52,8 @@ prefilled. Prompts are random token ids, distinct per request.
   the engines with a drafter only: a plain engine has no drafter, so it runs once.
 * ``--attn-kernel auto triton`` likewise with ``VLLM_PRISM_ATTN_KERNEL`` (the CUDA C++ INT8
   decode attention against the Triton split-KV kernel); records carry ``attn_kernel``.
+* ``--fold-prefill 0 1`` likewise with ``VLLM_PRISM_PQ2_FOLD_PREFILL`` (the exact ``gemm_dq``
+  prefill from M = 512, or ``wgmma_fold`` in its place on Hopper; ``[fold prefill]``).
 * ``--fresh-kv 1 0`` likewise with ``VLLM_PRISM_PREFILL_FRESH_KV`` (a prompt's first chunk
   on the step's own K / V, or read back from the cache; ``[fresh kv 0]`` in the label).
 * ``--attn-decode-split 2 1`` likewise with ``VLLM_PRISM_ATTN_DECODE_SPLIT`` (the CUDA C++
@@ -868,6 +870,8 @@ def _kernel_label(drafter: bool) -> str:
     label = f"{kern} [gemv {tune}]" if tune else kern
     gdn = os.environ.get("VLLM_GDN_DECODE_KERNEL", "auto").strip() or "auto"
     label = label if dense == _default("VLLM_PRISM_DENSE_GEMV") else f"{label} [dense {dense}]"
+    if envs.VLLM_PRISM_PQ2_FOLD_PREFILL:
+        label = f"{label} [fold prefill]"
     if not envs.VLLM_PRISM_PREFILL_FRESH_KV:
         label = f"{label} [fresh kv 0]"
     if envs.VLLM_PRISM_ATTN_DECODE_SPLIT != 2:
@@ -1067,6 +1071,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "turn (the Gated DeltaNet of a verification step: auto leaves it unset, "
                    "vLLM's choice: its fused CUDA kernel, one program per value head, where "
                    "the layer allows, else its Triton kernels; cuda or triton names one)")
+    _on_off(p, "--fold-prefill", "0",
+            "VLLM_PRISM_PQ2_FOLD_PREFILL for the engines, each in turn (0: the exact "
+            "gemm_dq prefill from M = 512; 1: wgmma_fold in its place on Hopper where the "
+            "codes are ternary)")
     _on_off(p, "--fresh-kv", "1",
             "VLLM_PRISM_PREFILL_FRESH_KV for the engines, each in turn (1: a "
             "prompt's first chunk attends to the step's own K and V; 0: it reads them "
@@ -1145,6 +1153,7 @@ ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("draft_attention", "VLLM_PRISM_DRAFT_ATTENTION", "draft"),
                    ("gdn_verify", "VLLM_PRISM_GDN_VERIFY", "verify"),
                    ("gdn_spec_kernel", "VLLM_GDN_DECODE_KERNEL", "gdn"),
+                   ("fold_prefill", "VLLM_PRISM_PQ2_FOLD_PREFILL", "fold"),
                    ("fresh_kv", "VLLM_PRISM_PREFILL_FRESH_KV", "fresh"),
                    ("attn_decode_split", "VLLM_PRISM_ATTN_DECODE_SPLIT", "split"),
                    ("attn_pdl", "VLLM_PRISM_ATTN_PDL", "attnpdl"),

@@ -124,14 +124,15 @@ def test_engine_process_switch(monkeypatch) -> None:
 
 @pytest.mark.parametrize("option, name, values, label", [
     ("--fresh-kv", "VLLM_PRISM_PREFILL_FRESH_KV", ["1", "0"], "[fresh kv 0]"),
+    ("--fold-prefill", "VLLM_PRISM_PQ2_FOLD_PREFILL", ["0", "1"], "[fold prefill]"),
     ("--attn-decode-split", "VLLM_PRISM_ATTN_DECODE_SPLIT", ["2", "1"], "[decode split 1]"),
     ("--attn-pdl", "VLLM_PRISM_ATTN_PDL", ["1", "0"], "[attn pdl 0]"),
 ])
 def test_engine_switch(option, name, values, label, monkeypatch) -> None:
     """An engine switch with two values (the context-0 prefill on the step's own K / V; the
-    INT8 decode kernel's two warps a (tile, KV head) or one; the attention kernels'
-    programmatic dependent launch): each kind of engine with each value, the second
-    labelled, the default not."""
+    folded-scale prefill kernel; the INT8 decode kernel's two warps a (tile, KV head) or one;
+    the attention kernels' programmatic dependent launch): each kind of engine with each
+    value, the second labelled, the default not."""
     kids = _children(["m.gguf", "--kv", "int8_per_token_head", option, *values])
     assert [env[name] for _, env in kids] == values
     for _, other, _ in bench_decode.ENGINE_SWITCHES:
