@@ -58,7 +58,7 @@
 
 #include "int8_attention.cuh"
 #include "int8_tile.cuh"
-#include "int8_verify_copy.cuh"
+#include "int8_verify_common.cuh"
 
 namespace vllm_prism {
 namespace {
@@ -234,27 +234,14 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
   const int g = lane >> 2;
   const int t = lane & 3;
 
-  const int req = p.req_ids != nullptr ? p.req_ids[sel] : sel;
-  const int q_start = p.qsl[req];
-  const int q_len = min(p.qsl[req + 1] - q_start, p.max_q);
-  if (q_len <= 0) return;
-  const int seq_len = p.seq_lens[req];
-  const int prefix = max(seq_len - q_len, 0);
-  const int n_cols = q_len * p.group;
-  const int n_tiles = (seq_len + kSlots - 1) / kSlots;
-  int tps = max((n_tiles + p.num_segs - 1) / p.num_segs, p.min_tiles);
-  tps = (tps + T - 1) / T * T;
-  const int t0 = seg * tps;
-  const int t1 = min(t0 + tps, n_tiles);
-  const int n_stages = t1 > t0 ? (t1 - t0 + T - 1) / T : 0;
-  const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.stride_bt;
-  const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.cache) +
-                         static_cast<int64_t>(kvh) * p.stride_ch;
-  // 16-byte pieces where blocks and slots are 16-byte aligned; the head's rows then start at
-  // `shift` (0 or 8) mod 16, and so does each row in its shared row
-  const bool vec16 = reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.stride_cb % 16 == 0 &&
-                     p.stride_cn % 16 == 0;
-  const int shift = vec16 ? static_cast<int>((static_cast<int64_t>(kvh) * p.stride_ch) % 16) : 0;
+  VerifyWork w;
+  if (!w.init<T>(p, sel, kvh, seg)) return;
+  const int q_start = w.q_start, seq_len = w.seq_len, prefix = w.prefix, n_cols = w.n_cols;
+  const int t0 = w.t0, n_tiles = w.n_tiles, n_stages = w.n_stages;
+  const int32_t* bt = w.bt;
+  const uint8_t* cache = w.cache;
+  const bool vec16 = verify_vec16(p);
+  const int shift = verify_shift(p, kvh, vec16);
 
   // stage `st`: kTpr threads a row (the copying threads: S::kCopyThreads, the last ones)
   auto issue = [&](int st) {
@@ -263,15 +250,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
     copy_stage_rows<HD, T, S::kTpr, S::kSRow>(p, cache, bt, t0, n_tiles, vec16, shift, st, ct,
                                               smem + (st & 1) * S::kStageBytes);
   };
-
-  // With PDL, stage 0 starts before griddepcontrol.wait where its tiles lie wholly before the
-  // request's first query token (earlier steps wrote them); else after it.
-  const bool early = p.pdl && n_stages > 0 && min(t0 + T, n_tiles) * kSlots <= prefix;
-  if (early) issue(0);
-  pdl_trigger(p.pdl, 1);
-  pdl_wait();
-  if (!early && n_stages > 0) issue(0);
-  cp_async_commit();
+  start_first_stage<T>(p, t0, n_tiles, n_stages, prefix, issue);
 
   stage_query<HD, NT, IQK>(p, kvh, q_start, n_cols, qs, qsc);
 
@@ -628,17 +607,8 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
         const int d = 4 * (8 * (U * warp + j) + g);
         const float o[4] = {acc[2 * j][n][e] * inv, acc[2 * j][n][2 + e] * inv,
                             acc[2 * j + 1][n][e] * inv, acc[2 * j + 1][n][2 + e] * inv};
-        if (direct) {
-          uint8_t* op = reinterpret_cast<uint8_t*>(p.out) +
-                        (static_cast<int64_t>(q_start + tq) * p.stride_ot +
-                         static_cast<int64_t>(hq) * p.stride_oh + d) * 2;
-          store_out(op, p.out_dtype, o);
-        } else if (ls > 0.f) {
-          store_partial(p.part_o, p.part_bf16,
-                        sel * p.stride_pr + tq * p.stride_pt + hq * p.stride_ph +
-                            seg * p.stride_ps + d,
-                        o);
-        }
+        if (direct) store_column(p, sel, seg, q_start, true, tq, hq, d, o);
+        else if (ls > 0.f) store_column(p, sel, seg, q_start, false, tq, hq, d, o);
       }
     }
   }
@@ -647,18 +617,8 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
 template <int HD, int NT, bool IQK, bool DS, bool LM>
 cudaError_t launch_form(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
   using S = VShape<HD, NT, IQK, DS>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(int8_verify_kernel<HD, NT, IQK, DS, LM>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
-  if (attr != cudaSuccess) return attr;
-  // the largest shared-memory carveout: the driver's default may leave room for one CTA
-  static const cudaError_t carve = cudaFuncSetAttribute(
-      int8_verify_kernel<HD, NT, IQK, DS, LM>, cudaFuncAttributePreferredSharedMemoryCarveout,
-      cudaSharedmemCarveoutMaxShared);
-  if (carve != cudaSuccess) return carve;
-  return launch_kernel(int8_verify_kernel<HD, NT, IQK, DS, LM>,
-                       dim3(num_selected, p.num_kv_heads, p.num_segs), S::kThreads, S::kSmem,
-                       stream, p);
+  return launch_verify<int8_verify_kernel<HD, NT, IQK, DS, LM>>(p, num_selected, S::kThreads,
+                                                               S::kSmem, stream);
 }
 
 // The kernel form of the call: the head-dimension split (p.dim_split = 2) where the shape has
@@ -684,18 +644,11 @@ cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t strea
                   : launch_variant<HD, NT, false>(p, num_selected, stream);
 }
 
-// n-tiles of 8 columns for the widest request (the registers follow them)
 template <int HD>
 cudaError_t launch_hd(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  switch ((p.group * p.max_q + 7) / 8) {
-    case 1: return launch<HD, 1>(p, num_selected, stream);
-    case 2: return launch<HD, 2>(p, num_selected, stream);
-    case 3: return launch<HD, 3>(p, num_selected, stream);
-    case 4: return launch<HD, 4>(p, num_selected, stream);
-    case 5: return launch<HD, 5>(p, num_selected, stream);
-    case 6: return launch<HD, 6>(p, num_selected, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return for_ntiles(p, [&](auto nt) {
+    return launch<HD, decltype(nt)::value>(p, num_selected, stream);
+  });
 }
 
 }  // namespace

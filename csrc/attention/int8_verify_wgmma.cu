@@ -14,7 +14,7 @@
 // swizzle (8 columns x 16 bytes a core matrix, written by the threads, so each write is
 // followed by fence.proxy.async before the barrier that publishes it). A stage:
 //   1. the stage's rows are in (cp.async, two stages, the next one copied while this one is
-//      computed: int8_verify_copy.cuh, as int8_verify.cu); barrier;
+//      computed: int8_verify_common.cuh, as int8_verify.cu); barrier;
 //   2. S^T: the warp's K fragments (rows g, g + 8 of its tile in the decode kernel's slot
 //      order; a lane's 8 bytes at 32 kk + 8 t are k-steps 2 kk and 2 kk + 1, so Q^T is stored
 //      in that permuted dimension order), the MMAs, wait;
@@ -42,7 +42,7 @@
 
 #include "int8_attention.cuh"
 #include "int8_tile.cuh"
-#include "int8_verify_copy.cuh"
+#include "int8_verify_common.cuh"
 #include "wgmma_rs.cuh"
 
 namespace vllm_prism {
@@ -136,39 +136,22 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
   const int g = lane >> 2;
   const int t = lane & 3;
 
-  const int req = p.req_ids != nullptr ? p.req_ids[sel] : sel;
-  const int q_start = p.qsl[req];
-  const int q_len = min(p.qsl[req + 1] - q_start, p.max_q);
-  if (q_len <= 0) return;
-  const int seq_len = p.seq_lens[req];
-  const int prefix = max(seq_len - q_len, 0);
-  const int n_cols = q_len * p.group;
-  const int n_tiles = (seq_len + kSlots - 1) / kSlots;
-  int tps = max((n_tiles + p.num_segs - 1) / p.num_segs, p.min_tiles);
-  tps = (tps + T - 1) / T * T;
-  const int t0 = seg * tps;
-  const int t1 = min(t0 + tps, n_tiles);
-  const int n_stages = t1 > t0 ? (t1 - t0 + T - 1) / T : 0;
-  const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.stride_bt;
-  const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.cache) +
-                         static_cast<int64_t>(kvh) * p.stride_ch;
-  const bool vec16 = reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.stride_cb % 16 == 0 &&
-                     p.stride_cn % 16 == 0;
-  const int shift = vec16 ? static_cast<int>((static_cast<int64_t>(kvh) * p.stride_ch) % 16) : 0;
+  VerifyWork w;  // int8_verify_common.cuh, as int8_verify.cu
+  if (!w.init<T>(p, sel, kvh, seg)) return;
+  const int q_start = w.q_start, seq_len = w.seq_len, prefix = w.prefix, n_cols = w.n_cols;
+  const int t0 = w.t0, n_tiles = w.n_tiles, n_stages = w.n_stages;
+  const int32_t* bt = w.bt;
+  const uint8_t* cache = w.cache;
+  const bool vec16 = verify_vec16(p);
+  const int shift = verify_shift(p, kvh, vec16);
 
-  // stage `st` (int8_verify_copy.cuh: kTpr threads a row)
+  // stage `st` (kTpr threads a row)
   auto issue = [&](int st) {
     copy_stage_rows<HD, T, S::kTpr, S::kSRow>(p, cache, bt, t0, n_tiles, vec16, shift, st,
                                               static_cast<int>(threadIdx.x),
                                               smem + (st & 1) * S::kStageBytes);
   };
-
-  const bool early = p.pdl && n_stages > 0 && min(t0 + T, n_tiles) * kSlots <= prefix;
-  if (early) issue(0);
-  pdl_trigger(p.pdl, 1);
-  pdl_wait();
-  if (!early && n_stages > 0) issue(0);
-  cp_async_commit();
+  start_first_stage<T>(p, t0, n_tiles, n_stages, prefix, issue);
 
   stage_query_t<HD, NT>(p, kvh, q_start, n_cols, qs);
   fence_proxy_async();  // Q^T is read by the MMAs after the first stage's barrier
@@ -491,17 +474,7 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
   // ---- this lane's rows (dimensions) of its columns
   const bool direct = p.num_segs == 1;
   auto write = [&](int tq, int hq, int d, const float (&o)[4]) {
-    if (direct) {
-      uint8_t* op = reinterpret_cast<uint8_t*>(p.out) +
-                    (static_cast<int64_t>(q_start + tq) * p.stride_ot +
-                     static_cast<int64_t>(hq) * p.stride_oh + d) * 2;
-      store_out(op, p.out_dtype, o);
-    } else {
-      store_partial(p.part_o, p.part_bf16,
-                    sel * p.stride_pr + tq * p.stride_pt + hq * p.stride_ph + seg * p.stride_ps +
-                        d,
-                    o);
-    }
+    store_column(p, sel, seg, q_start, direct, tq, hq, d, o);
   };
   for_columns([&](int n, int e, int tq, int hq, float ls) {
     if (!direct && !(ls > 0.f)) return;  // an empty segment: the merge skips its partial
@@ -523,18 +496,8 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
 
 template <int HD, int NT, bool LM>
 cudaError_t launch_form(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  using S = WShape<HD, NT>;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(int8_verify_wgmma_kernel<HD, NT, LM>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
-  if (attr != cudaSuccess) return attr;
-  static const cudaError_t carve = cudaFuncSetAttribute(
-      int8_verify_wgmma_kernel<HD, NT, LM>, cudaFuncAttributePreferredSharedMemoryCarveout,
-      cudaSharedmemCarveoutMaxShared);
-  if (carve != cudaSuccess) return carve;
-  return launch_kernel(int8_verify_wgmma_kernel<HD, NT, LM>,
-                       dim3(num_selected, p.num_kv_heads, p.num_segs), kThreads, S::kSmem,
-                       stream, p);
+  return launch_verify<int8_verify_wgmma_kernel<HD, NT, LM>>(p, num_selected, kThreads,
+                                                            WShape<HD, NT>::kSmem, stream);
 }
 
 // the lazy maxima (p.lazy_max) or the exact per-stage softmax
@@ -546,15 +509,9 @@ cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t strea
 
 template <int HD>
 cudaError_t launch_hd(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  switch ((p.group * p.max_q + 7) / 8) {
-    case 1: return launch<HD, 1>(p, num_selected, stream);
-    case 2: return launch<HD, 2>(p, num_selected, stream);
-    case 3: return launch<HD, 3>(p, num_selected, stream);
-    case 4: return launch<HD, 4>(p, num_selected, stream);
-    case 5: return launch<HD, 5>(p, num_selected, stream);
-    case 6: return launch<HD, 6>(p, num_selected, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return for_ntiles(p, [&](auto nt) {
+    return launch<HD, decltype(nt)::value>(p, num_selected, stream);
+  });
 }
 
 }  // namespace

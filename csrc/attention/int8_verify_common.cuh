@@ -1,0 +1,168 @@
+// What both INT8 verification kernels (int8_verify.cu on mma.sync, int8_verify_wgmma.cu on
+// warpgroup MMA) share apart from their MMAs and softmax: the CTA's share of the request's
+// context (VerifyWork), the stage copy (a stage's (slot, head) rows of 2 hd + 8 bytes from the
+// paged cache into shared rows of kSRow bytes by cp.async), the first stage's issue around the
+// programmatic-dependent-launch wait, a column's output (direct or the segment's partial),
+// and the host side: the launch with its shared-memory attributes and the n-tile dispatch.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "int8_attention.cuh"
+#include "int8_tile.cuh"
+
+namespace vllm_prism {
+namespace attn {
+
+// The share of its request that a verification CTA (request `sel` of the call, KV head `kvh`,
+// segment `seg`) covers: stages of T 16-slot tiles from tile t0, and where its head's rows lie
+// in the cache.
+struct VerifyWork {
+  int req, q_start, q_len, seq_len;
+  int prefix;  // context tokens before the request's first query token
+  int n_cols;  // query tokens x query heads of the KV head
+  int n_tiles, t0, n_stages;
+  const int32_t* bt;     // the request's block-table row
+  const uint8_t* cache;  // the KV head's bytes of block 0, slot 0
+
+  // False where the request has no query token (the CTA has nothing to do).
+  template <int T>
+  __device__ __forceinline__ bool init(const Int8AttnParams& p, int sel, int kvh, int seg) {
+    constexpr int kSlots = 16;
+    req = p.req_ids != nullptr ? p.req_ids[sel] : sel;
+    q_start = p.qsl[req];
+    q_len = min(p.qsl[req + 1] - q_start, p.max_q);
+    if (q_len <= 0) return false;
+    seq_len = p.seq_lens[req];
+    prefix = max(seq_len - q_len, 0);
+    n_cols = q_len * p.group;
+    n_tiles = (seq_len + kSlots - 1) / kSlots;
+    int tps = max((n_tiles + p.num_segs - 1) / p.num_segs, p.min_tiles);
+    tps = (tps + T - 1) / T * T;
+    t0 = seg * tps;
+    const int t1 = min(t0 + tps, n_tiles);
+    n_stages = t1 > t0 ? (t1 - t0 + T - 1) / T : 0;
+    bt = p.block_table + static_cast<int64_t>(req) * p.stride_bt;
+    cache = reinterpret_cast<const uint8_t*>(p.cache) + static_cast<int64_t>(kvh) * p.stride_ch;
+    return true;
+  }
+};
+
+// Whether the stage copy takes 16-byte pieces: blocks and slots 16-byte aligned. (Not a
+// VerifyWork member: a bool member is kept as a byte and tested again at each copy.)
+__device__ __forceinline__ bool verify_vec16(const Int8AttnParams& p) {
+  return reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.stride_cb % 16 == 0 &&
+         p.stride_cn % 16 == 0;
+}
+
+// Where KV head `kvh`'s rows start mod 16 (0 or 8) with 16-byte pieces, and so does each row
+// in its shared row; 0 without them.
+__device__ __forceinline__ int verify_shift(const Int8AttnParams& p, int kvh, bool vec16) {
+  return vec16 ? static_cast<int>((static_cast<int64_t>(kvh) * p.stride_ch) % 16) : 0;
+}
+
+// Copy thread `ct` (kTpr threads a row) issues its pieces of stage `st` (T 16-slot tiles from
+// the segment's tile t0; the head's rows at `cache`, blocks by `bt`: VerifyWork's) into the
+// stage buffer at `stage`; tiles past the context (n_tiles) are not copied (their slots are
+// masked). With `vec16` 16-byte pieces and one of 8, the rows starting `shift` bytes into
+// their shared rows; else 8-byte pieces. (The kernels pass VerifyWork's fields as locals: a
+// reference to the struct across the stage loop cost registers, one form a spill.)
+template <int HD, int T, int kTpr, int kSRow>
+__device__ __forceinline__ void copy_stage_rows(const Int8AttnParams& p, const uint8_t* cache,
+                                                const int32_t* bt, int t0, int n_tiles,
+                                                bool vec16, int shift, int st, int ct,
+                                                uint8_t* stage) {
+  constexpr int kSlots = 16;
+  constexpr int kRow = 2 * HD + 8;
+  const int row = ct / kTpr, sub = ct % kTpr;
+  const int tl = t0 + st * T + row / kSlots;
+  if (tl >= n_tiles) return;
+  const int pos = tl * kSlots + row % kSlots;
+  const uint8_t* src = cache + static_cast<int64_t>(bt[pos / p.block_size]) * p.stride_cb +
+                       static_cast<int64_t>(pos % p.block_size) * p.stride_cn;
+  const uint32_t dst = smem_u32(stage + row * kSRow);
+  if (vec16) {
+    // pieces j = 0..HD/8: 16 bytes each but one of 8 (the first where shift = 8, else last)
+    constexpr int kPieces = HD / 8 + 1;
+#pragma unroll
+    for (int i = 0; i < (kPieces + kTpr - 1) / kTpr; ++i) {
+      const int j = sub + kTpr * i;
+      if (j < kPieces) {
+        const bool half = shift == 0 ? j == HD / 8 : j == 0;
+        if (half) cp_async8(dst + (shift == 0 ? 2 * HD : 8), src + (shift == 0 ? 2 * HD : 0));
+        else cp_async16(dst + 16 * j, src + 16 * j - shift);
+      }
+    }
+  } else {
+#pragma unroll 4
+    for (int j = sub; j < kRow / 8; j += kTpr) cp_async8(dst + 8 * j, src + 8 * j);
+  }
+}
+
+// Stage 0 through `issue(0)` and the grid-dependency wait: with PDL, stage 0 starts before
+// griddepcontrol.wait where its tiles lie wholly before the request's first query token
+// (earlier steps wrote them), else after it; the kernel lets its dependents launch at its
+// start where p.pdl says so (1). Ends with the stage's cp.async group committed.
+template <int T, class Issue>
+__device__ __forceinline__ void start_first_stage(const Int8AttnParams& p, int t0, int n_tiles,
+                                                  int n_stages, int prefix, Issue&& issue) {
+  constexpr int kSlots = 16;
+  const bool early = p.pdl && n_stages > 0 && min(t0 + T, n_tiles) * kSlots <= prefix;
+  if (early) issue(0);
+  pdl_trigger(p.pdl, 1);
+  pdl_wait();
+  if (!early && n_stages > 0) issue(0);
+  cp_async_commit();
+}
+
+// Four consecutive dimensions from `d` of query token `tq`, query head `hq`: into the output
+// where the call has one segment (`direct`), else into segment `seg`'s partial.
+__device__ __forceinline__ void store_column(const Int8AttnParams& p, int sel, int seg,
+                                             int q_start, bool direct, int tq, int hq, int d,
+                                             const float (&o)[4]) {
+  if (direct) {
+    uint8_t* op = reinterpret_cast<uint8_t*>(p.out) +
+                  (static_cast<int64_t>(q_start + tq) * p.stride_ot +
+                   static_cast<int64_t>(hq) * p.stride_oh + d) * 2;
+    store_out(op, p.out_dtype, o);
+  } else {
+    store_partial(p.part_o, p.part_bf16,
+                  sel * p.stride_pr + tq * p.stride_pt + hq * p.stride_ph + seg * p.stride_ps + d,
+                  o);
+  }
+}
+
+// Launch `Kernel` (threads a CTA, smem bytes of dynamic shared memory) over (selected
+// requests, KV heads, segments), its attributes set once: the dynamic shared memory and the
+// largest carveout (the driver's default may leave room for one CTA).
+template <auto Kernel>
+cudaError_t launch_verify(const Int8AttnParams& p, int num_selected, int threads, int smem,
+                          cudaStream_t stream) {
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr != cudaSuccess) return attr;
+  static const cudaError_t carve = cudaFuncSetAttribute(
+      Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  if (carve != cudaSuccess) return carve;
+  return launch_kernel(Kernel, dim3(num_selected, p.num_kv_heads, p.num_segs), threads, smem,
+                       stream, p);
+}
+
+// `launch(std::integral_constant<int, NT>{})` for the n-tiles of 8 columns the widest
+// request needs (1..6; the registers follow them); cudaErrorInvalidValue past 6.
+template <class F>
+cudaError_t for_ntiles(const Int8AttnParams& p, F&& launch) {
+  switch ((p.group * p.max_q + 7) / 8) {
+    case 1: return launch(std::integral_constant<int, 1>{});
+    case 2: return launch(std::integral_constant<int, 2>{});
+    case 3: return launch(std::integral_constant<int, 3>{});
+    case 4: return launch(std::integral_constant<int, 4>{});
+    case 5: return launch(std::integral_constant<int, 5>{});
+    case 6: return launch(std::integral_constant<int, 6>{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+}  // namespace attn
+}  // namespace vllm_prism
