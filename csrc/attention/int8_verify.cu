@@ -236,10 +236,6 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
 
   VerifyWork w;
   if (!w.init<T>(p, sel, kvh, seg)) return;
-  const int q_start = w.q_start, seq_len = w.seq_len, prefix = w.prefix, n_cols = w.n_cols;
-  const int t0 = w.t0, n_tiles = w.n_tiles, n_stages = w.n_stages;
-  const int32_t* bt = w.bt;
-  const uint8_t* cache = w.cache;
   const bool vec16 = verify_vec16(p);
   const int shift = verify_shift(p, kvh, vec16);
 
@@ -247,12 +243,12 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
   auto issue = [&](int st) {
     const int ct = static_cast<int>(threadIdx.x) - (S::kCopyHalf1 ? S::kCopyThreads : 0);
     if (ct < 0) return;
-    copy_stage_rows<HD, T, S::kTpr, S::kSRow>(p, cache, bt, t0, n_tiles, vec16, shift, st, ct,
+    copy_stage_rows<HD, T, S::kTpr, S::kSRow>(p, w, vec16, shift, st, ct,
                                               smem + (st & 1) * S::kStageBytes);
   };
-  start_first_stage<T>(p, t0, n_tiles, n_stages, prefix, issue);
+  start_first_stage<T>(p, w, issue);
 
-  stage_query<HD, NT, IQK>(p, kvh, q_start, n_cols, qs, qsc);
+  stage_query<HD, NT, IQK>(p, kvh, w.q_start, w.n_cols, qs, qsc);
 
   // the fp16 filler 0x64 in every byte, in a register the compiler cannot fold (head_dim <
   // 65536): see f16x2_sel
@@ -279,14 +275,14 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
   // ldmatrix rows of P^T: lane l gives row l % 8 of matrix l / 8 (k rows 8 (l / 8) ..)
   const uint32_t p_lane = smem_u32(ps) + (lane & 7) * S::kPRow + ((lane >> 3) & 1) * 16;
 
-  for (int st = 0; st < n_stages; ++st) {
+  for (int st = 0; st < w.n_stages; ++st) {
     cp_async_wait<0>();
     __syncthreads();  // the stage is in; every warp is done with the previous one
-    if (st + 1 < n_stages) issue(st + 1);
+    if (st + 1 < w.n_stages) issue(st + 1);
     cp_async_commit();
 
     const uint8_t* base = smem + (st & 1) * S::kStageBytes + shift;
-    const int stage_pos = (t0 + st * T) * kSlots;
+    const int stage_pos = (w.t0 + st * T) * kSlots;
 
     // the stage's V-scale maximum, the same in every warp (LM: on the exact path only)
     float new_vmax, vr, inv_vmax;
@@ -294,7 +290,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
       float vmax = 0.f;
 #pragma unroll
       for (int r = lane; r < S::kStageSlots; r += 32) {
-        if (stage_pos + r < seq_len)
+        if (stage_pos + r < w.seq_len)
           vmax = fmaxf(vmax, ld_f32(base + r * S::kSRow + 2 * HD + 4));
       }
 #pragma unroll
@@ -411,9 +407,9 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
       const int pg = pos0 + rg, pg8 = pos0 + rg8;
       const float ks_g = ld_f32(row_g + HD), ks_g8 = ld_f32(row_g8 + HD);
       float vs_g = ld_f32(row_g + 2 * HD + 4), vs_g8 = ld_f32(row_g8 + 2 * HD + 4);
-      if (pg >= seq_len) vs_g = 0.f;  // slots past the end hold garbage
-      if (pg8 >= seq_len) vs_g8 = 0.f;
-      const bool masked = pos0 + kSlots - 1 > prefix;  // the tile reaches the causal tail
+      if (pg >= w.seq_len) vs_g = 0.f;  // slots past the end hold garbage
+      if (pg8 >= w.seq_len) vs_g8 = 0.f;
+      const bool masked = pos0 + kSlots - 1 > w.prefix;  // the tile reaches the causal tail
 #pragma unroll
       for (int n = 0; n < NN; ++n) {
 #pragma unroll
@@ -421,7 +417,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
           const int col = 8 * (N0 + n) + 2 * t + e;
           float sa = s[n][e] * ks_g, sb = s[n][2 + e] * ks_g8;
           if (masked) {  // the last visible position of the column
-            const int lim = min(prefix + col / p.group, seq_len - 1);
+            const int lim = min(w.prefix + col / p.group, w.seq_len - 1);
             if (pg > lim) sa = -INFINITY;
             if (pg8 > lim) sb = -INFINITY;
           }
@@ -581,7 +577,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
   // ---- the log2-sum-exp of each column, by its half's first tile
   if (p.num_segs > 1 && tile == 0 && g == 0) {
     for_half_columns<T, S::kHalves, NT>(warp, t, [&](int n, int e, int col) {
-      if (col >= n_cols) return;
+      if (col >= w.n_cols) return;
       const float ls = stage_sum<T>(red, col);
       const int tq = col / p.group;
       const int hq = kvh * p.group + (col - tq * p.group);
@@ -597,7 +593,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int col = 8 * n + 2 * t + e;
-      if (col >= n_cols) continue;
+      if (col >= w.n_cols) continue;
       const float ls = stage_sum<T>(red, col);
       const int tq = col / p.group;
       const int hq = kvh * p.group + (col - tq * p.group);
@@ -607,8 +603,8 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
         const int d = 4 * (8 * (U * warp + j) + g);
         const float o[4] = {acc[2 * j][n][e] * inv, acc[2 * j][n][2 + e] * inv,
                             acc[2 * j + 1][n][e] * inv, acc[2 * j + 1][n][2 + e] * inv};
-        if (direct) store_column(p, sel, seg, q_start, true, tq, hq, d, o);
-        else if (ls > 0.f) store_column(p, sel, seg, q_start, false, tq, hq, d, o);
+        if (direct) store_column(p, sel, seg, w.q_start, true, tq, hq, d, o);
+        else if (ls > 0.f) store_column(p, sel, seg, w.q_start, false, tq, hq, d, o);
       }
     }
   }

@@ -63,23 +63,20 @@ __device__ __forceinline__ int verify_shift(const Int8AttnParams& p, int kvh, bo
 }
 
 // Copy thread `ct` (kTpr threads a row) issues its pieces of stage `st` (T 16-slot tiles from
-// the segment's tile t0; the head's rows at `cache`, blocks by `bt`: VerifyWork's) into the
-// stage buffer at `stage`; tiles past the context (n_tiles) are not copied (their slots are
-// masked). With `vec16` 16-byte pieces and one of 8, the rows starting `shift` bytes into
-// their shared rows; else 8-byte pieces. (The kernels pass VerifyWork's fields as locals: a
-// reference to the struct across the stage loop cost registers, one form a spill.)
+// the segment's tile w.t0) into the stage buffer at `stage`; tiles past the context
+// (w.n_tiles) are not copied (their slots are masked). With `vec16` 16-byte pieces and one of
+// 8, the rows starting `shift` bytes into their shared rows; else 8-byte pieces.
 template <int HD, int T, int kTpr, int kSRow>
-__device__ __forceinline__ void copy_stage_rows(const Int8AttnParams& p, const uint8_t* cache,
-                                                const int32_t* bt, int t0, int n_tiles,
+__device__ __forceinline__ void copy_stage_rows(const Int8AttnParams& p, const VerifyWork& w,
                                                 bool vec16, int shift, int st, int ct,
                                                 uint8_t* stage) {
   constexpr int kSlots = 16;
   constexpr int kRow = 2 * HD + 8;
   const int row = ct / kTpr, sub = ct % kTpr;
-  const int tl = t0 + st * T + row / kSlots;
-  if (tl >= n_tiles) return;
+  const int tl = w.t0 + st * T + row / kSlots;
+  if (tl >= w.n_tiles) return;
   const int pos = tl * kSlots + row % kSlots;
-  const uint8_t* src = cache + static_cast<int64_t>(bt[pos / p.block_size]) * p.stride_cb +
+  const uint8_t* src = w.cache + static_cast<int64_t>(w.bt[pos / p.block_size]) * p.stride_cb +
                        static_cast<int64_t>(pos % p.block_size) * p.stride_cn;
   const uint32_t dst = smem_u32(stage + row * kSRow);
   if (vec16) {
@@ -105,14 +102,14 @@ __device__ __forceinline__ void copy_stage_rows(const Int8AttnParams& p, const u
 // (earlier steps wrote them), else after it; the kernel lets its dependents launch at its
 // start where p.pdl says so (1). Ends with the stage's cp.async group committed.
 template <int T, class Issue>
-__device__ __forceinline__ void start_first_stage(const Int8AttnParams& p, int t0, int n_tiles,
-                                                  int n_stages, int prefix, Issue&& issue) {
+__device__ __forceinline__ void start_first_stage(const Int8AttnParams& p, const VerifyWork& w,
+                                                  Issue&& issue) {
   constexpr int kSlots = 16;
-  const bool early = p.pdl && n_stages > 0 && min(t0 + T, n_tiles) * kSlots <= prefix;
+  const bool early = p.pdl && w.n_stages > 0 && min(w.t0 + T, w.n_tiles) * kSlots <= w.prefix;
   if (early) issue(0);
   pdl_trigger(p.pdl, 1);
   pdl_wait();
-  if (!early && n_stages > 0) issue(0);
+  if (!early && w.n_stages > 0) issue(0);
   cp_async_commit();
 }
 

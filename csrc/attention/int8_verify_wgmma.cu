@@ -138,22 +138,18 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
 
   VerifyWork w;  // int8_verify_common.cuh, as int8_verify.cu
   if (!w.init<T>(p, sel, kvh, seg)) return;
-  const int q_start = w.q_start, seq_len = w.seq_len, prefix = w.prefix, n_cols = w.n_cols;
-  const int t0 = w.t0, n_tiles = w.n_tiles, n_stages = w.n_stages;
-  const int32_t* bt = w.bt;
-  const uint8_t* cache = w.cache;
   const bool vec16 = verify_vec16(p);
   const int shift = verify_shift(p, kvh, vec16);
 
   // stage `st` (kTpr threads a row)
   auto issue = [&](int st) {
-    copy_stage_rows<HD, T, S::kTpr, S::kSRow>(p, cache, bt, t0, n_tiles, vec16, shift, st,
+    copy_stage_rows<HD, T, S::kTpr, S::kSRow>(p, w, vec16, shift, st,
                                               static_cast<int>(threadIdx.x),
                                               smem + (st & 1) * S::kStageBytes);
   };
-  start_first_stage<T>(p, t0, n_tiles, n_stages, prefix, issue);
+  start_first_stage<T>(p, w, issue);
 
-  stage_query_t<HD, NT>(p, kvh, q_start, n_cols, qs);
+  stage_query_t<HD, NT>(p, kvh, w.q_start, w.n_cols, qs);
   fence_proxy_async();  // Q^T is read by the MMAs after the first stage's barrier
 
   const uint32_t k64 = 0x64646464u | (static_cast<uint32_t>(p.head_dim) >> 16);
@@ -181,14 +177,14 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
   const int r2 = r0 + 8;
   const int r3 = r1 + 8;
 
-  for (int st = 0; st < n_stages; ++st) {
+  for (int st = 0; st < w.n_stages; ++st) {
     cp_async_wait<0>();
     __syncthreads();  // the stage is in; every warp is done with the previous one's P^T, red
-    if (st + 1 < n_stages) issue(st + 1);
+    if (st + 1 < w.n_stages) issue(st + 1);
     cp_async_commit();
 
     const uint8_t* base = smem + (st & 1) * S::kStageBytes + shift;
-    const int stage_pos = (t0 + st * T) * kSlots;
+    const int stage_pos = (w.t0 + st * T) * kSlots;
     const uint8_t* row_g = base + (warp * kSlots + rg) * S::kSRow;
     const uint8_t* row_g8 = base + (warp * kSlots + rg8) * S::kSRow;
 
@@ -234,9 +230,9 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
     const int pg = pos0 + rg, pg8 = pos0 + rg8;
     const float ks_g = ld_f32(row_g + HD), ks_g8 = ld_f32(row_g8 + HD);
     float vs_g = ld_f32(row_g + 2 * HD + 4), vs_g8 = ld_f32(row_g8 + 2 * HD + 4);
-    if (pg >= seq_len) vs_g = 0.f;  // slots past the end hold garbage
-    if (pg8 >= seq_len) vs_g8 = 0.f;
-    const bool masked = pos0 + kSlots - 1 > prefix;  // the tile reaches the causal tail
+    if (pg >= w.seq_len) vs_g = 0.f;  // slots past the end hold garbage
+    if (pg8 >= w.seq_len) vs_g8 = 0.f;
+    const bool masked = pos0 + kSlots - 1 > w.prefix;  // the tile reaches the causal tail
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
@@ -244,7 +240,7 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
         const int col = 8 * n + 2 * t + e;
         float sa = sacc[4 * n + e] * ks_g, sb = sacc[4 * n + 2 + e] * ks_g8;
         if (masked) {
-          const int lim = min(prefix + col / p.group, seq_len - 1);
+          const int lim = min(w.prefix + col / p.group, w.seq_len - 1);
           if (pg > lim) sa = -INFINITY;
           if (pg8 > lim) sb = -INFINITY;
         }
@@ -314,7 +310,7 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
       float vmax = 0.f;
 #pragma unroll
       for (int r = lane; r < kStageSlots; r += 32) {
-        if (stage_pos + r < seq_len)
+        if (stage_pos + r < w.seq_len)
           vmax = fmaxf(vmax, ld_f32(base + r * S::kSRow + 2 * HD + 4));
       }
 #pragma unroll
@@ -456,7 +452,7 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int col = 8 * n + 2 * t + e;
-        if (col >= n_cols) continue;
+        if (col >= w.n_cols) continue;
         const int tq = col / p.group;
         f(n, e, tq, kvh * p.group + (col - tq * p.group), col_sum(col));
       }
@@ -474,7 +470,7 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
   // ---- this lane's rows (dimensions) of its columns
   const bool direct = p.num_segs == 1;
   auto write = [&](int tq, int hq, int d, const float (&o)[4]) {
-    store_column(p, sel, seg, q_start, direct, tq, hq, d, o);
+    store_column(p, sel, seg, w.q_start, direct, tq, hq, d, o);
   };
   for_columns([&](int n, int e, int tq, int hq, float ls) {
     if (!direct && !(ls > 0.f)) return;  // an empty segment: the merge skips its partial
