@@ -7,13 +7,16 @@ with the BF16 and the ``int8_per_token_head`` KV cache; one request at a time an
 Token ids must equal the reference's greedy continuation and teacher-forced log-probabilities
 stay within LOGPROB_ATOL (test_llm.py explains the tolerance; the INT8 cache adds its
 quantisation error, measured in docs/attention.md). Graph replay must give eager's tokens.
-A 640-token sequence is scored as well: its prefill is one M = 640 chunk, so every linear,
-the LM head of its prompt log-probabilities included, runs the prefill kernel (from M = 512
+A 640-token sequence is scored as well: its prefill is one chunk of a step of M >= 640 tokens
+(the short sequences scored beside it), so every linear, the LM head of its prompt
+log-probabilities included, runs the prefill kernel (from M = 512
 ``gemm_dq``; with ``VLLM_PRISM_PQ2_FOLD_PREFILL=1`` ``wgmma_fold`` on compute capability 9.0
 with vllm_prism._C's op, the tiny model's codes being ternary: on the H200 on 2026-12-05 it
 moved these log-probs 0.35-0.40 nats from transformers' at most, against gemm_dq's 0.17-0.19,
 and failed), checked position by position against transformers (the CPU build, with the torch
-kernels, differs from it by at most 0.14 nats there).
+kernels, differs from it by at most 0.14 nats there). Its first 480 tokens are scored again in
+a step of their own (M = 480: the int8 tensor-core prefill the automatic choice gives chunks
+of 128-511 tokens).
 
 The configurations start in parallel subprocesses (one engine each, a slice of the GPU's
 memory), so the first compile of each runs side by side.
@@ -53,6 +56,9 @@ BATCH_PREFIXES = ["", "Note: ", "Q: ", "Hello. "]
 SMALL_BATCH = 4
 # The long scored sequence: past dispatch.GEMM_DQ_AUTO_MIN_M tokens, in one prefill chunk.
 LONG_TOKENS = 640
+# Its first MID_TOKENS scored in a step of their own: M = 480 on every linear, the automatic
+# choice's range below gemm_dq (mma_cuda with vllm_prism._C: int8 activations per 128-group).
+MID_TOKENS = 480
 # The engine log's kernel choices (vllm_prism.kernels.pq2.dispatch logs each once), the
 # automatic ones ("K=512 bfloat16: kernel ...") and those VLLM_PRISM_PQ2_KERNEL names
 # ("K=512: kernel ... (VLLM_PRISM_PQ2_KERNEL)").
@@ -95,6 +101,7 @@ def results(reference: dict, tmp_path_factory: pytest.TempPathFactory) -> dict:
         req.write_text(json.dumps({"prompts": reference["prompts"], "max_tokens": NEW_TOKENS,
                                    "score": [*reference["full"][:len(PROMPTS)],
                                              reference["long"]],
+                                   "score_alone": [reference["long"][:MID_TOKENS]],
                                    "single": reference["prompts"][0],
                                    "few": reference["prompts"][:SMALL_BATCH],
                                    "llm": _llm_kwargs(mode, kv)}))
@@ -154,6 +161,21 @@ def test_long_prefill_logprobs_match_transformers(results: dict, reference: dict
           f"kernels {res['kernels']}")
     assert err.max() <= LOGPROB_ATOL
     assert _prefill_kernel() in res["kernels"]
+
+
+@pytest.mark.parametrize("mode,kv", CONFIGS)
+def test_mid_prefill_logprobs_match_transformers(results: dict, reference: dict, mode: str,
+                                                 kv: str) -> None:
+    """The long sequence's first MID_TOKENS alone in their step (M = 480, below gemm_dq's
+    range: the int8 tensor-core prefill) at every position; transformers' log-probs of a
+    prefix are the long sequence's first ones (causal attention)."""
+    res = _result(results, mode, kv)
+    got = torch.tensor(res["score_alone"][0])
+    want = torch.tensor(reference["score"][-1][:MID_TOKENS - 1])
+    assert got.shape == want.shape == (MID_TOKENS - 1,)
+    err = (got - want).abs()
+    print(f"{mode}/{kv} mid: max |dlogprob| {err.max():.4f}, mean {err.mean():.4f}")
+    assert err.max() <= LOGPROB_ATOL
 
 
 def _prefill_kernel() -> str:

@@ -127,7 +127,8 @@ def vllm_results(models: dict[str, Path], reference: dict,
     for fmt in ("pq2_0", "ptq1_0", "q2_0"):
         ref = reference["q2_0" if fmt == "q2_0" else "pq2_0"]
         out[fmt] = run_vllm(models[fmt], {"prompts": ref["prompts"], "max_tokens": NEW_TOKENS,
-                                          "score": ref["full"]}, tmp)
+                                          "score": ref["full"],
+                                          "score_alone": ref["full"][:1]}, tmp)
     return out
 
 
@@ -144,6 +145,16 @@ def test_logprobs_match_transformers(fmt: str, reference: dict, vllm_results: di
     err = (got - want).abs()
     print(f"{fmt}: max |dlogprob| {err.max():.4f}, mean {err.mean():.4f} over {len(err)}")
     assert err.max() <= LOGPROB_ATOL
+
+
+@pytest.mark.parametrize("fmt", ["pq2_0", "q2_0"])
+def test_a_sequence_scored_alone_matches_transformers(fmt: str, reference: dict,
+                                                      vllm_results: dict) -> None:
+    """The runner's "score_alone": the first sequence scored in a step of its own."""
+    got = torch.tensor(vllm_results[fmt]["score_alone"][0])
+    want = torch.tensor(reference[fmt]["score"][0])
+    assert got.shape == want.shape
+    assert (got - want).abs().max() <= LOGPROB_ATOL
 
 
 def test_ptq1_gives_exactly_pq2_outputs(vllm_results: dict) -> None:

