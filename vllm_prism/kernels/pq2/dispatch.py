@@ -137,7 +137,8 @@ class PQ2LinearConfig:
     @classmethod
     def of(cls, m: int, w: Weight, dtype: torch.dtype,
            prologue: Prologue = NO_PROLOGUE) -> PQ2LinearConfig:
-        fold = envs.VLLM_PRISM_PQ2_FOLD_PREFILL
+        # the switch is read only where it can change the choice (a decode call skips it)
+        fold = m >= GEMM_DQ_AUTO_MIN_M and envs.VLLM_PRISM_PQ2_FOLD_PREFILL
         return cls(m=m, n=w.n, k=w.k, dtype=dtype, fmt=w.fmt, device_type=w.device.type,
                    capability=device_capability(w.device),
                    hadamard_block=w.hadamard_block,
