@@ -109,21 +109,21 @@ class _Emulation:
 
     rule = "exact"
 
-    @classmethod
-    def run(cls, kernel, act, w, bias, out_dtype):
-        if not isinstance(w, PQ2Weight):
-            return _ORIGINAL_RUN(act, w, bias, out_dtype)
-        x = act.data.float()
-        q, d = w.unpack()
-        if cls.rule == GEMM_DQ:
-            y = (x.to(torch.bfloat16).float()
-                 @ _dense(q, d).to(torch.bfloat16).float().T)
-        else:
-            act_rule, scale_rule = RULES[cls.rule]
-            y = act_rule(x) @ _dense(q, scale_rule(d)).T
-        if bias is not None:
-            y = y + bias.float()
-        return y.to(out_dtype)
+
+def _emulated_run(kernel, act, w, bias, out_dtype):
+    """TorchKernel.run under _Emulation.rule (the rotated fp32 activation in ``act``)."""
+    if not isinstance(w, PQ2Weight):
+        return _ORIGINAL_RUN(act, w, bias, out_dtype)
+    x = act.data.float()
+    q, d = w.unpack()
+    if _Emulation.rule == GEMM_DQ:
+        y = x.to(torch.bfloat16).float() @ _dense(q, d).to(torch.bfloat16).float().T
+    else:
+        act_rule, scale_rule = RULES[_Emulation.rule]
+        y = act_rule(x) @ _dense(q, scale_rule(d)).T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(out_dtype)
 
 
 _ORIGINAL_RUN = dispatch.TorchKernel.run
@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     model_path = tmp / f"tiny-pq2_0-s{args.seed}.gguf"
     make_tiny_gguf(model_path, fmt="pq2_0", seed=args.seed)
     ids, want = _reference(model_path, args.tokens)
-    dispatch.TorchKernel.run = classmethod(_Emulation.run)
+    dispatch.TorchKernel.run = classmethod(_emulated_run)
     try:
         llm = LLM(str(model_path), enable_prefix_caching=False, enforce_eager=True,
                   max_model_len=args.tokens + 64, max_num_batched_tokens=args.tokens + 64,
