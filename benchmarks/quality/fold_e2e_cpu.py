@@ -52,14 +52,10 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parents[1]))
 
-from fold_numerics import fold_scales, quantize_int8  # noqa: E402
+from fold_numerics import BLOCK, fold_scales, quantize_int8  # noqa: E402
 
 from vllm_prism.kernels.pq2 import dispatch  # noqa: E402
 from vllm_prism.kernels.pq2.layout import GROUP, PQ2Weight  # noqa: E402
-
-BLOCK = 1024
-
-Rule = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _dense(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
@@ -69,26 +65,13 @@ def _dense(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
 
 
 def _fold(levels: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Group scales d [N, G] folded at ``levels`` a 1024-block (a partial block where K is
-    not a multiple of 1024, as the kernel's last block)."""
-    per = BLOCK // GROUP
-
-    def run(d: torch.Tensor) -> torch.Tensor:
-        g = d.shape[1]
-        pad = -g % per
-        dp = torch.nn.functional.pad(d.float(), (0, pad))
-        return fold_scales(dp, levels)[:, :g]
-    return run
+    """Group scales d [N, G] folded at ``levels`` a 1024-block (fold_numerics' rule)."""
+    return lambda d: fold_scales(d.float(), levels)
 
 
 def _act(width: int | None) -> Callable[[torch.Tensor], torch.Tensor]:
     """The activation int8 per token and ``width`` values (None: unchanged)."""
-    def run(x: torch.Tensor) -> torch.Tensor:
-        if width is None:
-            return x
-        w = min(width, x.shape[-1])
-        return quantize_int8(x, w) if x.shape[-1] % w == 0 else x
-    return run
+    return (lambda x: x) if width is None else (lambda x: quantize_int8(x, width))
 
 
 RULES: dict[str, tuple[Callable, Callable]] = {

@@ -47,20 +47,25 @@ SCENARIOS = ("wide", "narrow", "shaped", "lognormal")
 
 
 def quantize_int8(x: torch.Tensor, width: int) -> torch.Tensor:
-    """x [M, K] through int8 per row and ``width`` values (the producers' rule), dequantized."""
-    q, amax = quantize_int8_groups(x, width)
-    return (q.to(x.dtype) * (amax / 127.0).unsqueeze(-1)).reshape(x.shape)
+    """x [M, K] through int8 per row and ``width`` values (the producers' rule), dequantized;
+    a last piece narrower than ``width`` is one of its own (zeros padded: max|x| unchanged)."""
+    k = x.shape[-1]
+    xp = torch.nn.functional.pad(x, (0, -k % width))
+    q, amax = quantize_int8_groups(xp, width)
+    return (q.to(x.dtype) * (amax / 127.0).unsqueeze(-1)).reshape(xp.shape)[:, :k]
 
 
 def fold_scales(d: torch.Tensor, levels: int) -> torch.Tensor:
-    """Group scales d [N, G] as the fold kernel uses them: D * rint(d / D) a 1024-block."""
+    """Group scales d [N, G] as the fold kernel uses them: D * rint(d / D) a 1024-block (the
+    last block partial where G is not a multiple of 8, as the kernel's)."""
     n, g = d.shape
-    db = d.reshape(n, g // (BLOCK // GROUP), BLOCK // GROUP)
+    per = BLOCK // GROUP
+    db = torch.nn.functional.pad(d, (0, -g % per)).reshape(n, -1, per)
     mx = db.abs().amax(dim=2, keepdim=True)
     inv = torch.where(mx > 0, levels / mx, torch.zeros_like(mx))
     q = torch.round(db * inv)
     dw = torch.where(inv > 0, 1.0 / inv, torch.zeros_like(inv))
-    return (dw * q).reshape(n, g)
+    return (dw * q).reshape(n, -1)[:, :g]
 
 
 def group_scales(kind: str, n: int, g: int, gen: torch.Generator) -> torch.Tensor:

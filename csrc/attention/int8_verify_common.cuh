@@ -19,7 +19,7 @@ namespace attn {
 // segment `seg`) covers: stages of T 16-slot tiles from tile t0, and where its head's rows lie
 // in the cache.
 struct VerifyWork {
-  int req, q_start, q_len, seq_len;
+  int q_start, seq_len;
   int prefix;  // context tokens before the request's first query token
   int n_cols;  // query tokens x query heads of the KV head
   int n_tiles, t0, n_stages;
@@ -30,9 +30,9 @@ struct VerifyWork {
   template <int T>
   __device__ __forceinline__ bool init(const Int8AttnParams& p, int sel, int kvh, int seg) {
     constexpr int kSlots = 16;
-    req = p.req_ids != nullptr ? p.req_ids[sel] : sel;
+    const int req = p.req_ids != nullptr ? p.req_ids[sel] : sel;
     q_start = p.qsl[req];
-    q_len = min(p.qsl[req + 1] - q_start, p.max_q);
+    const int q_len = min(p.qsl[req + 1] - q_start, p.max_q);
     if (q_len <= 0) return false;
     seq_len = p.seq_lens[req];
     prefix = max(seq_len - q_len, 0);

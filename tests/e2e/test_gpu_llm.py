@@ -154,12 +154,8 @@ def test_long_prefill_logprobs_match_transformers(results: dict, reference: dict
     """The 640-token sequence's log-probabilities at every position, from one M = 640 prefill
     chunk on the prefill kernel, which the engine log must name."""
     res = _result(results, mode, kv)
-    got, want = torch.tensor(res["score"][-1]), torch.tensor(reference["score"][-1])
-    assert got.shape == want.shape == (LONG_TOKENS - 1,)
-    err = (got - want).abs()
-    print(f"{mode}/{kv} long: max |dlogprob| {err.max():.4f}, mean {err.mean():.4f}, "
-          f"kernels {res['kernels']}")
-    assert err.max() <= LOGPROB_ATOL
+    _check_scored(f"{mode}/{kv} long", res["score"][-1], reference["score"][-1], LONG_TOKENS,
+                  res["kernels"])
     assert _prefill_kernel() in res["kernels"]
 
 
@@ -170,11 +166,17 @@ def test_mid_prefill_logprobs_match_transformers(results: dict, reference: dict,
     range: the int8 tensor-core prefill) at every position; transformers' log-probs of a
     prefix are the long sequence's first ones (causal attention)."""
     res = _result(results, mode, kv)
-    got = torch.tensor(res["score_alone"][0])
-    want = torch.tensor(reference["score"][-1][:MID_TOKENS - 1])
-    assert got.shape == want.shape == (MID_TOKENS - 1,)
-    err = (got - want).abs()
-    print(f"{mode}/{kv} mid: max |dlogprob| {err.max():.4f}, mean {err.mean():.4f}")
+    _check_scored(f"{mode}/{kv} mid", res["score_alone"][0],
+                  reference["score"][-1][:MID_TOKENS - 1], MID_TOKENS, res["kernels"])
+
+
+def _check_scored(label: str, got: list[float], want: list[float], tokens: int,
+                  kernels: list[str]) -> None:
+    """A scored sequence of ``tokens`` against transformers' log-probs, position by position."""
+    got_t, want_t = torch.tensor(got), torch.tensor(want)
+    assert got_t.shape == want_t.shape == (tokens - 1,)
+    err = (got_t - want_t).abs()
+    print(f"{label}: max |dlogprob| {err.max():.4f}, mean {err.mean():.4f}, kernels {kernels}")
     assert err.max() <= LOGPROB_ATOL
 
 

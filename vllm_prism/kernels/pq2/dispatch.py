@@ -143,16 +143,17 @@ class PQ2LinearConfig:
                    capability=device_capability(w.device),
                    hadamard_block=w.hadamard_block,
                    prologue=PrologueFeatures.of(prologue, dtype),
-                   scales_by_four=_scales_by_four(w), ternary=fold and _known_ternary(m, w),
+                   scales_by_four=_scales_by_four(w), ternary=fold and _known_ternary(w),
                    fold_prefill=fold)
 
 
-def _known_ternary(m: int, w: Weight) -> bool:
+def _known_ternary(w: Weight) -> bool:
     """Whether ``w``'s codes are known to hold no 3 (False where unknown: a fake tensor's
-    plane while tracing, or another format). Only looked up where it can change the choice
-    (VLLM_PRISM_PQ2_FOLD_PREFILL on, from M = GEMM_DQ_AUTO_MIN_M: wgmma_fold's automatic
-    range): the decode path's calls make their weight views anew each time and skip it."""
-    if m < GEMM_DQ_AUTO_MIN_M or not isinstance(w, PQ2Weight):
+    plane while tracing, or another format). PQ2LinearConfig.of looks it up only where it can
+    change the choice (VLLM_PRISM_PQ2_FOLD_PREFILL on, from M = GEMM_DQ_AUTO_MIN_M:
+    wgmma_fold's automatic range): the decode path's calls make their weight views anew each
+    time and skip it."""
+    if not isinstance(w, PQ2Weight):
         return False
     try:
         return w.is_ternary()
