@@ -32,8 +32,13 @@ prefilled. Prompts are random token ids, distinct per request.
   ``vllm-prism make-tiny-drafter`` for the model, written once), batch 1 at the first
   context: each step verifies ``q_tokens = k + 1`` tokens. The step time is the request's
   decode time over the verify steps vLLM counted in it (its ``spec_decode_num_drafts``), so
-  acceptance does not enter it; it includes the drafter's own forward (one layer for the
-  tiny drafter). ``ratio_to_plain`` divides it by the plain batch-1 step of the same run and
+  acceptance does not enter it; it includes the drafter's own forward. The tiny drafter has
+  the Bonsai 2 drafter's KV-cache shape by default (``--drafter-layers 5 --drafter-window
+  2048``, spec section 5): the drafter's layers decide vLLM's KV-cache groups, and the host
+  builds every group's attention metadata each step (a one-layer drafter split the 27B
+  shape into 65 groups: 10.55 ms a step on an H100 against 9.32 with the 5-layer drafter's
+  15). Records hold ``drafter`` and every engine's ``kv_cache_groups`` (layers a group).
+  ``ratio_to_plain`` divides it by the plain batch-1 step of the same run and
   KV dtype (target: at most 1.15 at 6 tokens). Unless ``--no-profile``, the verify step is
   profiled by kernel family like a decode step (per verify step counted by vLLM).
 * ``--tp 1 2`` serves with each ``tensor_parallel_size`` in turn (one engine each, same run);
@@ -788,8 +793,9 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
             "pdl": int(use_pdl(torch.device("cuda"))),
             "pq2_kernel": _kernel_label(bool(args.spec_k)),
             "attn_kernel": os.environ.get("VLLM_PRISM_ATTN_KERNEL", "auto") or "auto",
-            **host_fingerprint()}
+            **host_fingerprint(), **_kv_groups(llm)}
     if args.spec_k:
+        base["drafter"] = _drafter_shape(args.drafter)
         _progress("verify", 1, args.context)
         return [_verify_record(llm, args, base, vocab)]
     records = []
@@ -837,12 +843,36 @@ def _measure(llm, args: argparse.Namespace) -> list[dict]:
 # ------------------------------------------------------------------------------- driver
 
 
-def _tiny_drafter(model: str) -> str:
+def _tiny_drafter(model: str, layers: int, window: int) -> str:
+    """The tiny DFlash drafter for ``model`` with the KV-cache shape of a real one: ``layers``
+    layers, sliding-window attention over ``window`` tokens (0: full attention)."""
     import tempfile
 
     from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
 
-    return make_tiny_drafter(Path(tempfile.mkdtemp(prefix="drafter-")), model)["path"]
+    return make_tiny_drafter(Path(tempfile.mkdtemp(prefix="drafter-")), model, layers=layers,
+                             sliding_window=window or None)["path"]
+
+
+def _drafter_shape(path: str) -> str:
+    """The drafter's layer count and attention (what decides the KV-cache groups), from its
+    config.json: e.g. "5 layers, window 2048"."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    swa = config.get("dflash_config", {})
+    window = swa.get("swa_window_size") if swa.get("use_swa") else config.get("sliding_window")
+    n = config["num_hidden_layers"]
+    return f"{n} layer{'s' if n != 1 else ''}, " + (f"window {window}" if window
+                                                    else "full attention")
+
+
+def _kv_groups(llm) -> dict:
+    """``kv_cache_groups``: the layer count of each of the engine's KV-cache groups ({} where
+    collective_rpc cannot reach the worker)."""
+    try:
+        return {"kv_cache_groups": llm.collective_rpc(step_record.kv_cache_groups)[0]}
+    except Exception as e:  # noqa: BLE001
+        print(json.dumps({"warning": f"no KV-cache groups: {e!r}"[:300]}), flush=True)
+        return {}
 
 
 def _default(name: str) -> str:
@@ -928,7 +958,7 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
     path = out_dir / f"e2e_{gpu}.json"
     old = json.loads(path.read_text())["records"] if path.is_file() else []
     key = lambda r: (r["kind"], r["batch"], r["context"], r.get("q_tokens", 1),  # noqa: E731
-                     *_variant(r))
+                     *_variant(r), r.get("drafter", ""))
     new_keys = {key(r) for r in records}
     merged = [r for r in old if key(r) not in new_keys] + records
     doc = {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command,
@@ -953,7 +983,8 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
         if r.get("unreliable"):
             notes.append(r["unreliable"])
             mark = " *"
-        lines.append(f"| {r['kind']} | {r['mode']} | {r['kv']} | {r.get('tp', 1)} | "
+        kind = r["kind"] + (f" (drafter {r['drafter']})" if "drafter" in r else "")
+        lines.append(f"| {kind} | {r['mode']} | {r['kv']} | {r.get('tp', 1)} | "
                      f"{r.get('pdl', 0)} | {r.get('pq2_kernel', 'auto')} | "
                      f"{r.get('attn_kernel', 'auto')} | {r['batch']} | {r.get('q_tokens', 1)} | "
                      f"{r['context']} | {r['tok_s']:.1f}{mark} | {r['ms_per_step']:.2f} | "
@@ -962,6 +993,13 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
                      f"{r.get('ratio_to_plain', float('nan')):.3f} |")
     for note in dict.fromkeys(notes):
         lines += ["", f"\\* Not a measurement to rely on: {note}."]
+    for r in merged:  # the KV-cache plan a step's host work grows with
+        if "kv_cache_groups" in r and r["kind"] != "prefill":
+            groups = r["kv_cache_groups"]
+            lines += ["", f"{r['kind'].capitalize()} (batch {r['batch']}, context "
+                      f"{r['context']}{', drafter ' + r['drafter'] if 'drafter' in r else ''}): "
+                      f"{len(groups)} KV-cache groups, at most {max(groups, default=0)} "
+                      "layers each."]
     prof = [r for r in merged if "kernel_us_per_step" in r]
     for r in prof:
         step_kind = ("decode step" if r["kind"] == "decode"
@@ -1040,6 +1078,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --spec-k: only the verify engines (no plain engines)")
     p.add_argument("--drafter", help="the DFlash drafter folder for --spec-k (default: "
                    "vllm-prism make-tiny-drafter for the model, in a temporary folder)")
+    p.add_argument("--drafter-layers", type=int, default=5,
+                   help="layers of the default tiny drafter (default 5: the Bonsai 2 drafter's "
+                   "count, which decides vLLM's KV-cache groups)")
+    p.add_argument("--drafter-window", type=int, default=2048,
+                   help="the default tiny drafter's sliding window (default 2048, the Bonsai 2 "
+                   "drafter's; 0: full attention)")
     p.add_argument("--pdl", type=int, nargs="+", default=[1], choices=[0, 1],
                    help="VLLM_PRISM_PDL for the engines (default 1, as served); 1 0: each "
                    "engine with and without")
@@ -1219,7 +1263,8 @@ def main() -> None:
     weights, geo = model_bytes(args.model)
     command = "python benchmarks/e2e/bench_decode.py " + " ".join(sys.argv[1:])
     records = []
-    drafter = (args.drafter or _tiny_drafter(args.model)) if args.spec_k else None
+    drafter = (args.drafter or _tiny_drafter(args.model, args.drafter_layers,
+                                             args.drafter_window)) if args.spec_k else None
     lock = None
     if args.side_by_side:
         import tempfile

@@ -721,3 +721,64 @@ def test_results_page_names_every_unreliable_note(tmp_path) -> None:
     page = (tmp_path / "e2e_gpu.md").read_text()
     assert page.count("reason one") == 1 and page.count("reason two") == 1
     assert page.count("200.0 *") == 3 and page.count("| 200.0 |") == 1
+
+
+def test_default_drafter_has_the_bonsai_drafters_kv_shape(monkeypatch, tmp_path) -> None:
+    """Without --drafter the tiny drafter gets the Bonsai 2 drafter's layer count and sliding
+    window (spec section 5): they decide vLLM's KV-cache groups, and a one-layer drafter
+    split the 27B-shaped target into 65 groups (e2e_h100-80gb-hbm3.md)."""
+    args = bench_decode.build_parser().parse_args(["m.gguf", "--kv", "auto", "--spec-k", "5"])
+    assert (args.drafter_layers, args.drafter_window) == (5, 2048)
+    seen = {}
+
+    def fake(out_dir, target, *, layers, sliding_window):
+        seen.update(target=target, layers=layers, window=sliding_window)
+        return {"path": str(out_dir)}
+
+    import vllm_prism.spec_decode.tiny_drafter as tiny
+    monkeypatch.setattr(tiny, "make_tiny_drafter", fake)
+    bench_decode._tiny_drafter("m.gguf", 5, 2048)
+    assert seen == {"target": "m.gguf", "layers": 5, "window": 2048}
+    bench_decode._tiny_drafter("m.gguf", 1, 0)
+    assert seen["window"] is None  # 0: full attention
+
+
+def test_drafter_shape_is_read_from_its_config(tmp_path) -> None:
+    from vllm_prism.gguf.tiny import make_tiny_gguf
+    from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
+
+    target = tmp_path / "t.gguf"
+    make_tiny_gguf(target)
+    swa = make_tiny_drafter(tmp_path / "a", target, layers=5, sliding_window=2048)["path"]
+    full = make_tiny_drafter(tmp_path / "b", target)["path"]
+    assert bench_decode._drafter_shape(swa) == "5 layers, window 2048"
+    assert bench_decode._drafter_shape(full) == "1 layer, full attention"
+
+
+def test_kv_cache_groups_are_the_runners_group_sizes() -> None:
+    import types
+
+    groups = [types.SimpleNamespace(layer_names=["a", "b"]),
+              types.SimpleNamespace(layer_names=["c"])]
+    worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(
+        kv_cache_config=types.SimpleNamespace(kv_cache_groups=groups)))
+    assert bench_decode.step_record.kv_cache_groups(worker) == [2, 1]
+
+
+def test_verify_records_of_two_drafters_are_kept_apart(tmp_path) -> None:
+    """Two verification records that differ only in the drafter both stay in the results
+    (the merge key holds the drafter), each row naming it, with its KV-cache groups."""
+    base = {"kind": "verify", "batch": 1, "context": 32768, "q_tokens": 6, "mode": "default",
+            "kv": "k", "tp": 1, "pdl": 1, "attn_kernel": "auto", "pq2_kernel": "auto",
+            "tok_s": 100.0}
+    records = [{**base, "drafter": "1 layer, full attention", "ms_per_step": 10.5,
+                "kv_cache_groups": [1] * 65},
+               {**base, "drafter": "5 layers, window 2048", "ms_per_step": 9.3,
+                "kv_cache_groups": [5] * 15}]
+    bench_decode.write_results(tmp_path, "gpu", "cmd", 4000.0, records[:1])
+    bench_decode.write_results(tmp_path, "gpu", "cmd", 4000.0, records[1:])
+    page = (tmp_path / "e2e_gpu.md").read_text()
+    assert "verify (drafter 1 layer, full attention)" in page
+    assert "verify (drafter 5 layers, window 2048)" in page
+    assert "65 KV-cache groups, at most 1 layers each" in page
+    assert "15 KV-cache groups, at most 5 layers each" in page

@@ -32,12 +32,12 @@ SW = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=4, head_size=256, dtype=to
 BUDGET = 20 << 30
 
 
-def vllm_config(max_model_len: int) -> types.SimpleNamespace:
+def vllm_config(max_model_len: int, in_flight: int = 8192) -> types.SimpleNamespace:
     cache = CacheConfig()
     cache.kv_cache_layout = "LBNHC"  # what vLLM resolves for these backends
     return types.SimpleNamespace(
         model_config=types.SimpleNamespace(max_model_len=max_model_len),
-        cache_config=cache, speculative_config=None, max_in_flight_tokens=8192,
+        cache_config=cache, speculative_config=None, max_in_flight_tokens=in_flight,
         attention_config=types.SimpleNamespace(hisparse_config=None),
         scheduler_config=types.SimpleNamespace(disable_hybrid_kv_cache_manager=False,
                                                max_num_batched_tokens=8192),
@@ -53,9 +53,10 @@ def bonsai_specs(drafter: bool = True) -> dict:
     return specs
 
 
-def plan(specs: dict, max_model_len: int, patched: bool) -> tuple[list, int]:
+def plan(specs: dict, max_model_len: int, patched: bool,
+         in_flight: int = 8192) -> tuple[list, int]:
     """(groups, token capacity at BUDGET) from vLLM's planning with or without the patch."""
-    cfg = vllm_config(max_model_len)
+    cfg = vllm_config(max_model_len, in_flight)
     inner = kcu._get_kv_cache_groups_uniform_page_size
     fn = inner if patched else getattr(inner, "__wrapped__", inner)
     token = patch._CONFIG.set(cfg)
@@ -102,6 +103,22 @@ def test_short_context_keeps_vllms_choice() -> None:
     before, _ = plan(bonsai_specs(), 4096, patched=False)
     after, _ = plan(bonsai_specs(), 4096, patched=True)
     assert _sizes(after) == _sizes(before)
+
+
+@pytest.mark.parametrize("in_flight,sizes", [
+    (8192, [("MambaSpec", 16)] * 3 + [("FullAttentionSpec", 16), ("SlidingWindowSpec", 5)]),
+    (16384, [("MambaSpec", 5)] * 8 + [("MambaSpec", 4)] * 2 + [("FullAttentionSpec", 4)] * 4
+     + [("SlidingWindowSpec", 5)]),
+])
+def test_at_32k_the_tokens_in_flight_decide(in_flight: int, sizes: list) -> None:
+    """The bench's 32K engine (max_model_len 33024): the drafter's window holds its last
+    2,047 tokens plus every token in flight, so with two batches in flight (async scheduling:
+    vLLM's max_in_flight_tokens = 2 x 8192) padding its group to 16 costs more than padding
+    the full-attention groups to 5, and vLLM's 15 groups of at most 5 layers stand: the
+    group sizes the H100 run recorded (e2e_h100-80gb-hbm3.json, kv_cache_groups); with one
+    batch in flight the drafter's padding is the cheaper one and the patch gives 5 groups."""
+    after, _ = plan(bonsai_specs(), 33024, patched=True, in_flight=in_flight)
+    assert _sizes(after) == sizes
 
 
 @pytest.mark.parametrize("name,specs", [

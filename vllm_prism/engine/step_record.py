@@ -94,3 +94,10 @@ def is_uniform(entry: StepEntry, query_len: int) -> bool:
     if isinstance(uniform, bool):  # V1 records only the flag
         return uniform and num_tokens % query_len == 0
     return uniform == query_len and num_tokens % query_len == 0
+
+
+def kv_cache_groups(worker: Any) -> list[int]:
+    """The layer count of each KV-cache group of ``worker``'s model runner (one metadata
+    build a group every step: the host's cost of a step grows with their number)."""
+    config = worker.model_runner.kv_cache_config
+    return [len(group.layer_names) for group in config.kv_cache_groups]
