@@ -105,19 +105,25 @@ def test_short_context_keeps_vllms_choice() -> None:
     assert _sizes(after) == _sizes(before)
 
 
-@pytest.mark.parametrize("in_flight,sizes", [
-    (8192, [("MambaSpec", 16)] * 3 + [("FullAttentionSpec", 16), ("SlidingWindowSpec", 5)]),
-    (16384, [("MambaSpec", 5)] * 8 + [("MambaSpec", 4)] * 2 + [("FullAttentionSpec", 4)] * 4
-     + [("SlidingWindowSpec", 5)]),
+SIXTEENS = [("MambaSpec", 16)] * 3 + [("FullAttentionSpec", 16), ("SlidingWindowSpec", 5)]
+
+
+@pytest.mark.parametrize("max_model_len,in_flight,sizes", [
+    (33024, 8192, SIXTEENS),
+    (33024, 16384, [("MambaSpec", 5)] * 8 + [("MambaSpec", 4)] * 2
+     + [("FullAttentionSpec", 4)] * 4 + [("SlidingWindowSpec", 5)]),
+    (65792, 16384, SIXTEENS),
 ])
-def test_at_32k_the_tokens_in_flight_decide(in_flight: int, sizes: list) -> None:
+def test_at_32k_the_tokens_in_flight_decide(max_model_len: int, in_flight: int,
+                                            sizes: list) -> None:
     """The bench's 32K engine (max_model_len 33024): the drafter's window holds its last
     2,047 tokens plus every token in flight, so with two batches in flight (async scheduling:
     vLLM's max_in_flight_tokens = 2 x 8192) padding its group to 16 costs more than padding
     the full-attention groups to 5, and vLLM's 15 groups of at most 5 layers stand: the
     group sizes the H100 run recorded (e2e_h100-80gb-hbm3.json, kv_cache_groups); with one
-    batch in flight the drafter's padding is the cheaper one and the patch gives 5 groups."""
-    after, _ = plan(bonsai_specs(), 33024, patched=True, in_flight=in_flight)
+    batch in flight the drafter's padding is the cheaper one and the patch gives 5 groups,
+    and at 64K (the next measurement's context) it is the cheaper one with two as well."""
+    after, _ = plan(bonsai_specs(), max_model_len, patched=True, in_flight=in_flight)
     assert _sizes(after) == sizes
 
 
