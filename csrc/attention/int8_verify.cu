@@ -66,8 +66,6 @@ namespace {
 using namespace attn;
 
 constexpr int kSlots = 16;
-// LM: how far (log2) a score may exceed its column's running maximum on the lazy path (P <= 256)
-constexpr float kLazyHeadroom = 8.f;
 
 template <int HD, int NT, bool IQK = false, bool DS = true>
 struct VShape {
@@ -287,17 +285,11 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
     // the stage's V-scale maximum, the same in every warp (LM: on the exact path only)
     float new_vmax, vr, inv_vmax;
     auto stage_vmax = [&]() {
-      float vmax = 0.f;
-#pragma unroll
-      for (int r = lane; r < S::kStageSlots; r += 32) {
-        if (stage_pos + r < w.seq_len)
-          vmax = fmaxf(vmax, ld_f32(base + r * S::kSRow + 2 * HD + 4));
-      }
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
-      new_vmax = fmaxf(run_vmax, vmax);
-      vr = new_vmax > run_vmax ? run_vmax / new_vmax : 1.f;
-      inv_vmax = 1.f / new_vmax;
+      const StageVScale v =
+          stage_vscale<HD, S::kSRow, S::kStageSlots>(base, stage_pos, w.seq_len, run_vmax);
+      new_vmax = v.new_vmax;
+      vr = v.vr;
+      inv_vmax = v.inv_vmax;
     };
     if constexpr (!LM) stage_vmax();
     bool exact = true;  // LM: false where the stage took the lazy path
@@ -403,27 +395,12 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
           s[n][3] = static_cast<float>(si[n][3]) * sq.y;
         }
       }
-      const int pos0 = stage_pos + tile * kSlots;
-      const int pg = pos0 + rg, pg8 = pos0 + rg8;
-      const float ks_g = ld_f32(row_g + HD), ks_g8 = ld_f32(row_g8 + HD);
-      float vs_g = ld_f32(row_g + 2 * HD + 4), vs_g8 = ld_f32(row_g8 + 2 * HD + 4);
-      if (pg >= w.seq_len) vs_g = 0.f;  // slots past the end hold garbage
-      if (pg8 >= w.seq_len) vs_g8 = 0.f;
-      const bool masked = pos0 + kSlots - 1 > w.prefix;  // the tile reaches the causal tail
+      const TileRows tr = tile_rows<HD>(w, row_g, row_g8, stage_pos + tile * kSlots, rg, rg8);
 #pragma unroll
       for (int n = 0; n < NN; ++n) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = 8 * (N0 + n) + 2 * t + e;
-          float sa = s[n][e] * ks_g, sb = s[n][2 + e] * ks_g8;
-          if (masked) {  // the last visible position of the column
-            const int lim = min(w.prefix + col / p.group, w.seq_len - 1);
-            if (pg > lim) sa = -INFINITY;
-            if (pg8 > lim) sb = -INFINITY;
-          }
-          s[n][e] = sa;
-          s[n][2 + e] = sb;
-        }
+        for (int e = 0; e < 2; ++e)
+          scale_and_mask(p, w, tr, 8 * (N0 + n) + 2 * t + e, s[n][e], s[n][2 + e]);
       }
       // P^T of n-tile n (the half's n-tile N0 + n) into shared memory: v = rows g (e = 0, 1)
       // and g + 8 (2, 3); after the transpose lane (g, t) holds column 8n + g at k rows 2t,
@@ -441,22 +418,15 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
         // any lane's values leave those bounds the stage is redone on the exact path below.
         if (st > 0) {
           const float inv_ref = 1.f / run_vmax;
-          bool over = vs_g > run_vmax || vs_g8 > run_vmax;
+          bool over = tr.vs_g > run_vmax || tr.vs_g8 > run_vmax;
           float linc[NH][2];
 #pragma unroll
           for (int n = 0; n < NN; ++n) {
             float pv[4];
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              const float mo = m[n][e];
-              const float hi = fmaxf(s[n][e], s[n][2 + e]);
-              over |= mo == -INFINITY ? hi > -INFINITY : hi - mo > kLazyHeadroom;
-              const float mu = mo == -INFINITY ? 0.f : mo;
-              const float pa = exp2f(s[n][e] - mu), pb = exp2f(s[n][2 + e] - mu);
-              linc[n][e] = pa + pb;
-              pv[e] = pa * vs_g * inv_ref;
-              pv[2 + e] = pb * vs_g8 * inv_ref;
-            }
+            for (int e = 0; e < 2; ++e)
+              linc[n][e] = lazy_column(m[n][e], s[n][e], s[n][2 + e], tr, inv_ref, over, pv[e],
+                                       pv[2 + e]);
             store_pt(n, pv);
           }
           if (!__syncthreads_or(over)) {  // every P^T is in, the accumulators stand
@@ -476,9 +446,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int col = 8 * (N0 + n) + 2 * t + e;
-          float mx = fmaxf(s[n][e], s[n][2 + e]);
-#pragma unroll
-          for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+          const float mx = tile_rows_max(s[n][e], s[n][2 + e]);
           if (g == 0) red[col * T + tile] = mx;
         }
       }
@@ -488,16 +456,9 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int col = 8 * (N0 + n) + 2 * t + e;
-          const float mo = m[n][e];
-          const float mn = fmaxf(mo, stage_max<T>(red, col));
-          const float mu = mn == -INFINITY ? 0.f : mn;
-          const float a = mn == mo ? 1.f : exp2f(mo - mu);  // mn > mo: finite
-          m[n][e] = mn;
+          const float a = exact_column(m[n][e], l[n][e], stage_max<T>(red, col), s[n][e],
+                                       s[n][2 + e], tr, inv_vmax, s[n][e], s[n][2 + e]);
           if (tile == 0 && g == 0) fac[col] = a * vr;  // the accumulator's factor
-          const float pa = exp2f(s[n][e] - mu), pb = exp2f(s[n][2 + e] - mu);
-          l[n][e] = l[n][e] * a + pa + pb;
-          s[n][e] = pa * vs_g * inv_vmax;
-          s[n][2 + e] = pb * vs_g8 * inv_vmax;
         }
         store_pt(n, s[n]);
       }
@@ -567,9 +528,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
 
   // ---- the row sums: over the lanes of a tile, then over the tiles
   for_half_columns<T, S::kHalves, NT>(warp, t, [&](int n, int e, int col) {
-    float ls = l[n][e];
-#pragma unroll
-    for (int o = 4; o < 32; o <<= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+    const float ls = tile_rows_sum(l[n][e]);
     if (g == 0) red[col * T + tile] = ls;
   });
   __syncthreads();

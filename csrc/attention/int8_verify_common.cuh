@@ -1,11 +1,15 @@
 // What both INT8 verification kernels (int8_verify.cu on mma.sync, int8_verify_wgmma.cu on
-// warpgroup MMA) share apart from their MMAs and softmax: the CTA's share of the request's
-// context (VerifyWork), the stage copy (a stage's (slot, head) rows of 2 hd + 8 bytes from the
-// paged cache into shared rows of kSRow bytes by cp.async), the first stage's issue around the
-// programmatic-dependent-launch wait, a column's output (direct or the segment's partial),
-// and the host side: the launch with its shared-memory attributes and the n-tile dispatch.
+// warpgroup MMA) share apart from their MMAs and the layout of their operands: the CTA's share
+// of the request's context (VerifyWork), the stage copy (a stage's (slot, head) rows of
+// 2 hd + 8 bytes from the paged cache into shared rows of kSRow bytes by cp.async), the
+// softmax on a lane's two S^T rows (K scales and causal mask, tile maxima and sums, the lazy
+// and the exact column update, the stage's V-scale maximum), the first stage's issue around
+// the programmatic-dependent-launch wait, a column's output (direct or the segment's
+// partial), and the host side: the launch with its shared-memory attributes and the n-tile
+// dispatch.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <type_traits>
 
@@ -95,6 +99,128 @@ __device__ __forceinline__ void copy_stage_rows(const Int8AttnParams& p, const V
 #pragma unroll 4
     for (int j = sub; j < kRow / 8; j += kTpr) cp_async8(dst + 8 * j, src + 8 * j);
   }
+}
+
+// ---- The softmax pieces both kernels run on a lane's two S^T rows (g and g + 8 of a 16-slot
+// tile) for each of its columns.
+
+// Lazy maxima: how far (log2) a score may exceed its column's running maximum (P <= 2^8 in fp16).
+constexpr float kLazyHeadroom = 8.f;
+
+// A lane's two rows of a tile: their positions, K and V scales (a V scale past the context is
+// 0: those slots hold garbage), and whether the tile reaches the causal tail.
+struct TileRows {
+  int pg, pg8;
+  float ks_g, ks_g8, vs_g, vs_g8;
+  bool masked;
+};
+
+// The rows rg and rg + 8 of the tile that starts at position pos0, whose shared rows are row_g
+// and row_g8 (K bytes, K scale, V bytes, V scale).
+template <int HD>
+__device__ __forceinline__ TileRows tile_rows(const VerifyWork& w, const uint8_t* row_g,
+                                              const uint8_t* row_g8, int pos0, int rg,
+                                              int rg8) {
+  constexpr int kSlots = 16;
+  TileRows r;
+  r.pg = pos0 + rg;
+  r.pg8 = pos0 + rg8;
+  r.ks_g = ld_f32(row_g + HD);
+  r.ks_g8 = ld_f32(row_g8 + HD);
+  r.vs_g = ld_f32(row_g + 2 * HD + 4);
+  r.vs_g8 = ld_f32(row_g8 + 2 * HD + 4);
+  if (r.pg >= w.seq_len) r.vs_g = 0.f;
+  if (r.pg8 >= w.seq_len) r.vs_g8 = 0.f;
+  r.masked = pos0 + kSlots - 1 > w.prefix;
+  return r;
+}
+
+// Column col's two scores: the rows' K scales, and -inf past the column's last visible
+// position (query token col / group sees positions <= prefix + token).
+__device__ __forceinline__ void scale_and_mask(const Int8AttnParams& p, const VerifyWork& w,
+                                               const TileRows& r, int col, float& sa,
+                                               float& sb) {
+  float a = sa * r.ks_g, b = sb * r.ks_g8;
+  if (r.masked) {
+    const int lim = min(w.prefix + col / p.group, w.seq_len - 1);
+    if (r.pg > lim) a = -INFINITY;
+    if (r.pg8 > lim) b = -INFINITY;
+  }
+  sa = a;
+  sb = b;
+}
+
+// The maximum (or sum) of a column over the tile's 16 rows: the 8 lanes that share t.
+__device__ __forceinline__ float tile_rows_max(float sa, float sb) {
+  float mx = fmaxf(sa, sb);
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  return mx;
+}
+
+__device__ __forceinline__ float tile_rows_sum(float ls) {
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+  return ls;
+}
+
+// The lazy path's P of one column: the scores against the running maximum mo as it stands
+// (`over` set where a score exceeds it by more than kLazyHeadroom, or the column has none),
+// P scaled by the rows' V scales over the running V-scale maximum (inv_ref: its inverse) into
+// pa / pb; returns the row sum's increment.
+__device__ __forceinline__ float lazy_column(float mo, float sa, float sb, const TileRows& r,
+                                             float inv_ref, bool& over, float& pa, float& pb) {
+  const float hi = fmaxf(sa, sb);
+  over |= mo == -INFINITY ? hi > -INFINITY : hi - mo > kLazyHeadroom;
+  const float mu = mo == -INFINITY ? 0.f : mo;
+  const float ea = exp2f(sa - mu), eb = exp2f(sb - mu);
+  pa = ea * r.vs_g * inv_ref;
+  pb = eb * r.vs_g8 * inv_ref;
+  return ea + eb;
+}
+
+// The exact path's update of one column: the running maximum m raised to the stage's maximum
+// ms, the row sum l rescaled and increased, P scaled by the rows' V scales over the stage's
+// V-scale maximum (inv_vmax: its inverse) into pa / pb; returns the accumulator's softmax
+// factor.
+__device__ __forceinline__ float exact_column(float& m, float& l, float ms, float sa, float sb,
+                                              const TileRows& r, float inv_vmax, float& pa,
+                                              float& pb) {
+  const float mo = m;
+  const float mn = fmaxf(mo, ms);
+  const float mu = mn == -INFINITY ? 0.f : mn;
+  const float a = mn == mo ? 1.f : exp2f(mo - mu);  // mn > mo: finite
+  m = mn;
+  const float ea = exp2f(sa - mu), eb = exp2f(sb - mu);
+  l = l * a + ea + eb;
+  pa = ea * r.vs_g * inv_vmax;
+  pb = eb * r.vs_g8 * inv_vmax;
+  return a;
+}
+
+// The V scales' maximum over a stage's slots before the context's end (rows of kSRow bytes
+// from `base`), the same in every lane; with the running maximum: the new one, the ratio of
+// the old to it (the accumulators' factor) and its inverse.
+struct StageVScale {
+  float new_vmax, vr, inv_vmax;
+};
+
+template <int HD, int kSRow, int kStageSlots>
+__device__ __forceinline__ StageVScale stage_vscale(const uint8_t* base, int stage_pos,
+                                                    int seq_len, float run_vmax) {
+  const int lane = threadIdx.x & 31;
+  float vmax = 0.f;
+#pragma unroll
+  for (int r = lane; r < kStageSlots; r += 32) {
+    if (stage_pos + r < seq_len) vmax = fmaxf(vmax, ld_f32(base + r * kSRow + 2 * HD + 4));
+  }
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
+  StageVScale v;
+  v.new_vmax = fmaxf(run_vmax, vmax);
+  v.vr = v.new_vmax > run_vmax ? run_vmax / v.new_vmax : 1.f;
+  v.inv_vmax = 1.f / v.new_vmax;
+  return v;
 }
 
 // Stage 0 through `issue(0)` and the grid-dependency wait: with PDL, stage 0 starts before

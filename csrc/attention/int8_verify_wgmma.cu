@@ -54,8 +54,6 @@ constexpr int kSlots = 16;
 constexpr int kTiles = 4;  // a stage: 4 tiles, the MMA's 64 rows
 constexpr int kStageSlots = kSlots * kTiles;
 constexpr int kThreads = 128;  // one warpgroup
-// LM: how far (log2) a score may exceed its column's running maximum on the lazy path (P <= 256)
-constexpr float kLazyHeadroom = 8.f;
 
 template <int HD, int NT>
 struct WShape {
@@ -226,27 +224,12 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
     }
 
     // ---- scores: K scales, the causal mask; the warp's column maxima
-    const int pos0 = stage_pos + warp * kSlots;
-    const int pg = pos0 + rg, pg8 = pos0 + rg8;
-    const float ks_g = ld_f32(row_g + HD), ks_g8 = ld_f32(row_g8 + HD);
-    float vs_g = ld_f32(row_g + 2 * HD + 4), vs_g8 = ld_f32(row_g8 + 2 * HD + 4);
-    if (pg >= w.seq_len) vs_g = 0.f;  // slots past the end hold garbage
-    if (pg8 >= w.seq_len) vs_g8 = 0.f;
-    const bool masked = pos0 + kSlots - 1 > w.prefix;  // the tile reaches the causal tail
+    const TileRows tr = tile_rows<HD>(w, row_g, row_g8, stage_pos + warp * kSlots, rg, rg8);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 8 * n + 2 * t + e;
-        float sa = sacc[4 * n + e] * ks_g, sb = sacc[4 * n + 2 + e] * ks_g8;
-        if (masked) {
-          const int lim = min(w.prefix + col / p.group, w.seq_len - 1);
-          if (pg > lim) sa = -INFINITY;
-          if (pg8 > lim) sb = -INFINITY;
-        }
-        sacc[4 * n + e] = sa;
-        sacc[4 * n + 2 + e] = sb;
-      }
+      for (int e = 0; e < 2; ++e)
+        scale_and_mask(p, w, tr, 8 * n + 2 * t + e, sacc[4 * n + e], sacc[4 * n + 2 + e]);
     }
     // P^T of n-tile n from v = rows g (e = 0, 1) and g + 8 (2, 3) of the lane's columns: after
     // the transpose lane (g, t) holds column 8n + g at k (S^T rows) 16 warp + 8h + 2t, + 1
@@ -265,22 +248,15 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
       // those bounds is redone exactly.
       if (st > 0) {
         const float inv_ref = 1.f / run_vmax;
-        bool over = vs_g > run_vmax || vs_g8 > run_vmax;
+        bool over = tr.vs_g > run_vmax || tr.vs_g8 > run_vmax;
         float linc[NT][2];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
           float pv[4];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float mo = m[n][e];
-            const float hi = fmaxf(sacc[4 * n + e], sacc[4 * n + 2 + e]);
-            over |= mo == -INFINITY ? hi > -INFINITY : hi - mo > kLazyHeadroom;
-            const float mu = mo == -INFINITY ? 0.f : mo;
-            const float pa = exp2f(sacc[4 * n + e] - mu), pb = exp2f(sacc[4 * n + 2 + e] - mu);
-            linc[n][e] = pa + pb;
-            pv[e] = pa * vs_g * inv_ref;
-            pv[2 + e] = pb * vs_g8 * inv_ref;
-          }
+          for (int e = 0; e < 2; ++e)
+            linc[n][e] = lazy_column(m[n][e], sacc[4 * n + e], sacc[4 * n + 2 + e], tr, inv_ref,
+                                     over, pv[e], pv[2 + e]);
           store_pt(n, pv);
         }
         fence_proxy_async();
@@ -301,24 +277,13 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
       for (int n = 0; n < NT; ++n) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          float mx = fmaxf(sacc[4 * n + e], sacc[4 * n + 2 + e]);
-#pragma unroll
-          for (int o = 4; o < 32; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+          const float mx = tile_rows_max(sacc[4 * n + e], sacc[4 * n + 2 + e]);
           if (g == 0) red[warp * S::kN + 8 * n + 2 * t + e] = mx;
         }
       }
-      float vmax = 0.f;
-#pragma unroll
-      for (int r = lane; r < kStageSlots; r += 32) {
-        if (stage_pos + r < w.seq_len)
-          vmax = fmaxf(vmax, ld_f32(base + r * S::kSRow + 2 * HD + 4));
-      }
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) vmax = fmaxf(vmax, __shfl_xor_sync(0xffffffffu, vmax, o));
-      const float new_vmax = fmaxf(run_vmax, vmax);
-      const float vr = new_vmax > run_vmax ? run_vmax / new_vmax : 1.f;
-      const float inv_vmax = 1.f / new_vmax;
-      run_vmax = new_vmax;
+      const StageVScale vs =
+          stage_vscale<HD, S::kSRow, kStageSlots>(base, stage_pos, w.seq_len, run_vmax);
+      run_vmax = vs.new_vmax;
       __syncthreads();  // every tile's maxima are in
 
       // ---- the columns' maxima, factors and row sums; P^T into shared memory
@@ -333,17 +298,10 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
           float ms = red[col];
 #pragma unroll
           for (int w = 1; w < T; ++w) ms = fmaxf(ms, red[w * S::kN + col]);
-          const float mo = m[n][e];
-          const float mn = fmaxf(mo, ms);
-          const float mu = mn == -INFINITY ? 0.f : mn;
-          const float a = mn == mo ? 1.f : exp2f(mo - mu);  // mn > mo: finite
-          m[n][e] = mn;
-          f[n][e] = a * vr;
+          const float a = exact_column(m[n][e], l[n][e], ms, sacc[4 * n + e],
+                                       sacc[4 * n + 2 + e], tr, vs.inv_vmax, pv[e], pv[2 + e]);
+          f[n][e] = a * vs.vr;
           rescale |= f[n][e] != 1.f;
-          const float pa = exp2f(sacc[4 * n + e] - mu), pb = exp2f(sacc[4 * n + 2 + e] - mu);
-          l[n][e] = l[n][e] * a + pa + pb;
-          pv[e] = pa * vs_g * inv_vmax;
-          pv[2 + e] = pb * vs_g8 * inv_vmax;
         }
         store_pt(n, pv);
       }
@@ -433,9 +391,7 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
   for (int n = 0; n < NT; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      float ls = l[n][e];
-#pragma unroll
-      for (int o = 4; o < 32; o <<= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+      const float ls = tile_rows_sum(l[n][e]);
       if (g == 0) red[warp * S::kN + 8 * n + 2 * t + e] = ls;
     }
   }
