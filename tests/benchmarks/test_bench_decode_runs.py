@@ -723,7 +723,7 @@ def test_results_page_names_every_unreliable_note(tmp_path) -> None:
     assert page.count("200.0 *") == 3 and page.count("| 200.0 |") == 1
 
 
-def test_default_drafter_has_the_bonsai_drafters_kv_shape(monkeypatch, tmp_path) -> None:
+def test_default_drafter_has_the_bonsai_drafters_kv_shape(monkeypatch) -> None:
     """Without --drafter the tiny drafter gets the Bonsai 2 drafter's layer count and sliding
     window (spec section 5): they decide vLLM's KV-cache groups, and a one-layer drafter
     split the 27B-shaped target into 65 groups (e2e_h100-80gb-hbm3.md)."""

@@ -14,7 +14,8 @@ GPU tests choose the compilation mode and the KV-cache dtype there); with "disab
 there, the result also holds vLLM's speculative-decoding counters ("spec_decode").
 "record_cudagraphs" (optional): the result's "cudagraphs" lists, for every model step of the
 greedy generation, vLLM's CUDA-graph dispatch: [num_tokens, uniform, runtime mode]
-(vllm_prism/engine/step_record.py).
+(vllm_prism/engine/step_record.py), and "kv_cache_groups" the layer count of each of the
+engine's KV-cache groups.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def main() -> None:
             for ids in request["score_alone"]]
     if graphs is not None:
         result["cudagraphs"] = graphs
+        result["kv_cache_groups"] = llm.collective_rpc(step_record.kv_cache_groups)[0]
     if request.get("single"):  # one request alone in the engine (batch 1)
         alone = llm.generate([TokensPrompt(prompt_token_ids=request["single"])],
                              greedy_params, use_tqdm=False)

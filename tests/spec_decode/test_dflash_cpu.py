@@ -64,3 +64,18 @@ def test_the_step_record_sees_every_verification_step(runs: dict, k: int) -> Non
     assert verify and {s[2] for s in verify} == {"NONE"}, steps
     drafts = runs[k]["spec_decode"]["num_drafts"]
     assert sum(s[0] // (k + 1) for s in verify) <= drafts, (steps, drafts)
+
+
+def test_the_kv_cache_groups_hold_every_layer_once(runs: dict, tiny_gguf) -> None:
+    """step_record.kv_cache_groups on a real engine: the groups vLLM planned for the target
+    and the one-layer drafter hold every KV layer once (the target's Gated DeltaNet and
+    full-attention layers and the drafter's), none twice, none left out."""
+    from vllm_prism.gguf.qwen35 import qwen35_text_config
+    from vllm_prism.gguf.reader import GGUFReader
+
+    with GGUFReader(tiny_gguf("pq2_0", seed=7)) as r:
+        layers = int(qwen35_text_config(r.metadata, r.path)["num_hidden_layers"])
+    for k in (3, 7):
+        groups = runs[k]["kv_cache_groups"]
+        print(f"k={k}: {layers} target layers + 1 drafter layer in groups of {groups}")
+        assert sum(groups) == layers + 1, (groups, layers)
