@@ -993,13 +993,13 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
                      f"{r.get('ratio_to_plain', float('nan')):.3f} |")
     for note in dict.fromkeys(notes):
         lines += ["", f"\\* Not a measurement to rely on: {note}."]
-    for r in merged:  # the KV-cache plan a step's host work grows with
-        if "kv_cache_groups" in r and r["kind"] != "prefill":
-            groups = r["kv_cache_groups"]
-            lines += ["", f"{r['kind'].capitalize()} (batch {r['batch']}, context "
-                      f"{r['context']}{', drafter ' + r['drafter'] if 'drafter' in r else ''}): "
-                      f"{len(groups)} KV-cache groups, at most {max(groups, default=0)} "
-                      "layers each."]
+    plans = (f"{r['kind'].capitalize()} engine (context {r['context']}"
+             f"{', drafter ' + r['drafter'] if 'drafter' in r else ''}): "
+             f"{len(r['kv_cache_groups'])} KV-cache groups, at most "
+             f"{max(r['kv_cache_groups'], default=0)} layers each."
+             for r in merged if "kv_cache_groups" in r and r["kind"] != "prefill")
+    for plan in dict.fromkeys(plans):  # the KV-cache plan a step's host work grows with
+        lines += ["", plan]
     prof = [r for r in merged if "kernel_us_per_step" in r]
     for r in prof:
         step_kind = ("decode step" if r["kind"] == "decode"

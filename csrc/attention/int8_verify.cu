@@ -65,7 +65,7 @@ namespace {
 
 using namespace attn;
 
-constexpr int kSlots = 16;
+constexpr int kSlots = kTileSlots;
 
 template <int HD, int NT, bool IQK = false, bool DS = true>
 struct VShape {
@@ -283,13 +283,9 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
     const int stage_pos = (w.t0 + st * T) * kSlots;
 
     // the stage's V-scale maximum, the same in every warp (LM: on the exact path only)
-    float new_vmax, vr, inv_vmax;
+    StageVScale vs;
     auto stage_vmax = [&]() {
-      const StageVScale v =
-          stage_vscale<HD, S::kSRow, S::kStageSlots>(base, stage_pos, w.seq_len, run_vmax);
-      new_vmax = v.new_vmax;
-      vr = v.vr;
-      inv_vmax = v.inv_vmax;
+      vs = stage_vscale<HD, S::kSRow, S::kStageSlots>(base, stage_pos, w.seq_len, run_vmax);
     };
     if constexpr (!LM) stage_vmax();
     bool exact = true;  // LM: false where the stage took the lazy path
@@ -457,8 +453,8 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
         for (int e = 0; e < 2; ++e) {
           const int col = 8 * (N0 + n) + 2 * t + e;
           const float a = exact_column(m[n][e], l[n][e], stage_max<T>(red, col), s[n][e],
-                                       s[n][2 + e], tr, inv_vmax, s[n][e], s[n][2 + e]);
-          if (tile == 0 && g == 0) fac[col] = a * vr;  // the accumulator's factor
+                                       s[n][2 + e], tr, vs.inv_vmax, s[n][e], s[n][2 + e]);
+          if (tile == 0 && g == 0) fac[col] = a * vs.vr;  // the accumulator's factor
         }
         store_pt(n, s[n]);
       }
@@ -466,7 +462,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
     with_half<T, S::kHalves>(warp, scores);
 
     if (exact) {  // the same in every thread
-      run_vmax = new_vmax;
+      run_vmax = vs.new_vmax;
       __syncthreads();  // the stage's P^T and the columns' factors are in
 
       // ---- the accumulator's factors of every column (written by the columns' first tile)

@@ -19,6 +19,9 @@
 namespace vllm_prism {
 namespace attn {
 
+// Slots of a tile: the MMAs' 16 S^T rows.
+constexpr int kTileSlots = 16;
+
 // The share of its request that a verification CTA (request `sel` of the call, KV head `kvh`,
 // segment `seg`) covers: stages of T 16-slot tiles from tile t0, and where its head's rows lie
 // in the cache.
@@ -33,7 +36,6 @@ struct VerifyWork {
   // False where the request has no query token (the CTA has nothing to do).
   template <int T>
   __device__ __forceinline__ bool init(const Int8AttnParams& p, int sel, int kvh, int seg) {
-    constexpr int kSlots = 16;
     const int req = p.req_ids != nullptr ? p.req_ids[sel] : sel;
     q_start = p.qsl[req];
     const int q_len = min(p.qsl[req + 1] - q_start, p.max_q);
@@ -41,7 +43,7 @@ struct VerifyWork {
     seq_len = p.seq_lens[req];
     prefix = max(seq_len - q_len, 0);
     n_cols = q_len * p.group;
-    n_tiles = (seq_len + kSlots - 1) / kSlots;
+    n_tiles = (seq_len + kTileSlots - 1) / kTileSlots;
     int tps = max((n_tiles + p.num_segs - 1) / p.num_segs, p.min_tiles);
     tps = (tps + T - 1) / T * T;
     t0 = seg * tps;
@@ -74,12 +76,11 @@ template <int HD, int T, int kTpr, int kSRow>
 __device__ __forceinline__ void copy_stage_rows(const Int8AttnParams& p, const VerifyWork& w,
                                                 bool vec16, int shift, int st, int ct,
                                                 uint8_t* stage) {
-  constexpr int kSlots = 16;
   constexpr int kRow = 2 * HD + 8;
   const int row = ct / kTpr, sub = ct % kTpr;
-  const int tl = w.t0 + st * T + row / kSlots;
+  const int tl = w.t0 + st * T + row / kTileSlots;
   if (tl >= w.n_tiles) return;
-  const int pos = tl * kSlots + row % kSlots;
+  const int pos = tl * kTileSlots + row % kTileSlots;
   const uint8_t* src = w.cache + static_cast<int64_t>(w.bt[pos / p.block_size]) * p.stride_cb +
                        static_cast<int64_t>(pos % p.block_size) * p.stride_cn;
   const uint32_t dst = smem_u32(stage + row * kSRow);
@@ -121,7 +122,6 @@ template <int HD>
 __device__ __forceinline__ TileRows tile_rows(const VerifyWork& w, const uint8_t* row_g,
                                               const uint8_t* row_g8, int pos0, int rg,
                                               int rg8) {
-  constexpr int kSlots = 16;
   TileRows r;
   r.pg = pos0 + rg;
   r.pg8 = pos0 + rg8;
@@ -131,7 +131,7 @@ __device__ __forceinline__ TileRows tile_rows(const VerifyWork& w, const uint8_t
   r.vs_g8 = ld_f32(row_g8 + 2 * HD + 4);
   if (r.pg >= w.seq_len) r.vs_g = 0.f;
   if (r.pg8 >= w.seq_len) r.vs_g8 = 0.f;
-  r.masked = pos0 + kSlots - 1 > w.prefix;
+  r.masked = pos0 + kTileSlots - 1 > w.prefix;
   return r;
 }
 
@@ -230,8 +230,8 @@ __device__ __forceinline__ StageVScale stage_vscale(const uint8_t* base, int sta
 template <int T, class Issue>
 __device__ __forceinline__ void start_first_stage(const Int8AttnParams& p, const VerifyWork& w,
                                                   Issue&& issue) {
-  constexpr int kSlots = 16;
-  const bool early = p.pdl && w.n_stages > 0 && min(w.t0 + T, w.n_tiles) * kSlots <= w.prefix;
+  const bool early =
+      p.pdl && w.n_stages > 0 && min(w.t0 + T, w.n_tiles) * kTileSlots <= w.prefix;
   if (early) issue(0);
   pdl_trigger(p.pdl, 1);
   pdl_wait();

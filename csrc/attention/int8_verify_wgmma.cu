@@ -50,7 +50,7 @@ namespace {
 
 using namespace attn;
 
-constexpr int kSlots = 16;
+constexpr int kSlots = kTileSlots;
 constexpr int kTiles = 4;  // a stage: 4 tiles, the MMA's 64 rows
 constexpr int kStageSlots = kSlots * kTiles;
 constexpr int kThreads = 128;  // one warpgroup

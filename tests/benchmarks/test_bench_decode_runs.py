@@ -743,12 +743,10 @@ def test_default_drafter_has_the_bonsai_drafters_kv_shape(monkeypatch) -> None:
     assert seen["window"] is None  # 0: full attention
 
 
-def test_drafter_shape_is_read_from_its_config(tmp_path) -> None:
-    from vllm_prism.gguf.tiny import make_tiny_gguf
+def test_drafter_shape_is_read_from_its_config(tiny_gguf, tmp_path) -> None:
     from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
 
-    target = tmp_path / "t.gguf"
-    make_tiny_gguf(target)
+    target = tiny_gguf()
     swa = make_tiny_drafter(tmp_path / "a", target, layers=5, sliding_window=2048)["path"]
     full = make_tiny_drafter(tmp_path / "b", target)["path"]
     assert bench_decode._drafter_shape(swa) == "5 layers, window 2048"
