@@ -6,9 +6,11 @@ lane at row 16w + g + 8h, column 8n + 2t + e), its shared-memory descriptor (K-m
 matrices, no swizzle: element (k, n) at (n / 8) SBO + (k / 8) LBO + (n % 8) 16 + (k % 8) 2),
 movmatrix's 8x8 transpose and prmt's byte selection. This script models those operations as
 the PTX ISA defines them and runs the kernel's loads, stores and register hand-overs lane by
-lane, as the kernel writes them, for one CTA over five stages (a partial last tile, V-scale
-jumps, a key far along the queries that sends the lazy maxima back to the exact path, the causal
-tail), against a float reference. Keep it in step with the kernel: a change
+lane, as the kernel writes them, for one consumer warpgroup over five stages (a partial last
+tile, V-scale jumps, a key far along the queries that sends the lazy maxima back to the exact
+path, the causal tail), against a float reference. (A CTA holds two consumer warpgroups, each
+over its own segment, fed by a producer warp through mbarriers; the producer, the ring and the
+MMAs' batching at 6 n-tiles move no index and are not emulated.) Keep it in step with the kernel: a change
 to the kernel's index math is checked here before it goes to a GPU (it found the head size 128
 V word mapping wrong before the first commit).
 

@@ -68,22 +68,28 @@ __device__ __forceinline__ int verify_shift(const Int8AttnParams& p, int kvh, bo
   return vec16 ? static_cast<int>((static_cast<int64_t>(kvh) * p.stride_ch) % 16) : 0;
 }
 
-// Copy thread `ct` (kTpr threads a row) issues its pieces of stage `st` (T 16-slot tiles from
-// the segment's tile w.t0) into the stage buffer at `stage`; tiles past the context
-// (w.n_tiles) are not copied (their slots are masked). With `vec16` 16-byte pieces and one of
-// 8, the rows starting `shift` bytes into their shared rows; else 8-byte pieces.
-template <int HD, int T, int kTpr, int kSRow>
-__device__ __forceinline__ void copy_stage_rows(const Int8AttnParams& p, const VerifyWork& w,
-                                                bool vec16, int shift, int st, int ct,
-                                                uint8_t* stage) {
-  constexpr int kRow = 2 * HD + 8;
-  const int row = ct / kTpr, sub = ct % kTpr;
+// The context position of row `row` (0 .. 16 T - 1) of stage `st`, or -1 past the context's
+// tiles (w.n_tiles: not copied, their slots are masked).
+template <int T>
+__device__ __forceinline__ int stage_row_pos(const VerifyWork& w, int st, int row) {
   const int tl = w.t0 + st * T + row / kTileSlots;
-  if (tl >= w.n_tiles) return;
-  const int pos = tl * kTileSlots + row % kTileSlots;
-  const uint8_t* src = w.cache + static_cast<int64_t>(w.bt[pos / p.block_size]) * p.stride_cb +
-                       static_cast<int64_t>(pos % p.block_size) * p.stride_cn;
-  const uint32_t dst = smem_u32(stage + row * kSRow);
+  return tl < w.n_tiles ? tl * kTileSlots + row % kTileSlots : -1;
+}
+
+// The cache row of position `pos` of the KV head, its block `blk` (the block table's entry).
+__device__ __forceinline__ const uint8_t* cache_row(const Int8AttnParams& p, const VerifyWork& w,
+                                                    int pos, int blk) {
+  return w.cache + static_cast<int64_t>(blk) * p.stride_cb +
+         static_cast<int64_t>(pos % p.block_size) * p.stride_cn;
+}
+
+// Copy thread `sub` of a row's kTpr issues its pieces of the row `src` into the shared row at
+// `dst`. With `vec16` 16-byte pieces and one of 8, the row starting `shift` bytes into its
+// shared row; else 8-byte pieces.
+template <int HD, int kTpr>
+__device__ __forceinline__ void copy_row(const uint8_t* src, uint32_t dst, bool vec16, int shift,
+                                         int sub) {
+  constexpr int kRow = 2 * HD + 8;
   if (vec16) {
     // pieces j = 0..HD/8: 16 bytes each but one of 8 (the first where shift = 8, else last)
     constexpr int kPieces = HD / 8 + 1;
@@ -100,6 +106,20 @@ __device__ __forceinline__ void copy_stage_rows(const Int8AttnParams& p, const V
 #pragma unroll 4
     for (int j = sub; j < kRow / 8; j += kTpr) cp_async8(dst + 8 * j, src + 8 * j);
   }
+}
+
+// Copy thread `ct` (kTpr threads a row) issues its pieces of stage `st` (T 16-slot tiles from
+// the segment's tile w.t0) into the stage buffer at `stage`; tiles past the context
+// (w.n_tiles) are not copied (their slots are masked).
+template <int HD, int T, int kTpr, int kSRow>
+__device__ __forceinline__ void copy_stage_rows(const Int8AttnParams& p, const VerifyWork& w,
+                                                bool vec16, int shift, int st, int ct,
+                                                uint8_t* stage) {
+  const int row = ct / kTpr;
+  const int pos = stage_row_pos<T>(w, st, row);
+  if (pos < 0) return;
+  copy_row<HD, kTpr>(cache_row(p, w, pos, w.bt[pos / p.block_size]),
+                     smem_u32(stage + row * kSRow), vec16, shift, ct % kTpr);
 }
 
 // ---- The softmax pieces both kernels run on a lane's two S^T rows (g and g + 8 of a 16-slot
@@ -257,19 +277,20 @@ __device__ __forceinline__ void store_column(const Int8AttnParams& p, int sel, i
 }
 
 // Launch `Kernel` (threads a CTA, smem bytes of dynamic shared memory) over (selected
-// requests, KV heads, segments), its attributes set once: the dynamic shared memory and the
-// largest carveout (the driver's default may leave room for one CTA).
+// requests, KV heads, segments / segs_per_cta), its attributes set once: the dynamic shared
+// memory and the largest carveout (the driver's default may leave room for one CTA).
 template <auto Kernel>
 cudaError_t launch_verify(const Int8AttnParams& p, int num_selected, int threads, int smem,
-                          cudaStream_t stream) {
+                          cudaStream_t stream, int segs_per_cta = 1) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return attr;
   static const cudaError_t carve = cudaFuncSetAttribute(
       Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   if (carve != cudaSuccess) return carve;
-  return launch_kernel(Kernel, dim3(num_selected, p.num_kv_heads, p.num_segs), threads, smem,
-                       stream, p);
+  const int ctas = (p.num_segs + segs_per_cta - 1) / segs_per_cta;
+  return launch_kernel(Kernel, dim3(num_selected, p.num_kv_heads, ctas), threads, smem, stream,
+                       p);
 }
 
 // `launch(std::integral_constant<int, NT>{})` for the n-tiles of 8 columns the widest

@@ -7,14 +7,23 @@
 //   O^T [hd x 8NT columns]      += V^T . P^T   hd / 64 m-blocks x 4 k-steps of the same MMA,
 //                                              V^T from registers
 //
-// One CTA = one warpgroup (4 warps) = one (request, KV head, segment); a stage is 4 16-slot
-// tiles, the MMA's 64 rows (warp w: tile w). Each int8 K and V element becomes an fp16 operand
-// once in the CTA, in the registers of the warp whose rows it is; Q^T (once a CTA) and P^T
-// (once a stage) are the MMAs' B operands in shared memory, K-major core matrices without
-// swizzle (8 columns x 16 bytes a core matrix, written by the threads, so each write is
-// followed by fence.proxy.async before the barrier that publishes it). A stage:
-//   1. the stage's rows are in (cp.async, two stages, the next one copied while this one is
-//      computed: int8_verify_common.cuh, as int8_verify.cu); barrier;
+// One CTA = two consumer warpgroups and one producer warp (288 threads, one CTA a
+// multiprocessor): the producer copies the stages (4 16-slot tiles, the MMA's 64 rows) of two
+// segments of the split into a ring of kRing stage buffers, consumer warpgroup c computes
+// segment 2 blockIdx.z + c (its stages are the even / odd ones of the ring's order) and writes
+// that segment's partial: the grid is half the segments. The ring's full and empty mbarriers are
+// the only synchronisation between the producer and a consumer, a consumer's own steps are
+// ordered by its named barrier (128 threads), so neither consumer waits for a copy issue or for
+// the other (FlashAttention-3's producer / consumer split; the form with one warpgroup that
+// copied its own stages behind CTA barriers, the thirty-second session's, spent a third of its
+// stall samples in the copies' issue and the block-table reads: attention_h200_notes.md,
+// thirty-sixth session). Each int8 K and V element becomes an fp16 operand once, in the
+// registers of the consumer warp whose rows it is; Q^T (once a CTA, shared by both consumers)
+// and P^T (once a stage, a buffer a consumer) are the MMAs' B operands in shared memory,
+// K-major core matrices without swizzle (8 columns x 16 bytes a core matrix, written by the
+// threads, so each write is followed by fence.proxy.async before the barrier that publishes
+// it). A consumer's stage:
+//   1. the stage's rows are in (its full mbarrier); the consumer's barrier;
 //   2. S^T: the warp's K fragments (rows g, g + 8 of its tile in the decode kernel's slot
 //      order; a lane's 8 bytes at 32 kk + 8 t are k-steps 2 kk and 2 kk + 1, so Q^T is stored
 //      in that permuted dimension order), the MMAs, wait;
@@ -26,7 +35,8 @@
 //      barrier;
 //   5. O^T: the warp's V^T fragments (hd 256: output row 16w + g + 8h of m-block b is
 //      dimension 4 (16w + g + 8h) + b, so one 32-bit load of a slot feeds the four m-blocks;
-//      hd 128: dimension 4 (8w + g) + 2b + h), the MMAs, wait.
+//      hd 128: dimension 4 (8w + g) + 2b + h); the stage buffer goes back to the producer (its
+//      empty mbarrier); the MMAs, wait.
 // Three barriers a stage as the exact form of int8_verify.cu, two with its lazy maxima
 // (p.lazy_max, LM: from the second stage on P against the running maxima as they stand, one
 // barrier that publishes P^T and ORs the lanes' verdicts, the stage redone exactly where a
@@ -53,7 +63,25 @@ using namespace attn;
 constexpr int kSlots = kTileSlots;
 constexpr int kTiles = 4;  // a stage: 4 tiles, the MMA's 64 rows
 constexpr int kStageSlots = kSlots * kTiles;
-constexpr int kThreads = 128;  // one warpgroup
+constexpr int kConsumers = 2;  // warpgroups 0 and 1
+constexpr int kGroupThreads = 128;  // a warpgroup
+constexpr int kConsumerThreads = kConsumers * kGroupThreads;
+// and the producer warpgroup, whose first warp (warp 8) copies: 9 warps cannot hold more than
+// 168 registers a thread (three warps of a sub-partition's 16K), so the producers hand theirs
+// to the consumers (setmaxnreg), as csrc/pq2/wgmma_fold.cuh's. setmaxnreg.inc waits until the
+// CTA's pool has the registers, so what the consumers gain must not pass what the producers
+// give back from the launch's 168 a thread (else it waits forever).
+constexpr int kThreads = kConsumerThreads + kGroupThreads;
+constexpr int kLaunchRegs = 168;  // 65536 / 384, in steps of 8: ptxas's count for the kernel
+constexpr int kProducerRegs = 56;
+constexpr int kConsumerRegs = 224;
+static_assert(kGroupThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <=
+                  kThreads * kLaunchRegs,
+              "the consumers' registers come from the producers'");
+
+// named barriers (0 is __syncthreads): both consumers (Q^T), then one a consumer
+constexpr int kBarQuery = 1;
+constexpr int kBarConsumer = 2;
 
 template <int HD, int NT>
 struct WShape {
@@ -64,17 +92,68 @@ struct WShape {
   // shared rows as int8_verify.cu's: words = 8 mod 32, room for a row 8 bytes in
   static constexpr int kSRow = 4 * (((kRow / 4 - 8 + 31) / 32) * 32 + 8);
   static constexpr int kStageBytes = kStageSlots * kSRow;
+  static constexpr int kRing = HD == 256 ? 5 : 8;  // stage buffers (174 / 147 KB)
   static constexpr int kQSbo = 16 * HD;  // Q^T: bytes between 8-column groups (HD / 8 cores)
   static constexpr int kPSbo = 16 * kStageSlots;  // P^T: the same over a stage's 64 slots
-  static constexpr int kQOff = 2 * kStageBytes;
+  static constexpr int kPBytes = kN * kStageSlots * 2;  // a consumer's P^T
+  static constexpr int kRedFloats = kTiles * kN;  // a consumer's fp32 [warp][column]
+  static constexpr int kQOff = kRing * kStageBytes;
   static constexpr int kPOff = kQOff + kN * HD * 2;
-  static constexpr int kRedOff = kPOff + kN * kStageSlots * 2;  // fp32 [warp][column]
-  static constexpr int kSmem = kRedOff + kTiles * kN * 4;
-  static constexpr int kTpr = kThreads / kStageSlots;  // threads copying a row
+  static constexpr int kRedOff = kPOff + kConsumers * kPBytes;
+  static constexpr int kBarOff = kRedOff + kConsumers * kRedFloats * 4;  // full, then empty
+  static constexpr int kSmem = kBarOff + 2 * kRing * 8;
   static_assert(HD == 128 || HD == 256, "head sizes 128 and 256");
   static_assert(kSRow >= kRow + 8 && (kSRow / 4) % 32 == 8 && kSRow % 16 == 0, "row layout");
-  static_assert(kStageBytes % 128 == 0 && kQOff % 128 == 0 && kPOff % 128 == 0, "alignment");
+  static_assert(kStageBytes % 128 == 0 && kQOff % 128 == 0 && kPOff % 128 == 0 &&
+                kPBytes % 128 == 0 && kBarOff % 8 == 0, "alignment");
+  static_assert(kSmem <= 227 * 1024, "shared memory of one CTA");
 };
+
+// ---- The ring's mbarriers (shared-memory addresses) and the consumers' named barriers.
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (!done);
+}
+
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+
+// An arrival once every cp.async this thread has issued so far is complete (counted in the
+// barrier's expected arrivals).
+__device__ __forceinline__ void mbar_arrive_copies(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// The named barrier's OR of `v` over its threads.
+__device__ __forceinline__ bool named_sync_or(int id, int threads, bool v) {
+  int r;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.s32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n"
+      " selp.s32 %0, 1, 0, q;\n}\n"
+      : "=r"(r)
+      : "r"(static_cast<int>(v)), "r"(id), "r"(threads)
+      : "memory");
+  return r != 0;
+}
 
 // Q^T into shared memory as the S^T MMAs' B operand: column c = token * group + head (zero past
 // the request's columns), scaled by qk_scale, fp16. Dimension 32 kk + 8 t + j is k index
@@ -85,7 +164,7 @@ __device__ __forceinline__ void stage_query_t(const Int8AttnParams& p, int kvh, 
                                               int n_cols, uint8_t* qs) {
   using S = WShape<HD, NT>;
   constexpr int kChunks = HD / 8;
-  for (int i = threadIdx.x; i < S::kN * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < S::kN * kChunks; i += kConsumerThreads) {
     const int c = i / kChunks;
     const int d = (i - c * kChunks) * 8;
     float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
@@ -115,40 +194,97 @@ __device__ __forceinline__ void v_pairs(uint32_t w_a, uint32_t w_b, uint32_t k64
   h[3] = f16x2_sel<0x4342>(hi, k64);
 }
 
+// The producer warp: the stages of the CTA's two segments (w0, w1) in the ring's order (stage
+// j of consumer c is the ring's k = 2 j + c: buffer k % kRing, its round k / kRing), a lane
+// copying rows `lane` and `lane + 32` of each (33 cp.async a row at immediate offsets from one
+// address: lanes copying the pieces of one row together were 2.5-3.8x slower, each copy
+// waiting for the one before to read the registers it reuses: attention_h200_notes.md,
+// thirty-sixth session); every stage's full mbarrier gets the warp's 32 arrivals once its
+// copies are in, a stage past a segment's end none but the arrivals. The rows' block-table
+// entries are read a stage ahead, so that their latency passes while the producer waits for a
+// buffer and copies the stage before. With PDL the stages before the request's first query
+// token are copied before griddepcontrol.wait.
+template <int HD, int NT>
+__device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWork& w0,
+                                        const VerifyWork& w1, int n_max, bool vec16, int shift,
+                                        uint8_t* smem) {
+  using S = WShape<HD, NT>;
+  const int lane = threadIdx.x & 31;
+  const uint32_t full = smem_u32(smem + S::kBarOff);
+  const uint32_t empty = full + 8 * S::kRing;
+  // stage j of a segment: this lane's rows' positions (-1: none) and block-table entries
+  struct Rows {
+    int pos[2], blk[2];
+  };
+  auto rows_of = [&](const VerifyWork& wc, int j) {
+    Rows r;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      r.pos[i] = j < wc.n_stages ? stage_row_pos<kTiles>(wc, j, lane + 32 * i) : -1;
+      r.blk[i] = r.pos[i] >= 0 ? wc.bt[r.pos[i] / p.block_size] : 0;
+    }
+    return r;
+  };
+  bool waited = false;
+  // the ring's stage k: stage j = k / 2 of segment wc, its rows r
+  auto stage = [&](int k, const VerifyWork& wc, const Rows& r) {
+    const int j = k >> 1;
+    const int buf = k % S::kRing, round = k / S::kRing;
+    if (round > 0) mbar_wait(empty + 8 * buf, (round - 1) & 1);
+    if (j < wc.n_stages) {
+      // a stage wholly before the request's first query token holds no row the kernel
+      // before writes (the step's slots): with PDL it is copied before griddepcontrol.wait
+      const bool old =
+          p.pdl && min(wc.t0 + (j + 1) * kTiles, wc.n_tiles) * kTileSlots <= wc.prefix;
+      if (!waited && !old) {
+        pdl_wait();
+        waited = true;
+      }
+      uint8_t* dst = smem + buf * S::kStageBytes;
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        if (r.pos[i] >= 0)
+          copy_row<HD, 1>(cache_row(p, wc, r.pos[i], r.blk[i]),
+                          smem_u32(dst + (lane + 32 * i) * S::kSRow), vec16, shift, 0);
+      }
+    }
+    mbar_arrive_copies(full + 8 * buf);
+  };
+  Rows r0 = rows_of(w0, 0);
+  for (int j = 0; j < n_max; ++j) {
+    const Rows r1 = rows_of(w1, j);  // read while stage 2j waits and copies
+    stage(2 * j, w0, r0);
+    r0 = rows_of(w0, j + 1);  // read while stage 2j + 1 waits and copies
+    stage(2 * j + 1, w1, r1);
+  }
+  if (!waited) pdl_wait();
+  cp_async_wait<0>();
+}
+
+// Consumer warpgroup c (its warp `wwarp` = the stage's tile) over its segment's stages: the
+// attention of the segment's columns, written as the segment's partial (or the output where the
+// call has one segment).
 template <int HD, int NT, bool LM>
-__global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const Int8AttnParams p) {
+__device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWork w, int c,
+                                        int seg, int n_max, int vshift, uint8_t* smem) {
   using S = WShape<HD, NT>;
   constexpr int T = kTiles;
   constexpr int MB = S::kMBlocks;
   constexpr int KS = S::kKSteps;
-  extern __shared__ __align__(128) uint8_t smem[];
-  uint8_t* qs = smem + S::kQOff;
-  uint8_t* ps = smem + S::kPOff;
-  float* red = reinterpret_cast<float*>(smem + S::kRedOff);
-
+  constexpr int KB = NT >= 6 ? KS / 2 : KS;
+  constexpr int VB = NT >= 6 ? T / 2 : T;
+  const uint8_t* qs = smem + S::kQOff;
+  uint8_t* ps = smem + S::kPOff + c * S::kPBytes;
+  float* red = reinterpret_cast<float*>(smem + S::kRedOff) + c * S::kRedFloats;
+  const uint32_t full = smem_u32(smem + S::kBarOff);
+  const uint32_t empty = full + 8 * S::kRing;
+  const int bar = kBarConsumer + c;
   const int sel = blockIdx.x;
   const int kvh = blockIdx.y;
-  const int seg = blockIdx.z;
-  const int warp = threadIdx.x >> 5;  // = its tile of a stage
+  const int wwarp = (threadIdx.x >> 5) & 3;  // = its tile of a stage
   const int lane = threadIdx.x & 31;
   const int g = lane >> 2;
   const int t = lane & 3;
-
-  VerifyWork w;  // int8_verify_common.cuh, as int8_verify.cu
-  if (!w.init<T>(p, sel, kvh, seg)) return;
-  const bool vec16 = verify_vec16(p);
-  const int shift = verify_shift(p, kvh, vec16);
-
-  // stage `st` (kTpr threads a row)
-  auto issue = [&](int st) {
-    copy_stage_rows<HD, T, S::kTpr, S::kSRow>(p, w, vec16, shift, st,
-                                              static_cast<int>(threadIdx.x),
-                                              smem + (st & 1) * S::kStageBytes);
-  };
-  start_first_stage<T>(p, w, issue);
-
-  stage_query_t<HD, NT>(p, kvh, w.q_start, w.n_cols, qs);
-  fence_proxy_async();  // Q^T is read by the MMAs after the first stage's barrier
 
   const uint32_t k64 = 0x64646464u | (static_cast<uint32_t>(p.head_dim) >> 16);
   const uint64_t q_desc = make_smem_desc(smem_u32(qs), 128, S::kQSbo);
@@ -175,25 +311,34 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
   const int r2 = r0 + 8;
   const int r3 = r1 + 8;
 
-  for (int st = 0; st < w.n_stages; ++st) {
-    cp_async_wait<0>();
-    __syncthreads();  // the stage is in; every warp is done with the previous one's P^T, red
-    if (st + 1 < w.n_stages) issue(st + 1);
-    cp_async_commit();
+  for (int st = 0; st < n_max; ++st) {
+    const int k = 2 * st + c;
+    const int buf = k % S::kRing;
+    mbar_wait(full + 8 * buf, (k / S::kRing) & 1);
+    if (st >= w.n_stages) {  // past the segment's end: the buffer goes straight back
+      mbar_arrive(empty + 8 * buf);
+      continue;
+    }
+    named_sync(bar, kGroupThreads);  // every warp is done with the previous stage's P^T, red
 
-    const uint8_t* base = smem + (st & 1) * S::kStageBytes + shift;
+    const uint8_t* base = smem + buf * S::kStageBytes + vshift;
     const int stage_pos = (w.t0 + st * T) * kSlots;
-    const uint8_t* row_g = base + (warp * kSlots + rg) * S::kSRow;
-    const uint8_t* row_g8 = base + (warp * kSlots + rg8) * S::kSRow;
+    const uint8_t* row_g = base + (wwarp * kSlots + rg) * S::kSRow;
+    const uint8_t* row_g8 = base + (wwarp * kSlots + rg8) * S::kSRow;
 
-    // ---- S^T = K . Q^T
+    // ---- S^T = K . Q^T, in batches of KB k-steps (two at 6 n-tiles, where all 16 steps' K
+    // fragments next to the accumulators would spill)
     float sacc[4 * NT];
-    {
-      uint32_t ka[KS][4];
 #pragma unroll
-      for (int kk = 0; kk < KS / 2; ++kk) {
-        const uint2 x = *reinterpret_cast<const uint2*>(row_g + 32 * kk + 8 * t);
-        const uint2 y = *reinterpret_cast<const uint2*>(row_g8 + 32 * kk + 8 * t);
+    for (int i = 0; i < 4 * NT; ++i) sacc[i] = 0.f;
+#pragma unroll
+    for (int kb = 0; kb < KS; kb += KB) {
+      uint32_t ka[KB][4];
+#pragma unroll
+      for (int kk = 0; kk < KB / 2; ++kk) {
+        const int at = 32 * (kb / 2 + kk) + 8 * t;
+        const uint2 x = *reinterpret_cast<const uint2*>(row_g + at);
+        const uint2 y = *reinterpret_cast<const uint2*>(row_g8 + at);
         const uint32_t xa = x.x ^ kSignFlip, xb = y.x ^ kSignFlip;
         const uint32_t ya = x.y ^ kSignFlip, yb = y.y ^ kSignFlip;
         ka[2 * kk][0] = f16x2_sel<0x4140>(xa, k64);
@@ -206,25 +351,24 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
         ka[2 * kk + 1][3] = f16x2_sel<0x4342>(yb, k64);
       }
 #pragma unroll
-      for (int i = 0; i < 4 * NT; ++i) sacc[i] = 0.f;
-#pragma unroll
       for (int i = 0; i < 4 * NT; ++i) reg_fence(sacc[i]);
       wgmma_fence();
 #pragma unroll
-      for (int s = 0; s < KS; ++s)
-        wgmma_f16_rs<NT>(sacc, ka[s], q_desc + static_cast<uint64_t>(16 * s), s > 0);
+      for (int s = 0; s < KB; ++s)
+        wgmma_f16_rs<NT>(sacc, ka[s], q_desc + static_cast<uint64_t>(16 * (kb + s)),
+                         kb + s > 0);
       wgmma_commit();
       wgmma_wait<0>();
 #pragma unroll
       for (int i = 0; i < 4 * NT; ++i) reg_fence(sacc[i]);
 #pragma unroll
-      for (int s = 0; s < KS; ++s)
+      for (int s = 0; s < KB; ++s)
 #pragma unroll
         for (int i = 0; i < 4; ++i) reg_fence(ka[s][i]);
     }
 
     // ---- scores: K scales, the causal mask; the warp's column maxima
-    const TileRows tr = tile_rows<HD>(w, row_g, row_g8, stage_pos + warp * kSlots, rg, rg8);
+    const TileRows tr = tile_rows<HD>(w, row_g, row_g8, stage_pos + wwarp * kSlots, rg, rg8);
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
@@ -232,9 +376,9 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
         scale_and_mask(p, w, tr, 8 * n + 2 * t + e, sacc[4 * n + e], sacc[4 * n + 2 + e]);
     }
     // P^T of n-tile n from v = rows g (e = 0, 1) and g + 8 (2, 3) of the lane's columns: after
-    // the transpose lane (g, t) holds column 8n + g at k (S^T rows) 16 warp + 8h + 2t, + 1
+    // the transpose lane (g, t) holds column 8n + g at k (S^T rows) 16 wwarp + 8h + 2t, + 1
     auto store_pt = [&](int n, const float (&v)[4]) {
-      uint8_t* prow = ps + n * S::kPSbo + (2 * warp) * 128 + g * 16 + 4 * t;
+      uint8_t* prow = ps + n * S::kPSbo + (2 * wwarp) * 128 + g * 16 + 4 * t;
       *reinterpret_cast<uint32_t*>(prow) = transpose8x8(pack_f16x2(v[0], v[1]));
       *reinterpret_cast<uint32_t*>(prow + 128) = transpose8x8(pack_f16x2(v[2], v[3]));
     };
@@ -260,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
           store_pt(n, pv);
         }
         fence_proxy_async();
-        if (!__syncthreads_or(over)) {  // every P^T is in, the accumulators stand
+        if (!named_sync_or(bar, kGroupThreads, over)) {  // every P^T is in, the accumulators stand
 #pragma unroll
           for (int n = 0; n < NT; ++n) {
             l[n][0] += linc[n][0];
@@ -278,13 +422,13 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const float mx = tile_rows_max(sacc[4 * n + e], sacc[4 * n + 2 + e]);
-          if (g == 0) red[warp * S::kN + 8 * n + 2 * t + e] = mx;
+          if (g == 0) red[wwarp * S::kN + 8 * n + 2 * t + e] = mx;
         }
       }
       const StageVScale vs =
           stage_vscale<HD, S::kSRow, kStageSlots>(base, stage_pos, w.seq_len, run_vmax);
       run_vmax = vs.new_vmax;
-      __syncthreads();  // every tile's maxima are in
+      named_sync(bar, kGroupThreads);  // every tile's maxima are in
 
       // ---- the columns' maxima, factors and row sums; P^T into shared memory
       float f[NT][2];
@@ -297,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
           const int col = 8 * n + 2 * t + e;
           float ms = red[col];
 #pragma unroll
-          for (int w = 1; w < T; ++w) ms = fmaxf(ms, red[w * S::kN + col]);
+          for (int u = 1; u < T; ++u) ms = fmaxf(ms, red[u * S::kN + col]);
           const float a = exact_column(m[n][e], l[n][e], ms, sacc[4 * n + e],
                                        sacc[4 * n + 2 + e], tr, vs.inv_vmax, pv[e], pv[2 + e]);
           f[n][e] = a * vs.vr;
@@ -317,24 +461,26 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
           }
       }
       fence_proxy_async();
-      __syncthreads();  // the stage's P^T is in
+      named_sync(bar, kGroupThreads);  // the stage's P^T is in
     }
 
-    // ---- O^T += V^T . P^T: k-step ks is tile ks (k position j: the slot of S^T row j)
-    {
-      uint32_t va[T][MB][4];
+    // ---- O^T += V^T . P^T: k-step ks is tile ks (k position j: the slot of S^T row j), in
+    // batches of VB tiles (two at 6 n-tiles, as S^T's)
 #pragma unroll
-      for (int ks = 0; ks < T; ++ks) {
-        const uint8_t* tv = base + ks * kSlots * S::kSRow + HD + 4;
+    for (int kb = 0; kb < T; kb += VB) {
+      uint32_t va[VB][MB][4];
+#pragma unroll
+      for (int ks = 0; ks < VB; ++ks) {
+        const uint8_t* tv = base + (kb + ks) * kSlots * S::kSRow + HD + 4;
         const uint8_t* v0 = tv + r0 * S::kSRow;
         const uint8_t* v1 = tv + r1 * S::kSRow;
         const uint8_t* v2 = tv + r2 * S::kSRow;
         const uint8_t* v3 = tv + r3 * S::kSRow;
         if constexpr (HD == 256) {
-          // word u = 16 warp + g + 8h: dimensions 4u + b are row 16 warp + g + 8h of m-block b
+          // word u = 16 wwarp + g + 8h: dimensions 4u + b are row 16 wwarp + g + 8h of m-block b
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int off = 4 * (16 * warp + g + 8 * h);
+            const int off = 4 * (16 * wwarp + g + 8 * h);
             uint32_t lo[4], hi[4];
             v_pairs(ld_u32(v0 + off) ^ kSignFlip, ld_u32(v1 + off) ^ kSignFlip, k64, lo);
             v_pairs(ld_u32(v2 + off) ^ kSignFlip, ld_u32(v3 + off) ^ kSignFlip, k64, hi);
@@ -345,8 +491,8 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
             }
           }
         } else {
-          // word u = 8 warp + g: dimension 4u + 2b + h is row 16 warp + g + 8h of m-block b
-          const int off = 4 * (8 * warp + g);
+          // word u = 8 wwarp + g: dimension 4u + 2b + h is row 16 wwarp + g + 8h of m-block b
+          const int off = 4 * (8 * wwarp + g);
           uint32_t lo[4], hi[4];
           v_pairs(ld_u32(v0 + off) ^ kSignFlip, ld_u32(v1 + off) ^ kSignFlip, k64, lo);
           v_pairs(ld_u32(v2 + off) ^ kSignFlip, ld_u32(v3 + off) ^ kSignFlip, k64, hi);
@@ -359,16 +505,20 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
           }
         }
       }
+      // after the last batch's loads every read of the stage buffer is behind this thread:
+      // back to the producer
+      if (kb + VB >= T) mbar_arrive(empty + 8 * buf);
 #pragma unroll
       for (int b = 0; b < MB; ++b)
 #pragma unroll
         for (int i = 0; i < 4 * NT; ++i) reg_fence(oacc[b][i]);
       wgmma_fence();
 #pragma unroll
-      for (int ks = 0; ks < T; ++ks)
+      for (int ks = 0; ks < VB; ++ks)
 #pragma unroll
         for (int b = 0; b < MB; ++b)
-          wgmma_f16_rs<NT>(oacc[b], va[ks][b], p_desc + static_cast<uint64_t>(16 * ks), 1);
+          wgmma_f16_rs<NT>(oacc[b], va[ks][b], p_desc + static_cast<uint64_t>(16 * (kb + ks)),
+                           1);
       wgmma_commit();
       wgmma_wait<0>();
 #pragma unroll
@@ -376,15 +526,15 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
 #pragma unroll
         for (int i = 0; i < 4 * NT; ++i) reg_fence(oacc[b][i]);
 #pragma unroll
-      for (int ks = 0; ks < T; ++ks)
+      for (int ks = 0; ks < VB; ++ks)
 #pragma unroll
         for (int b = 0; b < MB; ++b)
 #pragma unroll
           for (int i = 0; i < 4; ++i) reg_fence(va[ks][b][i]);
     }
   }
-  cp_async_wait<0>();
   pdl_trigger(p.pdl, 2);
+  if (seg >= p.num_segs) return;  // the grid's last CTA past an odd segment count
 
   // ---- the row sums: over the lanes of a tile, then over the tiles
 #pragma unroll
@@ -392,10 +542,10 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const float ls = tile_rows_sum(l[n][e]);
-      if (g == 0) red[warp * S::kN + 8 * n + 2 * t + e] = ls;
+      if (g == 0) red[wwarp * S::kN + 8 * n + 2 * t + e] = ls;
     }
   }
-  __syncthreads();
+  named_sync(bar, kGroupThreads);
   auto col_sum = [&](int col) {
     return (red[col] + red[S::kN + col]) + (red[2 * S::kN + col] + red[3 * S::kN + col]);
   };
@@ -415,8 +565,8 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
     }
   };
 
-  // ---- the log2-sum-exp of each column, by the first warp
-  if (p.num_segs > 1 && warp == 0 && g == 0) {
+  // ---- the log2-sum-exp of each column, by the consumer's first warp
+  if (p.num_segs > 1 && wwarp == 0 && g == 0) {
     for_columns([&](int n, int e, int tq, int hq, float ls) {
       p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + seg] =
           ls > 0.f ? m[n][e] + log2f(ls) : -INFINITY;
@@ -436,20 +586,59 @@ __global__ void __launch_bounds__(kThreads, 2) int8_verify_wgmma_kernel(const In
       for (int h = 0; h < 2; ++h) {
         const float o[4] = {oacc[0][4 * n + 2 * h + e] * inv, oacc[1][4 * n + 2 * h + e] * inv,
                             oacc[2][4 * n + 2 * h + e] * inv, oacc[3][4 * n + 2 * h + e] * inv};
-        write(tq, hq, 4 * (16 * warp + g + 8 * h), o);
+        write(tq, hq, 4 * (16 * wwarp + g + 8 * h), o);
       }
     } else {
       const float o[4] = {oacc[0][4 * n + e] * inv, oacc[0][4 * n + 2 + e] * inv,
                           oacc[1][4 * n + e] * inv, oacc[1][4 * n + 2 + e] * inv};
-      write(tq, hq, 4 * (8 * warp + g), o);
+      write(tq, hq, 4 * (8 * wwarp + g), o);
     }
   });
 }
 
 template <int HD, int NT, bool LM>
+__global__ void __launch_bounds__(kThreads, 1) int8_verify_wgmma_kernel(const Int8AttnParams p) {
+  using S = WShape<HD, NT>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int sel = blockIdx.x;
+  const int kvh = blockIdx.y;
+  VerifyWork w0, w1;  // int8_verify_common.cuh: segments 2 blockIdx.z and 2 blockIdx.z + 1
+  if (!w0.init<kTiles>(p, sel, kvh, kConsumers * blockIdx.z)) return;
+  w1.init<kTiles>(p, sel, kvh, kConsumers * blockIdx.z + 1);
+  const int n_max = max(w0.n_stages, w1.n_stages);
+  const bool vec16 = verify_vec16(p);
+  const int shift = verify_shift(p, kvh, vec16);
+
+  if (threadIdx.x == 0) {
+    const uint32_t full = smem_u32(smem + S::kBarOff);
+    for (int b = 0; b < S::kRing; ++b) {
+      mbar_init(full + 8 * b, 32);  // the producer's lanes
+      mbar_init(full + 8 * (S::kRing + b), kGroupThreads);  // a consumer's threads
+    }
+  }
+  __syncthreads();  // the barriers are set; from here on only the ring and named barriers
+  pdl_trigger(p.pdl, 1);
+
+  if (threadIdx.x >= kConsumerThreads) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
+    if (threadIdx.x < kConsumerThreads + 32) produce<HD, NT>(p, w0, w1, n_max, vec16, shift, smem);
+    pdl_trigger(p.pdl, 2);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
+  pdl_wait();  // the query is the kernel before's
+  stage_query_t<HD, NT>(p, kvh, w0.q_start, w0.n_cols, smem + S::kQOff);
+  fence_proxy_async();  // Q^T is read by both consumers' MMAs
+  named_sync(kBarQuery, kConsumerThreads);
+  const int c = threadIdx.x / kGroupThreads;
+  consume<HD, NT, LM>(p, c ? w1 : w0, c, kConsumers * blockIdx.z + c, n_max, shift, smem);
+}
+
+template <int HD, int NT, bool LM>
 cudaError_t launch_form(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
   return launch_verify<int8_verify_wgmma_kernel<HD, NT, LM>>(p, num_selected, kThreads,
-                                                            WShape<HD, NT>::kSmem, stream);
+                                                            WShape<HD, NT>::kSmem, stream,
+                                                            kConsumers);
 }
 
 // the lazy maxima (p.lazy_max) or the exact per-stage softmax

@@ -180,12 +180,12 @@ CUDA_SHAPES = [(4, 6, 256, 16, torch.bfloat16), (4, 6, 256, 784, torch.bfloat16)
                (4, 3, 64, 16, torch.float16), (2, 6, 256, 16, torch.bfloat16)]
 
 
-def _check_cuda_segmentations(b, attention) -> None:
+def _check_cuda_segmentations(b, attention, segments=(None, 1)) -> None:
     """``attention`` (decode_attention or verify_attention) on the CUDA kernel with the
-    default segment count and with one segment (direct output), against the reference; a
-    failure says where the output is wrong (_error_pattern)."""
+    default segment count and with one segment (direct output), or the ``segments`` given,
+    against the reference; a failure says where the output is wrong (_error_pattern)."""
     ref = _ref(b)
-    for segs in (None, 1):
+    for segs in segments:
         out = poisoned_out(b.q)
         attention(b.q, b.cache, b.md, out=out, kernel="cuda", num_segs=segs)
         errs = _per_request(out, ref, b)
@@ -355,11 +355,12 @@ def test_cuda_verify_wgmma(shape, lazy_max, monkeypatch):
     2..8 query tokens, requests of different lengths in one launch, the causal tail inside a
     tile and across tiles, contexts to 70K, many segments and one, NHD (heads at 0 or 8 mod
     16) and HND, fp16 and bf16 queries, the exact per-stage softmax and the lazy maxima; every
-    launch served by that form."""
+    launch served by that form. A CTA computes two segments (one a consumer warpgroup), so
+    odd segment counts (the last CTA's second consumer past the split) are checked too."""
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
     served = _wgmma_form(monkeypatch)
-    _check_cuda_segmentations(_verify_batch(shape), verify_attention)
-    assert served == ["wgmma", "wgmma"]
+    _check_cuda_segmentations(_verify_batch(shape), verify_attention, (None, 1, 2, 3, 7))
+    assert served == ["wgmma"] * 5
 
 
 @needs_wgmma

@@ -207,9 +207,16 @@ def test_wgmma_verify_compiles(tmp_path: Path) -> None:
     assert not re.search(r"C75[12]\d", res.stderr), res.stderr[-4000:]
     spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
     assert spills and all(int(s) == 0 for s in spills), res.stderr[-4000:]
+    # the producers hand back from the launch's registers what the consumers take
+    # (setmaxnreg: 56 a producer thread, 224 a consumer thread, 384 x 168 in all): ptxas
+    # must give the 384-thread kernel its full 168 a thread at launch, else the consumers'
+    # setmaxnreg.inc would wait forever
+    used = [int(n) for n in re.findall(r"Used (\d+) registers", res.stderr)]
+    assert used and all(n == 168 for n in used), used
     sass = _sass(tmp_path / "k.o")
     if sass is not None:
         assert "HGMMA.64x40x16.F32" in sass
+        assert "USETMAXREG.DEALLOC" in sass and "USETMAXREG.TRY_ALLOC" in sass
     # the PTX the build kept (no cuobjdump needed): the MMA of every width from registers,
     # and the proxy fence that publishes Q^T and P^T to it
     ptx = (tmp_path / "int8_verify_wgmma.ptx").read_text()

@@ -22,9 +22,11 @@ causal tail in one pass. ``auto`` takes it wherever it can serve the call: on th
 127) and runs Q.K on the int8 tensor cores straight from the cache's bytes, no K conversion;
 written for the shared-memory latency that bounds it (attention_h200_notes.md), not yet timed.
 Its warpgroup-MMA form (csrc/attention/int8_verify_wgmma.cu, ``VLLM_PRISM_ATTN_VERIFY_FORM=
-wgmma`` or ``VERIFY_FORM``; opt-in: 1.05-1.20x the mma form's time on the H200) runs the same
-call with one warpgroup a CTA: S^T and O^T as ``wgmma`` with K and V^T from registers, each
-int8 element converted once;
+wgmma`` or ``VERIFY_FORM``; opt-in: 0.97-1.02x the mma form's time at 6-8 tokens, 1.12-1.15x
+at 4 on the H100) runs the same call warp-specialised: a producer warp copies two segments'
+stages into a ring, two consumer warpgroups (one segment each) run S^T and O^T as ``wgmma``
+with K and V^T from registers, each int8 element converted once (the grid is half the
+segments);
 :func:`wgmma_verify_problem` says where it cannot (the "mma" form serves those calls).
 
 Both kernels and their merge launch with programmatic dependent launch where the PQ2 kernels do
