@@ -856,13 +856,18 @@ def _tiny_drafter(model: str, layers: int, window: int) -> str:
 
 def _drafter_shape(path: str) -> str:
     """The drafter's layer count and attention (what decides the KV-cache groups), from its
-    config.json: e.g. "5 layers, window 2048"."""
+    config.json: e.g. "5 layers, window 2048"; where its ``layer_types`` mix sliding-window and
+    full-attention layers, both counts: "5 layers: 4 window 2048, 1 full attention"."""
     config = json.loads((Path(path) / "config.json").read_text())
     swa = config.get("dflash_config", {})
     window = swa.get("swa_window_size") if swa.get("use_swa") else config.get("sliding_window")
     n = config["num_hidden_layers"]
-    return f"{n} layer{'s' if n != 1 else ''}, " + (f"window {window}" if window
-                                                    else "full attention")
+    layers = f"{n} layer{'s' if n != 1 else ''}"
+    types = config.get("layer_types") or []
+    n_swa = sum(t == "sliding_attention" for t in types)
+    if window and 0 < n_swa < len(types):
+        return f"{layers}: {n_swa} window {window}, {len(types) - n_swa} full attention"
+    return f"{layers}, " + (f"window {window}" if window else "full attention")
 
 
 def _kv_groups(llm) -> dict:

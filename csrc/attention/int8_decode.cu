@@ -45,7 +45,7 @@ namespace {
 
 using namespace attn;
 
-constexpr int kSlots = 16;  // slots of a tile (the MMA's M)
+constexpr int kSlots = kTileSlots;  // slots of a tile (the MMA's M)
 constexpr int kTileWarps = 4;  // (tile, head) pairs a stage holds: one per warp, or per warp pair
 constexpr int kHeads = 8;  // the MMA's N: query heads of a group, zero padded
 template <int HD, int NKV, int SPLIT>

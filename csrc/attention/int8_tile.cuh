@@ -34,6 +34,10 @@ cudaError_t for_head_dim(int head_dim, F&& launch) {
   }
 }
 
+// Slots of a tile: the MMAs' 16 rows (of S^T in verification, of K / V in decode), in the order
+// slot_of_row gives.
+constexpr int kTileSlots = 16;
+
 constexpr uint32_t kSignFlip = 0x80808080u;
 constexpr uint32_t kF16Bias = 0x64806480u;  // fp16 1152 in both halves
 

@@ -19,9 +19,6 @@
 namespace vllm_prism {
 namespace attn {
 
-// Slots of a tile: the MMAs' 16 S^T rows.
-constexpr int kTileSlots = 16;
-
 // The share of its request that a verification CTA (request `sel` of the call, KV head `kvh`,
 // segment `seg`) covers: stages of T 16-slot tiles from tile t0, and where its head's rows lie
 // in the cache.

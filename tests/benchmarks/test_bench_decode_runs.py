@@ -7,6 +7,7 @@ KV-cache size. No GPU: only the command lines are built and parsed."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -751,6 +752,11 @@ def test_drafter_shape_is_read_from_its_config(tiny_gguf, tmp_path) -> None:
     full = make_tiny_drafter(tmp_path / "b", target)["path"]
     assert bench_decode._drafter_shape(swa) == "5 layers, window 2048"
     assert bench_decode._drafter_shape(full) == "1 layer, full attention"
+    # a drafter whose layer_types mix sliding-window and full-attention layers
+    config = json.loads((Path(swa) / "config.json").read_text())
+    config["layer_types"] = ["sliding_attention"] * 4 + ["full_attention"]
+    (Path(swa) / "config.json").write_text(json.dumps(config))
+    assert bench_decode._drafter_shape(swa) == "5 layers: 4 window 2048, 1 full attention"
 
 
 def test_kv_cache_groups_are_the_runners_group_sizes() -> None:
