@@ -1,22 +1,23 @@
 // Split-KV verification attention over the paged INT8 cache on Hopper's warpgroup MMA (sm_90a;
 // compiled apart by CMakeLists.txt's prism_sm90a object, launched by the torch op only on
 // compute capability 9.0 and only where asked: VLLM_PRISM_ATTN_VERIFY_FORM=wgmma). The same
-// call as int8_verify.cu (parameters, grid, segments, partials, PDL), another inner loop:
+// call as int8_verify.cu (parameters, segments, partials, PDL; the grid is half the segments),
+// another inner loop:
 //
 //   S^T [64 slots x 8NT columns] = K . Q^T     16 (hd 256) wgmma.m64n{8NT}k16, K from registers
 //   O^T [hd x 8NT columns]      += V^T . P^T   hd / 64 m-blocks x 4 k-steps of the same MMA,
 //                                              V^T from registers
 //
-// One CTA = two consumer warpgroups and one producer warp (288 threads, one CTA a
-// multiprocessor): the producer copies the stages (4 16-slot tiles, the MMA's 64 rows) of two
-// segments of the split into a ring of kRing stage buffers, consumer warpgroup c computes
-// segment 2 blockIdx.z + c (its stages are the even / odd ones of the ring's order) and writes
-// that segment's partial: the grid is half the segments. The ring's full and empty mbarriers are
-// the only synchronisation between the producer and a consumer, a consumer's own steps are
-// ordered by its named barrier (128 threads), so neither consumer waits for a copy issue or for
-// the other (FlashAttention-3's producer / consumer split; the form with one warpgroup that
-// copied its own stages behind CTA barriers, the thirty-second session's, spent a third of its
-// stall samples in the copies' issue and the block-table reads: attention_h200_notes.md,
+// One CTA = two consumer warpgroups and a producer warpgroup whose first warp copies (384
+// threads, one CTA a multiprocessor): the producer copies the stages (4 16-slot tiles, the
+// MMA's 64 rows) of two segments of the split into a ring of kRing stage buffers, consumer
+// warpgroup c computes segment 2 blockIdx.z + c (its stages are the even / odd ones of the
+// ring's order) and writes that segment's partial. The ring's full and empty mbarriers are the
+// only synchronisation between the producer and a consumer, a consumer's own steps are ordered
+// by its named barrier (128 threads), so neither consumer waits for a copy issue or for the
+// other (FlashAttention-3's producer / consumer split; the form with one warpgroup that copied
+// its own stages behind CTA barriers, the thirty-second session's, spent about a sixth of its
+// stall samples on the copies' issue and the block-table reads: attention_h200_notes.md,
 // thirty-sixth session). Each int8 K and V element becomes an fp16 operand once, in the
 // registers of the consumer warp whose rows it is; Q^T (once a CTA, shared by both consumers)
 // and P^T (once a stage, a buffer a consumer) are the MMAs' B operands in shared memory,
@@ -196,8 +197,8 @@ __device__ __forceinline__ void v_pairs(uint32_t w_a, uint32_t w_b, uint32_t k64
 
 // The producer warp: the stages of the CTA's two segments (w0, w1) in the ring's order (stage
 // j of consumer c is the ring's k = 2 j + c: buffer k % kRing, its round k / kRing), a lane
-// copying rows `lane` and `lane + 32` of each (33 cp.async a row at immediate offsets from one
-// address: lanes copying the pieces of one row together were 2.5-3.8x slower, each copy
+// copying rows `lane` and `lane + 32` of each (hd / 8 + 1 cp.async a row at immediate offsets
+// from one address: lanes copying the pieces of one row together were 2.5-3.8x slower, each copy
 // waiting for the one before to read the registers it reuses: attention_h200_notes.md,
 // thirty-sixth session); every stage's full mbarrier gets the warp's 32 arrivals once its
 // copies are in, a stage past a segment's end none but the arrivals. The rows' block-table
