@@ -51,6 +51,7 @@
 
 #include <cmath>
 
+#include "../async_pipeline.cuh"
 #include "int8_attention.cuh"
 #include "int8_tile.cuh"
 #include "int8_verify_common.cuh"
@@ -110,35 +111,7 @@ struct WShape {
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA");
 };
 
-// ---- The ring's mbarriers (shared-memory addresses) and the consumers' named barriers.
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-// Until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, int parity) {
-  uint32_t done;
-  do {
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-        " selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  } while (!done);
-}
-
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
-               : "memory");
-}
-
-// An arrival once every cp.async this thread has issued so far is complete (counted in the
-// barrier's expected arrivals).
-__device__ __forceinline__ void mbar_arrive_copies(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
+// ---- The consumers' named barriers (the ring's mbarriers: ../async_pipeline.cuh).
 
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -211,8 +184,8 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
                                         uint8_t* smem) {
   using S = WShape<HD, NT>;
   const int lane = threadIdx.x & 31;
-  const uint32_t full = smem_u32(smem + S::kBarOff);
-  const uint32_t empty = full + 8 * S::kRing;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBarOff);
+  uint64_t* empty = full + S::kRing;
   // stage j of a segment: this lane's rows' positions (-1: none) and block-table entries
   struct Rows {
     int pos[2], blk[2];
@@ -231,7 +204,7 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
   auto stage = [&](int k, const VerifyWork& wc, const Rows& r) {
     const int j = k >> 1;
     const int buf = k % S::kRing, round = k / S::kRing;
-    if (round > 0) mbar_wait(empty + 8 * buf, (round - 1) & 1);
+    if (round > 0) mbar_wait(&empty[buf], (round - 1) & 1);
     if (j < wc.n_stages) {
       // a stage wholly before the request's first query token holds no row the kernel
       // before writes (the step's slots): with PDL it is copied before griddepcontrol.wait
@@ -249,7 +222,7 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
                           smem_u32(dst + (lane + 32 * i) * S::kSRow), vec16, shift, 0);
       }
     }
-    mbar_arrive_copies(full + 8 * buf);
+    copy_arrive(&full[buf]);
   };
   Rows r0 = rows_of(w0, 0);
   for (int j = 0; j < n_max; ++j) {
@@ -277,8 +250,8 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
   const uint8_t* qs = smem + S::kQOff;
   uint8_t* ps = smem + S::kPOff + c * S::kPBytes;
   float* red = reinterpret_cast<float*>(smem + S::kRedOff) + c * S::kRedFloats;
-  const uint32_t full = smem_u32(smem + S::kBarOff);
-  const uint32_t empty = full + 8 * S::kRing;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBarOff);
+  uint64_t* empty = full + S::kRing;
   const int bar = kBarConsumer + c;
   const int sel = blockIdx.x;
   const int kvh = blockIdx.y;
@@ -315,9 +288,9 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
   for (int st = 0; st < n_max; ++st) {
     const int k = 2 * st + c;
     const int buf = k % S::kRing;
-    mbar_wait(full + 8 * buf, (k / S::kRing) & 1);
+    mbar_wait(&full[buf], (k / S::kRing) & 1);
     if (st >= w.n_stages) {  // past the segment's end: the buffer goes straight back
-      mbar_arrive(empty + 8 * buf);
+      mbar_arrive(&empty[buf]);
       continue;
     }
     named_sync(bar, kGroupThreads);  // every warp is done with the previous stage's P^T, red
@@ -508,7 +481,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
       }
       // after the last batch's loads every read of the stage buffer is behind this thread:
       // back to the producer
-      if (kb + VB >= T) mbar_arrive(empty + 8 * buf);
+      if (kb + VB >= T) mbar_arrive(&empty[buf]);
 #pragma unroll
       for (int b = 0; b < MB; ++b)
 #pragma unroll
@@ -611,22 +584,22 @@ __global__ void __launch_bounds__(kThreads, 1) int8_verify_wgmma_kernel(const In
   const int shift = verify_shift(p, kvh, vec16);
 
   if (threadIdx.x == 0) {
-    const uint32_t full = smem_u32(smem + S::kBarOff);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBarOff);
     for (int b = 0; b < S::kRing; ++b) {
-      mbar_init(full + 8 * b, 32);  // the producer's lanes
-      mbar_init(full + 8 * (S::kRing + b), kGroupThreads);  // a consumer's threads
+      mbar_init(&full[b], 32);  // the producer's lanes
+      mbar_init(&full[S::kRing + b], kGroupThreads);  // a consumer's threads
     }
   }
   __syncthreads();  // the barriers are set; from here on only the ring and named barriers
   pdl_trigger(p.pdl, 1);
 
   if (threadIdx.x >= kConsumerThreads) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
+    setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x < kConsumerThreads + 32) produce<HD, NT>(p, w0, w1, n_max, vec16, shift, smem);
     pdl_trigger(p.pdl, 2);
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
+  setmaxnreg_inc<kConsumerRegs>();
   pdl_wait();  // the query is the kernel before's
   stage_query_t<HD, NT>(p, kvh, w0.q_start, w0.n_cols, smem + S::kQOff);
   fence_proxy_async();  // Q^T is read by both consumers' MMAs

@@ -6,15 +6,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "../async_pipeline.cuh"
 #include "pq2_params.cuh"
 
 namespace vllm_prism {
 
 // cp.async (sm_80+): global -> shared copies that bypass the registers, waited on by commit
-// group.
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+// group (smem_addr: ../async_pipeline.cuh).
 
 __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src));

@@ -125,11 +125,11 @@ __global__ void __launch_bounds__(kFoldThreads, 1) fold_gemm_kernel(const Params
   uint64_t* full = init_stage_barriers(smem);
   uint64_t* empty = full + kStages;
   if (threadIdx.x >= kConsumers) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs) : "memory");
+    setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x < kConsumers + 32) produce(p, smem, full, empty, kBlockGroups);
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs) : "memory");
+  setmaxnreg_inc<kConsumerRegs>();
   const Lane l = consumer_lane(p);
   const int lane = l.lane, tq = l.tq, row_a = l.row_a;
   const int sh = (tq & 1) * 2 + (tq >> 1) * 16;

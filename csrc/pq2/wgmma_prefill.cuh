@@ -55,34 +55,6 @@ __host__ __device__ __forceinline__ int64_t tiled_offset(int tok, int k, int gro
          (t & 7) * 16 + (kb & 15);
 }
 
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
-}
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
-               "r"(bytes)
-               : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nWAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      "@!p bra WAIT;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
-}
-// `bytes` (a multiple of 16, 16-byte aligned ends) global -> shared, counted on `bar`.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes,
-                                          uint64_t* bar) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-      ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar))
-      : "memory");
-}
-
 // K-major, no swizzle: start address, LBO 128 B (next core matrix along K), SBO 1024 B (next
 // 8 tokens).
 __device__ __forceinline__ uint64_t b_desc(const void* p) {
@@ -170,17 +142,12 @@ __device__ __forceinline__ void promote(const char* buf, int tq, float w0, float
 }
 
 // 16 bytes global -> shared by the LSU (zeros where `valid` is false); the thread's copies
-// arrive on `bar` when done (copy_arrive).
+// arrive on `bar` when done (copy_arrive, ../async_pipeline.cuh).
 __device__ __forceinline__ void copy16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
                "l"(src), "r"(valid ? 16 : 0)
                : "memory");
 }
-__device__ __forceinline__ void copy_arrive(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar))
-               : "memory");
-}
-
 // The producer warp: a group's activation block and scales by two bulk copies (the TMA
 // unit: one 16 KiB request), the 128 rows' 32 bytes of codes by the lanes' cp.async (128
 // small bulk requests a group kept the TMA unit busy for longer than the MMAs took). The
