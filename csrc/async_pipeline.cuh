@@ -52,6 +52,17 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
       : "memory");
 }
 
+// A 3-D box of the tensor map `map` (a __grid_constant__ kernel parameter) at element
+// coordinates (c0, c1, c2) global -> shared by the bulk-copy engine, counted on `bar`.
+__device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int c0, int c1, int c2,
+                                            uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+      : "memory");
+}
+
 // The register hand-over of a warpgroup (every thread of it, at the same point): a producer
 // gives back down to N registers a thread, a consumer waits until the CTA's pool has N for it
 // (so the consumers must not ask for more than the producers give back: else it waits forever).

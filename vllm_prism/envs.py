@@ -59,11 +59,14 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_PRISM_ATTN_VERIFY_LAZY": lambda: os.getenv("VLLM_PRISM_ATTN_VERIFY_LAZY",
                                                      "1").strip() != "0",
     # The CUDA C++ INT8 verification kernel's form: "mma" (default, csrc/attention/int8_verify.cu,
-    # mma.sync) or "wgmma" (int8_verify_wgmma.cu: Hopper's warpgroup MMA, one warpgroup a CTA;
-    # compute capability 9.0 with the extension built for sm_90, head sizes 128 / 256, exact
-    # Q.K; the "mma" form serves every other call). Opt-in: 1.05-1.20x the mma form's time on the
-    # H200 (docs/attention.md). Read per call, outside any traced graph; any other value is
-    # refused before the engine starts.
+    # mma.sync), "wgmma" (int8_verify_wgmma.cu: Hopper's warpgroup MMA, warp-specialised, its
+    # producer copying rows by cp.async; compute capability 9.0 with the extension built for
+    # sm_90, head sizes 128 / 256, exact Q.K; the "mma" form serves every other call) or
+    # "wgmma_tma" (the same kernel, its producer copying each 16-slot tile as one TMA box of a
+    # tensor map over the cache: vLLM's NHD layout, else "wgmma"; written, not yet run on a
+    # GPU). Opt-in: "wgmma" 0.97-1.02x the mma form's time at 6-8 tokens on the H100
+    # (docs/attention.md). Read per call, outside any traced graph; any other value is refused
+    # before the engine starts.
     "VLLM_PRISM_ATTN_VERIFY_FORM": lambda: os.getenv("VLLM_PRISM_ATTN_VERIFY_FORM",
                                                      "mma").strip().lower(),
     # The CUDA C++ INT8 decode and verification kernels and their merge with programmatic
@@ -114,7 +117,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
 # The values a switch with a fixed set takes (checked before the engine starts:
 # vllm_prism/engine/arg_utils.py); the first is the default.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "VLLM_PRISM_ATTN_VERIFY_FORM": ("mma", "wgmma"),
+    "VLLM_PRISM_ATTN_VERIFY_FORM": ("mma", "wgmma", "wgmma_tma"),
     "VLLM_PRISM_DENSE_GEMV": ("auto", "torch", "triton"),
     "VLLM_PRISM_DRAFT_ATTENTION": ("prism", "vllm"),
     "VLLM_PRISM_GDN_VERIFY": ("prism", "vllm"),

@@ -10,7 +10,8 @@ request, vLLM's NHD paged cache with block size 16 and a shuffled block table.
   / ours), and for verify the ratio to decode at the same context (``vs_decode``). The CUDA
   C++ kernels' variants follow their default rows (``vs_default``): bf16 partials, the other
   dim_split, the other maxima form and, where it can run (sm_90a build, compute capability
-  9.0), the verification kernel's warpgroup-MMA form (``cuda wgmma``, with ``vs_decode``).
+  9.0), the verification kernel's warpgroup-MMA forms (``cuda wgmma``, its producer on
+  cp.async, and ``cuda wgmma tma``, on a TMA tensor map over the cache; with ``vs_decode``).
 * noncausal: a DFlash drafter's 6-token block against the whole context (no mask), split,
   and with one segment (``one_segment_us``: one program per KV head over the whole context,
   the launch vLLM's ``unified_attention`` makes for any step of more than one query token).
@@ -349,10 +350,12 @@ def main() -> None:
                                                         {"VERIFY_LAZY_MAX": not lazy})):
                             res["records"].append(rec)
                             print(json.dumps(rec), flush=True)
-                        if wgmma_ready():  # the warpgroup-MMA form (opt-in), against the default
+                        # the warpgroup-MMA forms (opt-in: its producer on cp.async, or on a
+                        # TMA tensor map), against the default
+                        for form in ("wgmma", "wgmma_tma") if wgmma_ready() else ():
                             rec = cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
-                                                      "cuda wgmma", {"VERIFY_FORM": "wgmma"},
-                                                      dict(form="wgmma"))
+                                                      f"cuda {form.replace('_', ' ')}",
+                                                      {"VERIFY_FORM": form}, dict(form=form))
                             rec["vs_decode"] = round(rec["us"] / dec, 3)
                             res["records"].append(rec)
                             print(json.dumps(rec), flush=True)

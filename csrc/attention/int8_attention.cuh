@@ -80,8 +80,13 @@ cudaError_t int8_verify_launch(const Int8AttnParams& p, int num_selected, cudaSt
 // The verification kernel on Hopper's warpgroup MMA (int8_verify_wgmma.cu, built for sm_90a only:
 // declared here, defined where the extension has PRISM_HAS_SM90A): head sizes 128 and 256, exact
 // Q.K (p.int_qk 0); the same grid, partials, lazy maxima and PDL as int8_verify_launch.
+// num_blocks > 0 (the cache's blocks): its producer copies a stage's 16-slot tiles as TMA boxes
+// of a tensor map over the cache's rows, which needs int8_verify_tma_layout (a slot's heads side
+// by side, `row` bytes each at 8-byte offsets; 16-byte aligned cache, slots and blocks;
+// cudaErrorNotSupported otherwise); 0: its rows by cp.async (any layout).
 bool int8_verify_wgmma_supported(int head_dim);
-cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int num_selected,
-                                     cudaStream_t stream);
+bool int8_verify_tma_layout(const Int8AttnParams& p, int64_t row);
+cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int64_t num_blocks,
+                                     int num_selected, cudaStream_t stream);
 
 }  // namespace vllm_prism

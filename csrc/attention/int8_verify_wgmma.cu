@@ -10,7 +10,9 @@
 //
 // One CTA = two consumer warpgroups and a producer warpgroup whose first warp copies (384
 // threads, one CTA a multiprocessor): the producer copies the stages (4 16-slot tiles, the
-// MMA's 64 rows) of two segments of the split into a ring of kRing stage buffers, consumer
+// MMA's 64 rows) of two segments of the split into a ring of kRing stage buffers (by cp.async,
+// a lane two rows; or, with a tensor map over the cache, WgmmaParams::rows, a TMA box a tile:
+// VLLM_PRISM_ATTN_VERIFY_FORM=wgmma_tma, written 2026-12-05, not yet run on a GPU), consumer
 // warpgroup c computes segment 2 blockIdx.z + c (its stages are the even / odd ones of the
 // ring's order) and writes that segment's partial. The ring's full and empty mbarriers are the
 // only synchronisation between the producer and a consumer, a consumer's own steps are ordered
@@ -46,8 +48,10 @@
 // builds K twice (attention_h200_notes.md, tenth session). Head sizes 128 and 256, exact Q.K.
 // scripts/emulate_verify_wgmma.py runs this index mapping lane by lane on the CPU against a
 // float reference: a change to it goes there too, and is checked there before a GPU.
+#include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cudaTypedefs.h>
 
 #include <cmath>
 
@@ -168,16 +172,96 @@ __device__ __forceinline__ void v_pairs(uint32_t w_a, uint32_t w_b, uint32_t k64
   h[3] = f16x2_sel<0x4342>(hi, k64);
 }
 
-// The producer warp: the stages of the CTA's two segments (w0, w1) in the ring's order (stage
-// j of consumer c is the ring's k = 2 j + c: buffer k % kRing, its round k / kRing), a lane
-// copying rows `lane` and `lane + 32` of each (hd / 8 + 1 cp.async a row at immediate offsets
-// from one address: lanes copying the pieces of one row together were 2.5-3.8x slower, each copy
-// waiting for the one before to read the registers it reuses: attention_h200_notes.md,
-// thirty-sixth session); every stage's full mbarrier gets the warp's 32 arrivals once its
-// copies are in, a stage past a segment's end none but the arrivals. The rows' block-table
-// entries are read a stage ahead, so that their latency passes while the producer waits for a
-// buffer and copies the stage before. With PDL the stages before the request's first query
-// token are copied before griddepcontrol.wait.
+// The kernel's parameters: the call's, and where the cache's layout allows it (tma 1) its rows as
+// a TMA tensor map: elements of 8 bytes, dimension 0 a slot's heads side by side (stride_cn / 8
+// elements), 1 the block's slots, 2 the blocks; a box is one head's 16 slots of a tile, kSRow
+// bytes a row (the head's row and the next head's first bytes, or zeros past the last head).
+struct WgmmaParams {
+  CUtensorMap rows;
+  Int8AttnParams p;
+  int tma;
+};
+
+// The producer warp's loop: the stages of the CTA's two segments (w0, w1) in the ring's order
+// (stage j of consumer c is the ring's k = 2 j + c: buffer k % kRing, its round k / kRing; the
+// copying threads must fill a shared ring in its order, since a thread two phases ahead passes
+// a parity wait that is not yet its own). `fetch(wc, j)` reads what stage j of segment wc needs
+// (its block-table entries) a stage ahead, so that their latency passes while the producer
+// waits for a buffer and fills the stage before; `fill(buf, wc, j, fetched)` copies the stage
+// into buffer buf and arrives on its full mbarrier (a stage past a segment's end: only the
+// arrivals). With PDL the stages before the request's first query token are copied before
+// griddepcontrol.wait.
+template <int kRing, class Fetch, class Fill>
+__device__ __forceinline__ void produce_ring(const Int8AttnParams& p, const VerifyWork& w0,
+                                             const VerifyWork& w1, int n_max, uint64_t* empty,
+                                             Fetch&& fetch, Fill&& fill) {
+  bool waited = false;
+  auto stage = [&](int k, const VerifyWork& wc, const auto& fetched) {
+    const int j = k >> 1;
+    const int buf = k % kRing, round = k / kRing;
+    if (round > 0) mbar_wait(&empty[buf], (round - 1) & 1);
+    if (j < wc.n_stages) {
+      // a stage wholly before the request's first query token holds no row the kernel
+      // before writes (the step's slots): with PDL it is copied before griddepcontrol.wait
+      const bool old =
+          p.pdl && min(wc.t0 + (j + 1) * kTiles, wc.n_tiles) * kTileSlots <= wc.prefix;
+      if (!waited && !old) {
+        pdl_wait();
+        waited = true;
+      }
+    }
+    fill(buf, wc, j, fetched);
+  };
+  auto f0 = fetch(w0, 0);
+  for (int j = 0; j < n_max; ++j) {
+    const auto f1 = fetch(w1, j);  // read while stage 2j waits and copies
+    stage(2 * j, w0, f0);
+    f0 = fetch(w0, j + 1);  // read while stage 2j + 1 waits and copies
+    stage(2 * j + 1, w1, f1);
+  }
+  if (!waited) pdl_wait();
+}
+
+// The producer warp with the tensor map: lane l < kTiles copies tile l of each stage (its block
+// and slot read a stage ahead) in one TMA box; lane 0's arrival sets the stage's bytes on the
+// full mbarrier, the other lanes arrive at once (the stage is in when the bytes are).
+template <int HD, int NT>
+__device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUtensorMap* rows,
+                                            int kvh, const VerifyWork& w0, const VerifyWork& w1,
+                                            int n_max, uint8_t* smem) {
+  using S = WShape<HD, NT>;
+  const int lane = threadIdx.x & 31;
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBarOff);
+  const int c0 = kvh * static_cast<int>(p.stride_ch / 8);
+  struct Tile {
+    int slot, blk;  // blk -1: no tile
+  };
+  auto tile_of = [&](const VerifyWork& wc, int j) {
+    Tile t{0, -1};
+    const int tl = wc.t0 + j * kTiles + lane;
+    if (lane < kTiles && j < wc.n_stages && tl < wc.n_tiles) {
+      const int pos = tl * kTileSlots;
+      t.slot = pos % p.block_size;
+      t.blk = wc.bt[pos / p.block_size];
+    }
+    return t;
+  };
+  auto fill = [&](int buf, const VerifyWork&, int, const Tile& t) {
+    const int tiles = __popc(__ballot_sync(~0u, t.blk >= 0));
+    if (lane == 0) mbar_expect_tx(&full[buf], tiles * kSlots * S::kSRow);
+    else mbar_arrive(&full[buf]);
+    if (t.blk >= 0)
+      tma_load_3d(smem + buf * S::kStageBytes + lane * kSlots * S::kSRow, rows, c0, t.slot,
+                  t.blk, &full[buf]);
+  };
+  produce_ring<S::kRing>(p, w0, w1, n_max, full + S::kRing, tile_of, fill);
+}
+
+// The producer warp with cp.async: a lane copies rows `lane` and `lane + 32` of each stage
+// (hd / 8 + 1 cp.async a row at immediate offsets from one address: lanes copying the pieces of
+// one row together were 2.5-3.8x slower, each copy waiting for the one before to read the
+// registers it reuses: attention_h200_notes.md, thirty-sixth session); every stage's full
+// mbarrier gets the warp's 32 arrivals once its copies are in.
 template <int HD, int NT>
 __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWork& w0,
                                         const VerifyWork& w1, int n_max, bool vec16, int shift,
@@ -185,7 +269,6 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
   using S = WShape<HD, NT>;
   const int lane = threadIdx.x & 31;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBarOff);
-  uint64_t* empty = full + S::kRing;
   // stage j of a segment: this lane's rows' positions (-1: none) and block-table entries
   struct Rows {
     int pos[2], blk[2];
@@ -199,21 +282,8 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
     }
     return r;
   };
-  bool waited = false;
-  // the ring's stage k: stage j = k / 2 of segment wc, its rows r
-  auto stage = [&](int k, const VerifyWork& wc, const Rows& r) {
-    const int j = k >> 1;
-    const int buf = k % S::kRing, round = k / S::kRing;
-    if (round > 0) mbar_wait(&empty[buf], (round - 1) & 1);
+  auto fill = [&](int buf, const VerifyWork& wc, int j, const Rows& r) {
     if (j < wc.n_stages) {
-      // a stage wholly before the request's first query token holds no row the kernel
-      // before writes (the step's slots): with PDL it is copied before griddepcontrol.wait
-      const bool old =
-          p.pdl && min(wc.t0 + (j + 1) * kTiles, wc.n_tiles) * kTileSlots <= wc.prefix;
-      if (!waited && !old) {
-        pdl_wait();
-        waited = true;
-      }
       uint8_t* dst = smem + buf * S::kStageBytes;
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -224,14 +294,7 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
     }
     copy_arrive(&full[buf]);
   };
-  Rows r0 = rows_of(w0, 0);
-  for (int j = 0; j < n_max; ++j) {
-    const Rows r1 = rows_of(w1, j);  // read while stage 2j waits and copies
-    stage(2 * j, w0, r0);
-    r0 = rows_of(w0, j + 1);  // read while stage 2j + 1 waits and copies
-    stage(2 * j + 1, w1, r1);
-  }
-  if (!waited) pdl_wait();
+  produce_ring<S::kRing>(p, w0, w1, n_max, full + S::kRing, rows_of, fill);
   cp_async_wait<0>();
 }
 
@@ -571,8 +634,10 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
 }
 
 template <int HD, int NT, bool LM>
-__global__ void __launch_bounds__(kThreads, 1) int8_verify_wgmma_kernel(const Int8AttnParams p) {
+__global__ void __launch_bounds__(kThreads, 1)
+    int8_verify_wgmma_kernel(const __grid_constant__ WgmmaParams wp) {
   using S = WShape<HD, NT>;
+  const Int8AttnParams& p = wp.p;
   extern __shared__ __align__(128) uint8_t smem[];
   const int sel = blockIdx.x;
   const int kvh = blockIdx.y;
@@ -595,7 +660,10 @@ __global__ void __launch_bounds__(kThreads, 1) int8_verify_wgmma_kernel(const In
 
   if (threadIdx.x >= kConsumerThreads) {
     setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x < kConsumerThreads + 32) produce<HD, NT>(p, w0, w1, n_max, vec16, shift, smem);
+    if (threadIdx.x < kConsumerThreads + 32) {
+      if (wp.tma) produce_tma<HD, NT>(p, &wp.rows, kvh, w0, w1, n_max, smem);
+      else produce<HD, NT>(p, w0, w1, n_max, vec16, shift, smem);
+    }
     pdl_trigger(p.pdl, 2);
     return;
   }
@@ -605,43 +673,111 @@ __global__ void __launch_bounds__(kThreads, 1) int8_verify_wgmma_kernel(const In
   fence_proxy_async();  // Q^T is read by both consumers' MMAs
   named_sync(kBarQuery, kConsumerThreads);
   const int c = threadIdx.x / kGroupThreads;
-  consume<HD, NT, LM>(p, c ? w1 : w0, c, kConsumers * blockIdx.z + c, n_max, shift, smem);
+  consume<HD, NT, LM>(p, c ? w1 : w0, c, kConsumers * blockIdx.z + c, n_max,
+                      wp.tma ? 0 : shift, smem);
 }
 
 template <int HD, int NT, bool LM>
-cudaError_t launch_form(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  return launch_verify<int8_verify_wgmma_kernel<HD, NT, LM>>(p, num_selected, kThreads,
-                                                            WShape<HD, NT>::kSmem, stream,
-                                                            kConsumers);
+cudaError_t launch_form(const WgmmaParams& wp, int num_selected, cudaStream_t stream) {
+  constexpr auto kernel = int8_verify_wgmma_kernel<HD, NT, LM>;
+  constexpr int smem = WShape<HD, NT>::kSmem;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (attr != cudaSuccess) return attr;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(num_selected, wp.p.num_kv_heads, (wp.p.num_segs + kConsumers - 1) / kConsumers);
+  cfg.blockDim = dim3(kThreads, 1, 1);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute la;
+  set_pdl(cfg, la, wp.p.pdl != 0);
+  return cudaLaunchKernelEx(&cfg, kernel, wp);
 }
 
 // the lazy maxima (p.lazy_max) or the exact per-stage softmax
 template <int HD, int NT>
-cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  return p.lazy_max ? launch_form<HD, NT, true>(p, num_selected, stream)
-                    : launch_form<HD, NT, false>(p, num_selected, stream);
+cudaError_t launch(const WgmmaParams& wp, int num_selected, cudaStream_t stream) {
+  return wp.p.lazy_max ? launch_form<HD, NT, true>(wp, num_selected, stream)
+                       : launch_form<HD, NT, false>(wp, num_selected, stream);
 }
 
 template <int HD>
-cudaError_t launch_hd(const Int8AttnParams& p, int num_selected, cudaStream_t stream) {
-  return for_ntiles(p, [&](auto nt) {
-    return launch<HD, decltype(nt)::value>(p, num_selected, stream);
+cudaError_t launch_hd(const WgmmaParams& wp, int num_selected, cudaStream_t stream) {
+  return for_ntiles(wp.p, [&](auto nt) {
+    return launch<HD, decltype(nt)::value>(wp, num_selected, stream);
   });
+}
+
+// cuTensorMapEncodeTiled from the driver (no link to libcuda), nullptr where it has none
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+#if CUDART_VERSION < 12050
+  return nullptr;
+#else
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found;
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                       &found) != cudaSuccess ||
+      found != cudaDriverEntryPointSuccess)
+    return nullptr;
+  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+#endif
+}
+
+// The cache's rows as WgmmaParams::rows (int8_verify_tma_layout): true where made.
+template <int HD>
+bool make_rows_map(const Int8AttnParams& p, int64_t num_blocks, CUtensorMap* map) {
+  constexpr int kSRow = WShape<HD, 1>::kSRow;
+  const int64_t row = 2 * HD + 8;
+  if (num_blocks <= 0 || !int8_verify_tma_layout(p, row)) return false;
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.stride_cn / 8),
+                              static_cast<cuuint64_t>(p.block_size),
+                              static_cast<cuuint64_t>(num_blocks)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.stride_cn),
+                                 static_cast<cuuint64_t>(p.stride_cb)};
+  const cuuint32_t box[3] = {kSRow / 8, kSlots, 1};
+  const cuuint32_t elem[3] = {1, 1, 1};
+  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3,
+                const_cast<void*>(static_cast<const void*>(p.cache)), dims, strides, box, elem,
+                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// num_blocks > 0: the producer on the tensor map (cudaErrorNotSupported where it cannot be
+// made); 0: on cp.async
+template <int HD>
+cudaError_t launch_with_map(const Int8AttnParams& p, int64_t num_blocks, int num_selected,
+                            cudaStream_t stream) {
+  WgmmaParams wp{};
+  wp.p = p;
+  if (num_blocks > 0) {
+    if (!make_rows_map<HD>(p, num_blocks, &wp.rows)) return cudaErrorNotSupported;
+    wp.tma = 1;
+  }
+  return launch_hd<HD>(wp, num_selected, stream);
 }
 
 }  // namespace
 
 bool int8_verify_wgmma_supported(int head_dim) { return head_dim == 128 || head_dim == 256; }
 
-cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int num_selected,
-                                     cudaStream_t stream) {
+bool int8_verify_tma_layout(const Int8AttnParams& p, int64_t row) {
+  return reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.stride_cb % 16 == 0 &&
+         p.stride_cn % 16 == 0 && p.stride_ch % 8 == 0 && p.stride_ch >= row &&
+         (p.num_kv_heads - 1) * p.stride_ch + row <= p.stride_cn;
+}
+
+cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int64_t num_blocks,
+                                     int num_selected, cudaStream_t stream) {
   if (num_selected <= 0 || p.num_kv_heads <= 0 || p.num_segs <= 0) return cudaSuccess;
   if (p.group < 1 || p.max_q < 1 || p.group * p.max_q > kInt8VerifyMaxCols ||
       p.block_size % kSlots != 0 || p.int_qk)
     return cudaErrorInvalidValue;
   switch (p.head_dim) {
-    case 128: return launch_hd<128>(p, num_selected, stream);
-    case 256: return launch_hd<256>(p, num_selected, stream);
+    case 128: return launch_with_map<128>(p, num_blocks, num_selected, stream);
+    case 256: return launch_with_map<256>(p, num_blocks, num_selected, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -313,10 +313,14 @@ needs_wgmma = pytest.mark.skipif(
     reason="the warpgroup-MMA verification form needs an sm_90a build on compute capability 9.0")
 
 
-def _wgmma_form(monkeypatch) -> list[str]:
-    """Asks for the warpgroup-MMA verification form; returns the list of the forms that served
+# the warpgroup-MMA forms: its producer on cp.async, or on a TMA tensor map over the cache
+WGMMA_FORMS = ["wgmma", "wgmma_tma"]
+
+
+def _wgmma_form(monkeypatch, form: str = "wgmma") -> list[str]:
+    """Asks for a warpgroup-MMA verification form; returns the list of the forms that served
     each verification launch from here on."""
-    monkeypatch.setattr(cuda_decode, "VERIFY_FORM", "wgmma")
+    monkeypatch.setattr(cuda_decode, "VERIFY_FORM", form)
     served: list[str] = []
     launch = cuda_decode.launch_cuda_verify
 
@@ -346,34 +350,45 @@ def _error_pattern(out: torch.Tensor, ref: torch.Tensor, b) -> str:
             f"by 64-dim block {by_block}, NaN {int(torch.isnan(out.float()).sum())}")
 
 
+def _tma_served(form: str, nkv: int, hs: int, layout: str) -> str:
+    """The form that serves a call asked for ``form``: "wgmma_tma" needs the NHD layout with a
+    slot's rows (nkv heads x (2 hs + 8) bytes) a multiple of 16 bytes, "wgmma" serves the rest."""
+    if form == "wgmma_tma" and (layout != "NHD" or nkv * (2 * hs + 8) % 16):
+        return "wgmma"
+    return form
+
+
 @needs_wgmma
+@pytest.mark.parametrize("form", WGMMA_FORMS)
 @pytest.mark.parametrize("lazy_max", [False, True])
 @pytest.mark.parametrize("shape", [s for s in VERIFY_SHAPES if s[2] in (128, 256)],
                          ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(*s[:5]))
-def test_cuda_verify_wgmma(shape, lazy_max, monkeypatch):
+def test_cuda_verify_wgmma(shape, lazy_max, form, monkeypatch):
     """The verification kernel's warpgroup-MMA form at every head size it has (128, 256):
     2..8 query tokens, requests of different lengths in one launch, the causal tail inside a
     tile and across tiles, contexts to 70K, many segments and one, NHD (heads at 0 or 8 mod
     16) and HND, fp16 and bf16 queries, the exact per-stage softmax and the lazy maxima; every
     launch served by that form. A CTA computes two segments (one a consumer warpgroup), so
-    odd segment counts (the last CTA's second consumer past the split) are checked too."""
+    odd segment counts (the last CTA's second consumer past the split) are checked too. Both
+    producers: cp.async ("wgmma") and TMA boxes ("wgmma_tma", where the layout allows)."""
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
-    served = _wgmma_form(monkeypatch)
+    served = _wgmma_form(monkeypatch, form)
     _check_cuda_segmentations(_verify_batch(shape), verify_attention, (None, 1, 2, 3, 7))
-    assert served == ["wgmma"] * 5
+    assert served == [_tma_served(form, shape[0], shape[2], shape[4])] * 5
 
 
 @needs_wgmma
+@pytest.mark.parametrize("form", WGMMA_FORMS)
 @pytest.mark.parametrize("lazy_max", [False, True])
 @pytest.mark.parametrize("case", VERIFY_COLUMN_CASES, ids=lambda c: f"g{c[0]}_q{c[1]}")
-def test_cuda_verify_wgmma_columns(case, lazy_max, monkeypatch):
+def test_cuda_verify_wgmma_columns(case, lazy_max, form, monkeypatch):
     """The warpgroup-MMA form at every MMA width it is compiled for (8 to 48 columns: 1 to 6
     n-tiles), requests narrower than the widest in the same launch, at the 27B layer's shape;
-    both maxima forms."""
+    both maxima forms, both producers."""
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
-    served = _wgmma_form(monkeypatch)
+    served = _wgmma_form(monkeypatch, form)
     _check_cuda_segmentations(_columns_batch(case), verify_attention)
-    assert served == ["wgmma", "wgmma"]
+    assert served == [form, form]
 
 
 @needs_wgmma
@@ -429,7 +444,8 @@ def _columns_batch(case):
 
 
 @needs_c
-@pytest.mark.parametrize("form", ["mma", pytest.param("wgmma", marks=needs_wgmma)])
+@pytest.mark.parametrize("form", ["mma"] + [pytest.param(f, marks=needs_wgmma)
+                                             for f in WGMMA_FORMS])
 @pytest.mark.parametrize("q_len", [4, 6])
 def test_cuda_verify_lazy_max_spikes(q_len, form, monkeypatch):
     """The lazy maxima where they must fall back: a few positions deep into the context whose
@@ -439,7 +455,7 @@ def test_cuda_verify_lazy_max_spikes(q_len, form, monkeypatch):
     the spikes change the output (a kernel that skipped them would fail). The same for the
     warpgroup-MMA form's lazy maxima."""
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", True)
-    served = _wgmma_form(monkeypatch) if form == "wgmma" else None
+    served = _wgmma_form(monkeypatch, form) if form != "mma" else None
     lens = [5000, 70001]
     b = make_batch(lens, [q_len, q_len], torch.int8, device="cuda", seed=31, q_gain=1.0)
     ref_before = _ref(b)
@@ -458,12 +474,13 @@ def test_cuda_verify_lazy_max_spikes(q_len, form, monkeypatch):
     ref = _ref(b)
     assert rel_err(ref_before, ref) > 0.5  # the spikes dominate the output
     _check_cuda_segmentations(b, verify_attention)
-    assert served is None or served == ["wgmma", "wgmma"]
+    assert served is None or served == [form, form]
 
 
 @needs_c
 @pytest.mark.parametrize("trigger", ["start", "end"])
-@pytest.mark.parametrize("q_len", [1, 6, pytest.param("6-wgmma", marks=needs_wgmma)])
+@pytest.mark.parametrize("q_len", [1, 6] + [pytest.param(f"6-{f}", marks=needs_wgmma)
+                                            for f in WGMMA_FORMS])
 def test_cuda_pdl_reads_new_slots_after_their_writer(q_len, trigger, monkeypatch):
     """Programmatic dependent launch: the step's slots (a request's last ``q_len``) are written
     by a kernel that lets the attention kernel launch at once and writes them after a spin
@@ -476,9 +493,10 @@ def test_cuda_pdl_reads_new_slots_after_their_writer(q_len, trigger, monkeypatch
     from pdl_writer import slow_copy_slots
     monkeypatch.setattr(cuda_decode, "ATTN_PDL", True)
     monkeypatch.setattr(cuda_decode, "ATTN_PDL_TRIGGER", trigger)
-    served = None
-    if q_len == "6-wgmma":  # the warpgroup-MMA verification form
-        q_len, served = 6, _wgmma_form(monkeypatch)
+    served, form = None, None
+    if isinstance(q_len, str):  # "6-<form>": a warpgroup-MMA verification form
+        form = q_len.split("-", 1)[1]
+        q_len, served = 6, _wgmma_form(monkeypatch, form)
     lens = [5000, 70001]
     b = make_batch(lens, [q_len, q_len], torch.int8, device="cuda", seed=41, q_gain=1.0)
     old = b.cache.clone()
@@ -511,15 +529,17 @@ def test_cuda_pdl_reads_new_slots_after_their_writer(q_len, trigger, monkeypatch
         assert torch.equal(b.cache, new)
         errs = _per_request(out, ref, b)
         assert max(errs) < CUDA_TOL, (segs, errs)
-    assert served is None or served == ["wgmma", "wgmma"]
+    assert served is None or served == [form, form]
 
 
 @needs_c
-@pytest.mark.parametrize("form", ["mma", pytest.param("wgmma", marks=needs_wgmma)])
+@pytest.mark.parametrize("form", ["mma"] + [pytest.param(f, marks=needs_wgmma)
+                                             for f in WGMMA_FORMS])
 def test_cuda_verify_selected_requests_and_graph(form, monkeypatch):
     """Verification requests picked by index in a mixed step, captured in a CUDA graph and
-    replayed after the contexts grew; both kernel forms."""
-    served = _wgmma_form(monkeypatch) if form == "wgmma" else None
+    replayed after the contexts grew; every kernel form (the TMA form's tensor map is a
+    kernel parameter, captured with the launch)."""
+    served = _wgmma_form(monkeypatch, form) if form != "mma" else None
     b = make_batch([3000, 70000, 500, 40000], [6, 1, 4, 6], torch.int8, device="cuda",
                    seed=15)
     md = AttentionMetadata.build(b.block_table, [2000, 70000, 300, 30000], [6, 1, 4, 6])
@@ -539,7 +559,7 @@ def test_cuda_verify_selected_requests_and_graph(form, monkeypatch):
     assert torch.isnan(out[qsl[1]:qsl[2]].float()).all()  # request 1 not selected
     errs = [e for r, e in enumerate(_per_request(out, _ref(b), b)) if r != 1]
     assert max(errs) < CUDA_TOL, errs
-    assert served is None or served == ["wgmma", "wgmma"]
+    assert served is None or served == [form, form]
 
 
 def test_int_qk_error():

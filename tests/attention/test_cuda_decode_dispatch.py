@@ -101,11 +101,9 @@ def test_verify_lazy_maxima_switch(monkeypatch):
     assert [c[-1] for c in calls] == [0] * 3  # pdl, the op's last argument
 
 
-def test_verify_form_switch(monkeypatch):
-    """The verification kernel's warpgroup-MMA form: only where asked (VLLM_PRISM_ATTN_VERIFY_FORM
-    or the module's VERIFY_FORM) and only where it can serve the call (the sm_90a op built,
-    compute capability 9.0, head size 128 / 256, exact Q.K); the mma form takes every other
-    call, with the same arguments it always had; a bad switch value is refused by name."""
+def _fake_verify_ops(monkeypatch) -> list:
+    """Both verification ops replaced by recorders (the form, the arguments), the module's form
+    left to the switch, every op built; returns the record."""
     calls = []
 
     class FakeOps:
@@ -118,6 +116,15 @@ def test_verify_form_switch(monkeypatch):
     monkeypatch.setattr(torch.ops, "_C_prism", FakeOps(), raising=False)
     monkeypatch.setattr(cuda_decode, "VERIFY_FORM", None)
     monkeypatch.setattr(cuda_decode, "has_compiled_op", lambda name: True)
+    return calls
+
+
+def test_verify_form_switch(monkeypatch):
+    """The verification kernel's warpgroup-MMA form: only where asked (VLLM_PRISM_ATTN_VERIFY_FORM
+    or the module's VERIFY_FORM) and only where it can serve the call (the sm_90a op built,
+    compute capability 9.0, head size 128 / 256, exact Q.K); the mma form takes every other
+    call, with the same arguments it always had; a bad switch value is refused by name."""
+    calls = _fake_verify_ops(monkeypatch)
     cap = {"v": (9, 0)}
     monkeypatch.setattr(cuda_decode, "device_capability", lambda device: cap["v"])
     q = torch.empty(6, 24, 256, dtype=torch.bfloat16)
@@ -144,17 +151,53 @@ def test_verify_form_switch(monkeypatch):
     assert [c[0] for c in calls] == ["mma", "wgmma", "mma", "wgmma", "mma", "mma", "mma",
                                      "wgmma"]
     wg = [a for form, a in calls if form == "wgmma"]
-    # the wgmma op: the call's tensors, scale, max_q, segments, MIN_TILES, lazy maxima, pdl
+    # the wgmma op: the call's tensors, scale, max_q, segments, MIN_TILES, lazy maxima, pdl,
+    # tma (off: the "wgmma" form's cp.async producer)
     assert all(a is b for a, b in zip(wg[0][:9], args[:9], strict=True))
     assert wg[0][9:] == (0.0625, 6, 4, cuda_decode.MIN_TILES, cuda_decode.verify_lazy_max(),
-                         cuda_decode.pdl_mode(True))
-    assert wg[1][0] is q128 and wg[2][-1] == 0
+                         cuda_decode.pdl_mode(True), False)
+    assert wg[1][0] is q128 and wg[2][-2] == 0
     mma = [a for form, a in calls if form == "mma"]
     assert all(len(a) == 17 for a in mma) and mma[1][-4] is True  # int_qk kept
     monkeypatch.setattr(cuda_decode, "VERIFY_FORM", None)
     monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_FORM", "fast")
     with pytest.raises(ValueError, match="VLLM_PRISM_ATTN_VERIFY_FORM"):
         cuda_decode.launch_cuda_verify(*args)
+
+
+def test_verify_form_wgmma_tma(monkeypatch):
+    """``VLLM_PRISM_ATTN_VERIFY_FORM=wgmma_tma``: the warpgroup-MMA op with its TMA producer
+    (the op's last argument) where the cache is in vLLM's NHD layout with 16-byte slot rows;
+    the cp.async producer ("wgmma") for an HND cache, NHD rows of 8 mod 16 bytes (one KV head
+    of head size 256) or a cache base off 16 bytes; the mma form where no wgmma form can run."""
+    calls = _fake_verify_ops(monkeypatch)
+    monkeypatch.setattr(cuda_decode, "device_capability", lambda device: (9, 0))
+    monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_FORM", "wgmma_tma")
+
+    def launch(kv_cache, head_size=256, int_qk=False):
+        q = torch.empty(6, 24, head_size, dtype=torch.bfloat16)
+        return cuda_decode.launch_cuda_verify(q, kv_cache, *(None,) * 7, 0.0625, 6, 4,
+                                              int_qk=int_qk)
+
+    nhd = make_kv_cache(3, 4, 16, 256, torch.int8, "NHD", "cpu")
+    assert launch(nhd) == "wgmma_tma"
+    assert launch(make_kv_cache(3, 2, 32, 128, torch.int8, "NHD", "cpu"),
+                  head_size=128) == "wgmma_tma"
+    assert launch(make_kv_cache(3, 4, 16, 256, torch.int8, "HND", "cpu")) == "wgmma"
+    assert launch(make_kv_cache(3, 1, 16, 256, torch.int8, "NHD", "cpu")) == "wgmma"
+    raw = torch.empty(nhd.numel() + 8, dtype=torch.int8)
+    off = (8 - raw.data_ptr() % 16) % 16  # a base 8 bytes past a 16-byte boundary
+    shifted = raw[off:off + nhd.numel()].view(3, 16, 4, -1).permute(0, 2, 1, 3)
+    assert shifted.stride() == nhd.stride() and shifted.data_ptr() % 16 == 8
+    assert launch(shifted) == "wgmma"
+    assert launch(nhd, int_qk=True) == "mma"
+    assert [c[0] for c in calls] == ["wgmma"] * 5 + ["mma"]
+    assert [c[1][-1] for c in calls[:5]] == [True, True, False, False, False]
+    assert calls[0][1][1] is nhd
+    assert cuda_decode.tma_layout_problem(nhd, 256) is None
+    # HND with 16-byte aligned (padded) slot rows: aligned, but a slot's heads apart
+    hnd_padded = torch.empty(3, 4, 16, 528, dtype=torch.int8)[..., :520]
+    assert "NHD" in cuda_decode.tma_layout_problem(hnd_padded, 256)
 
 
 def test_attention_pdl_switch(monkeypatch):

@@ -223,6 +223,11 @@ def test_wgmma_verify_compiles(tmp_path: Path) -> None:
     for n in range(8, 49, 8):
         assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.f16.f16" in ptx, n
     assert "fence.proxy.async.shared::cta" in ptx and "movmatrix.sync.aligned" in ptx
+    # both producers: the rows by cp.async (arriving on the full mbarrier), the tiles as TMA
+    # boxes of the tensor map parameter
+    assert "cp.async.mbarrier.arrive.noinc.shared::cta.b64" in ptx
+    assert ("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+            in ptx)
 
 
 def _sass(obj: Path) -> str | None:

@@ -27,7 +27,11 @@ at 4 on the H100) runs the same call warp-specialised: a producer warp copies tw
 stages into a ring, two consumer warpgroups (one segment each) run S^T and O^T as ``wgmma``
 with K and V^T from registers, each int8 element converted once (the grid is half the
 segments);
-:func:`wgmma_verify_problem` says where it cannot (the "mma" form serves those calls).
+:func:`wgmma_verify_problem` says where it cannot (the "mma" form serves those calls). Its
+``wgmma_tma`` form copies each 16-slot tile of a stage as one TMA box of a tensor map over the
+cache (four copies a stage instead of a lane's 2 x 33 ``cp.async``), where the cache is in
+vLLM's NHD layout (:func:`tma_layout_problem`; the ``cp.async`` producer serves the others);
+written, not yet run on a GPU.
 
 Both kernels and their merge launch with programmatic dependent launch where the PQ2 kernels do
 (``VLLM_PRISM_PDL``, Hopper and newer) and ``VLLM_PRISM_ATTN_PDL`` is on (``ATTN_PDL``
@@ -91,8 +95,9 @@ VERIFY_DIM_SPLIT = 2
 # 32K, the same error. None: the VLLM_PRISM_ATTN_VERIFY_LAZY switch (default on); a benchmark
 # or a test sets True or False here.
 VERIFY_LAZY_MAX: bool | None = None
-# verification's kernel form: "mma" (int8_verify.cu) or "wgmma" (int8_verify_wgmma.cu, where
-# wgmma_verify_problem is None). None: the VLLM_PRISM_ATTN_VERIFY_FORM switch (default "mma");
+# verification's kernel form: "mma" (int8_verify.cu), "wgmma" or "wgmma_tma" (int8_verify_wgmma.cu,
+# where wgmma_verify_problem is None; "wgmma_tma": its producer on a TMA tensor map where
+# tma_layout_problem is None). None: the VLLM_PRISM_ATTN_VERIFY_FORM switch (default "mma");
 # a benchmark or a test sets a form here.
 VERIFY_FORM: str | None = None
 VERIFY_FORMS = envs.CHOICES["VLLM_PRISM_ATTN_VERIFY_FORM"]
@@ -203,16 +208,23 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     """One launch of the verification kernel: ``out`` directly or the partials; ``int_qk``
     runs Q.K on the int8 tensor cores with the query quantised per column (opt-in); ``pdl``
     (causal calls only): programmatic dependent launch. Returns the form that ran
-    (:func:`verify_form`, "mma" where the "wgmma" form cannot serve the call)."""
-    if verify_form() == "wgmma":
+    (:func:`verify_form`: "mma" where the warpgroup-MMA forms cannot serve the call, "wgmma"
+    where "wgmma_tma" cannot take the cache's layout)."""
+    form = verify_form()
+    if form != "mma":
         why = wgmma_verify_problem(q, int_qk)
         if why is None:
+            if form == "wgmma_tma":
+                why_tma = tma_layout_problem(kv_cache, q.shape[-1])
+                if why_tma is not None:
+                    _log_tma_fallback(why_tma)
+                    form = "wgmma"
             torch.ops._C_prism.int8_verify_wgmma_attention(
                 q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o,
                 part_lse, float(scale), int(max_q), int(num_segs), MIN_TILES, verify_lazy_max(),
-                pdl_mode(pdl))
-            return "wgmma"
-        _log_wgmma_fallback(why)
+                pdl_mode(pdl), form == "wgmma_tma")
+            return form
+        _log_wgmma_fallback(form, why)
     torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
                                              float(scale), int(max_q), int(num_segs), MIN_TILES,
@@ -222,7 +234,7 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
 
 
 def verify_form() -> str:
-    """The verification kernel's form asked for: VERIFY_FORM or the switch ("mma", "wgmma")."""
+    """The verification kernel's form asked for: VERIFY_FORM or the switch (VERIFY_FORMS)."""
     form = VERIFY_FORM or envs.VLLM_PRISM_ATTN_VERIFY_FORM
     if form not in VERIFY_FORMS:
         raise ValueError(f"VLLM_PRISM_ATTN_VERIFY_FORM must be one of {VERIFY_FORMS}, not "
@@ -245,10 +257,30 @@ def wgmma_verify_problem(q: torch.Tensor, int_qk: bool = False) -> str | None:
     return None
 
 
+def tma_layout_problem(kv_cache: torch.Tensor, head_size: int) -> str | None:
+    """Why the "wgmma_tma" form's tensor map cannot cover this int8 cache (the op checks the
+    same and refuses), or None: a slot's heads side by side at 8-byte offsets, the cache, its
+    slot and block strides 16-byte aligned (vLLM's NHD layout). ``kv_cache`` is the kernels'
+    [blocks, KV heads, block size, row] view."""
+    row = 2 * head_size + 8
+    s_block, s_head, s_slot = kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2)
+    if kv_cache.data_ptr() % 16 or s_block % 16 or s_slot % 16 or s_head % 8:
+        return "the cache, its slot or block stride not 16-byte aligned"
+    if s_head < row or (kv_cache.shape[1] - 1) * s_head + row > s_slot:
+        return "a slot's KV heads not side by side (the cache is not in vLLM's NHD layout)"
+    return None
+
+
 @functools.cache
-def _log_wgmma_fallback(why: str) -> None:
-    logger.warning("VLLM_PRISM_ATTN_VERIFY_FORM=wgmma: the mma form serves this "
-                   "verification call: %s", why)
+def _log_wgmma_fallback(form: str, why: str) -> None:
+    logger.warning("VLLM_PRISM_ATTN_VERIFY_FORM=%s: the mma form serves this "
+                   "verification call: %s", form, why)
+
+
+@functools.cache
+def _log_tma_fallback(why: str) -> None:
+    logger.warning("VLLM_PRISM_ATTN_VERIFY_FORM=wgmma_tma: its cp.async producer (the wgmma "
+                   "form) serves this verification call: %s", why)
 
 
 def pdl_mode(pdl: bool) -> int:
