@@ -68,11 +68,6 @@ struct Shape {
   static_assert(SPLIT == 1 || SPLIT == 2, "one warp a (tile, head) or two");
 };
 
-// The pair of warps sharing a (tile, head) (SPLIT = 2) meets at named barrier 1 + tw.
-__device__ __forceinline__ void pair_sync(int tw) {
-  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + tw) : "memory");
-}
-
 template <int HD, int NKV, int SPLIT>
 __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2 : 1)
     int8_decode_kernel(const Int8AttnParams p) {
@@ -116,7 +111,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
         const int blk = bt[pos0 / p.block_size];
         const uint8_t* src = cache + static_cast<int64_t>(blk) * p.stride_cb +
                              static_cast<int64_t>(pos0 % p.block_size) * p.stride_cn;
-        const uint32_t d = smem_u32(dst + s * S::kSubBytes);
+        const uint32_t d = smem_addr(dst + s * S::kSubBytes);
         for (int c = threadIdx.x; c < S::kSubBytes / 16; c += kThreads)
           cp_async16(d + c * 16, src + c * 16);
       }

@@ -1,7 +1,8 @@
 // Device helpers shared by the INT8 attention kernels (int8_decode.cu, int8_verify.cu): the
 // 16-byte / 8-byte cp.async pipeline, int8 -> fp16 operands from the bits, the fp16 MMA, the
 // 8x8 transpose that turns an S^T accumulator into a P^T operand, ldmatrix, the slot order
-// of a tile, and the launch with programmatic dependent launch (../pdl.cuh).
+// of a tile, and the launch with programmatic dependent launch (../pdl.cuh); shared-memory
+// addresses are ../async_pipeline.cuh's smem_addr.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../async_pipeline.cuh"  // smem_addr
 #include "../pdl.cuh"
 
 namespace vllm_prism {
@@ -47,9 +49,28 @@ __device__ __forceinline__ int slot_of_row(int row) {
   return (row & 8) | (r < 4 ? r : (r ^ 1));
 }
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+// Named barrier `id` (1..15; 0 is __syncthreads) over kThreads threads.
+template <int kThreads>
+__device__ __forceinline__ void named_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory");
 }
+
+// The named barrier's OR of `v` over its kThreads threads.
+template <int kThreads>
+__device__ __forceinline__ bool named_sync_or(int id, bool v) {
+  int r;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.s32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n"
+      " selp.s32 %0, 1, 0, q;\n}\n"
+      : "=r"(r)
+      : "r"(static_cast<int>(v)), "r"(id), "n"(kThreads)
+      : "memory");
+  return r != 0;
+}
+
+// The two warps sharing a 16-slot tile (the decode kernel: and a KV head) meet at named
+// barrier 1 + pair.
+__device__ __forceinline__ void pair_sync(int pair) { named_sync<64>(1 + pair); }
 
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));

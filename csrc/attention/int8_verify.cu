@@ -164,11 +164,6 @@ __device__ __forceinline__ void for_half_columns(int warp, int t, F&& f) {
   });
 }
 
-// The two warps of a tile (S::kDimSplit) meet at named barrier 1 + tile.
-__device__ __forceinline__ void pair_sync(int tile) {
-  asm volatile("bar.sync %0, 64;\n" ::"r"(1 + tile) : "memory");
-}
-
 // Q into shared memory: column c = token * group + head of the group (zero past the request's
 // columns), fp16 rows scaled by qk_scale, or (IQK) int8 rows of the scaled query with the
 // column's scale (absmax / 127) in qsc; read after the main loop's first barrier.
@@ -271,7 +266,7 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
   const int r2 = r0 + 8;
   const int r3 = r1 + 8;
   // ldmatrix rows of P^T: lane l gives row l % 8 of matrix l / 8 (k rows 8 (l / 8) ..)
-  const uint32_t p_lane = smem_u32(ps) + (lane & 7) * S::kPRow + ((lane >> 3) & 1) * 16;
+  const uint32_t p_lane = smem_addr(ps) + (lane & 7) * S::kPRow + ((lane >> 3) & 1) * 16;
 
   for (int st = 0; st < w.n_stages; ++st) {
     cp_async_wait<0>();

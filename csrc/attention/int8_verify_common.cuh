@@ -116,7 +116,7 @@ __device__ __forceinline__ void copy_stage_rows(const Int8AttnParams& p, const V
   const int pos = stage_row_pos<T>(w, st, row);
   if (pos < 0) return;
   copy_row<HD, kTpr>(cache_row(p, w, pos, w.bt[pos / p.block_size]),
-                     smem_u32(stage + row * kSRow), vec16, shift, ct % kTpr);
+                     smem_addr(stage + row * kSRow), vec16, shift, ct % kTpr);
 }
 
 // ---- The softmax pieces both kernels run on a lane's two S^T rows (g and g + 8 of a 16-slot

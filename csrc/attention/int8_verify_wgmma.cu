@@ -115,24 +115,6 @@ struct WShape {
   static_assert(kSmem <= 227 * 1024, "shared memory of one CTA");
 };
 
-// ---- The consumers' named barriers (the ring's mbarriers: ../async_pipeline.cuh).
-
-__device__ __forceinline__ void named_sync(int id, int threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
-
-// The named barrier's OR of `v` over its threads.
-__device__ __forceinline__ bool named_sync_or(int id, int threads, bool v) {
-  int r;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.s32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n"
-      " selp.s32 %0, 1, 0, q;\n}\n"
-      : "=r"(r)
-      : "r"(static_cast<int>(v)), "r"(id), "r"(threads)
-      : "memory");
-  return r != 0;
-}
-
 // Q^T into shared memory as the S^T MMAs' B operand: column c = token * group + head (zero past
 // the request's columns), scaled by qk_scale, fp16. Dimension 32 kk + 8 t + j is k index
 // 32 kk + 8 (j / 2) + 2 t + j % 2 (the order of the K fragments, above); element (c, k) at byte
@@ -289,7 +271,7 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
       for (int i = 0; i < 2; ++i) {
         if (r.pos[i] >= 0)
           copy_row<HD, 1>(cache_row(p, wc, r.pos[i], r.blk[i]),
-                          smem_u32(dst + (lane + 32 * i) * S::kSRow), vec16, shift, 0);
+                          smem_addr(dst + (lane + 32 * i) * S::kSRow), vec16, shift, 0);
       }
     }
     copy_arrive(&full[buf]);
@@ -324,8 +306,8 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
   const int t = lane & 3;
 
   const uint32_t k64 = 0x64646464u | (static_cast<uint32_t>(p.head_dim) >> 16);
-  const uint64_t q_desc = make_smem_desc(smem_u32(qs), 128, S::kQSbo);
-  const uint64_t p_desc = make_smem_desc(smem_u32(ps), 128, S::kPSbo);
+  const uint64_t q_desc = make_smem_desc(smem_addr(qs), 128, S::kQSbo);
+  const uint64_t p_desc = make_smem_desc(smem_addr(ps), 128, S::kPSbo);
 
   float oacc[MB][4 * NT];  // O^T: m-block b, this lane's rows and columns
 #pragma unroll
@@ -356,7 +338,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
       mbar_arrive(&empty[buf]);
       continue;
     }
-    named_sync(bar, kGroupThreads);  // every warp is done with the previous stage's P^T, red
+    named_sync<kGroupThreads>(bar);  // every warp is done with the previous stage's P^T, red
 
     const uint8_t* base = smem + buf * S::kStageBytes + vshift;
     const int stage_pos = (w.t0 + st * T) * kSlots;
@@ -441,7 +423,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
           store_pt(n, pv);
         }
         fence_proxy_async();
-        if (!named_sync_or(bar, kGroupThreads, over)) {  // every P^T is in, the accumulators stand
+        if (!named_sync_or<kGroupThreads>(bar, over)) {  // every P^T is in, the accumulators stand
 #pragma unroll
           for (int n = 0; n < NT; ++n) {
             l[n][0] += linc[n][0];
@@ -465,7 +447,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
       const StageVScale vs =
           stage_vscale<HD, S::kSRow, kStageSlots>(base, stage_pos, w.seq_len, run_vmax);
       run_vmax = vs.new_vmax;
-      named_sync(bar, kGroupThreads);  // every tile's maxima are in
+      named_sync<kGroupThreads>(bar);  // every tile's maxima are in
 
       // ---- the columns' maxima, factors and row sums; P^T into shared memory
       float f[NT][2];
@@ -498,7 +480,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
           }
       }
       fence_proxy_async();
-      named_sync(bar, kGroupThreads);  // the stage's P^T is in
+      named_sync<kGroupThreads>(bar);  // the stage's P^T is in
     }
 
     // ---- O^T += V^T . P^T: k-step ks is tile ks (k position j: the slot of S^T row j), in
@@ -582,7 +564,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
       if (g == 0) red[wwarp * S::kN + 8 * n + 2 * t + e] = ls;
     }
   }
-  named_sync(bar, kGroupThreads);
+  named_sync<kGroupThreads>(bar);
   auto col_sum = [&](int col) {
     return (red[col] + red[S::kN + col]) + (red[2 * S::kN + col] + red[3 * S::kN + col]);
   };
@@ -671,7 +653,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_wait();  // the query is the kernel before's
   stage_query_t<HD, NT>(p, kvh, w0.q_start, w0.n_cols, smem + S::kQOff);
   fence_proxy_async();  // Q^T is read by both consumers' MMAs
-  named_sync(kBarQuery, kConsumerThreads);
+  named_sync<kConsumerThreads>(kBarQuery);
   const int c = threadIdx.x / kGroupThreads;
   consume<HD, NT, LM>(p, c ? w1 : w0, c, kConsumers * blockIdx.z + c, n_max,
                       wp.tma ? 0 : shift, smem);
@@ -685,7 +667,8 @@ cudaError_t launch_form(const WgmmaParams& wp, int num_selected, cudaStream_t st
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return attr;
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(num_selected, wp.p.num_kv_heads, (wp.p.num_segs + kConsumers - 1) / kConsumers);
+  cfg.gridDim = dim3(num_selected, wp.p.num_kv_heads,
+                     (wp.p.num_segs + kConsumers - 1) / kConsumers);  // two segments a CTA
   cfg.blockDim = dim3(kThreads, 1, 1);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
