@@ -8,14 +8,18 @@ movmatrix's 8x8 transpose and prmt's byte selection. This script models those op
 the PTX ISA defines them and runs the kernel's loads, stores and register hand-overs lane by
 lane, as the kernel writes them, for one consumer warpgroup over five stages (a partial last
 tile, V-scale jumps, a key far along the queries that sends the lazy maxima back to the exact
-path, the causal tail), against a float reference. (A CTA holds two consumer warpgroups, each
-over its own segment, fed by a producer warp through mbarriers; the producer, the ring and the
-MMAs' batching at 6 n-tiles move no index and are not emulated.) Keep it in step with the kernel: a change
+path, the causal tail), against a float reference. The stages come from the cp.async
+producer's rows (at 0 or 8 mod 16 in their shared rows) or from the TMA-box producer
+(``wgmma_tma``): boxes of the tensor map the host makes, over a paged NHD cache of four KV
+heads whose unused slots hold 0xFF, with the PTX ISA's out-of-bounds zero fill (the last
+head's boxes run past a slot's heads). (A CTA holds two consumer warpgroups, each over its
+own segment, fed by a producer warp through mbarriers; the ring, its barriers and the MMAs'
+batching at 6 n-tiles move no index and are not emulated.) Keep it in step with the kernel: a change
 to the kernel's index math is checked here before it goes to a GPU (it found the head size 128
 V word mapping wrong before the first commit).
 
     python scripts/emulate_verify_wgmma.py   # every head size, n-tile count, offset, maxima
-    python scripts/emulate_verify_wgmma.py --hd 256 --nt 5 --shift 8 --lazy 1
+    python scripts/emulate_verify_wgmma.py --hd 256 --nt 5 --shift 8 --lazy 1 --tma-head 3
 
 Exits 1 where a case's relative error passes 1e-3 (fp16 operands give ~4e-4).
 """
@@ -36,10 +40,13 @@ def emulate(
     SHIFT: int,
     lazy: bool = False,  # noqa: C901, N803
     stages: int = 3,
+    tma_head: int | None = None,
 ) -> float:
     """The kernel's output for one CTA against the reference: relative L2 error. ``lazy``: the
     lazy maxima (p.lazy_max); ``stages`` >= 5 adds a key along the queries at slot 200 (scores
-    far past the running maxima) and a V-scale jump at 260, so later stages fall back."""
+    far past the running maxima) and a V-scale jump at 260, so later stages fall back.
+    ``tma_head``: the stages come from the TMA-box producer (``wgmma_tma``) instead, as KV head
+    ``tma_head`` of a paged NHD cache of four heads (SHIFT unused: its rows land at byte 0)."""
     rng = np.random.default_rng(seed)
     group = 6
     q_len = min(8, (8 * NT) // group)
@@ -240,15 +247,56 @@ def emulate(
         store_pt(pv_regs)
         return run_vmax
 
+    # the TMA-box producer's source: a paged NHD cache of 4 KV heads (blocks of BS slots in a
+    # shuffled order), the emulated head's rows where they belong, the other heads random, the
+    # slots past the context 0xFF (NaN scales), as the GPU tests poison them
+    NKV, BS = 4, 32
+    stride_cn = NKV * kRow
+    stride_cb = BS * stride_cn
+    n_blocks = (seq_len + BS - 1) // BS + 2
+    bt = rng.permutation(n_blocks)[: (seq_len + BS - 1) // BS]
+    cache = bytearray(rng.integers(0, 256, n_blocks * stride_cb, dtype=np.uint8).tobytes())
+    if tma_head is not None:
+        for pos in range(len(bt) * BS):
+            off = bt[pos // BS] * stride_cb + (pos % BS) * stride_cn + tma_head * kRow
+            cache[off : off + kRow] = row_bytes(pos) if pos < seq_len else b"\xff" * kRow
+
+    def tma_stage(buf, st):
+        """Stage st as the producer's lanes 0-3 copy it: a box of the tensor map (8-byte
+        elements; dimension 0 a slot's heads, stride_cn / 8 of them, 1 the block's slots, 2 the
+        blocks) of kSRow / 8 x 16 x 1 elements at (head x kRow / 8, slot, block) for each tile
+        in the context, landing at tile x 16 rows of kSRow bytes; elements past a dimension's
+        end are zeros (the last head's box runs past dimension 0)."""
+        dim0 = stride_cn // 8
+        for lane in range(4):
+            tl = st * 4 + lane
+            if tl >= n_tiles:
+                continue
+            pos = tl * 16
+            blk, slot = bt[pos // BS], pos % BS
+            c0 = tma_head * (kRow // 8)
+            for r in range(16):
+                for e in range(kSRow // 8):
+                    dst = (lane * 16 + r) * kSRow + 8 * e
+                    if c0 + e < dim0 and slot + r < BS:
+                        src = blk * stride_cb + (slot + r) * stride_cn + 8 * (c0 + e)
+                        buf[dst : dst + 8] = cache[src : src + 8]
+                    else:
+                        buf[dst : dst + 8] = bytes(8)
+
     lazy_stages = []
     for st in range(n_stages):
         buf = smem_stage[st & 1]
-        for row in range(64):
-            pos = st * 64 + row
-            if pos // 16 < n_tiles and pos < seq_len:
-                rb = row_bytes(pos)
-                buf[row * kSRow + SHIFT : row * kSRow + SHIFT + kRow] = rb
-        base = SHIFT
+        if tma_head is not None:
+            tma_stage(buf, st)
+            base = 0
+        else:
+            for row in range(64):
+                pos = st * 64 + row
+                if pos // 16 < n_tiles and pos < seq_len:
+                    rb = row_bytes(pos)
+                    buf[row * kSRow + SHIFT : row * kSRow + SHIFT + kRow] = rb
+            base = SHIFT
         stage_pos = st * 64
         # S^T
         ka = [[None] * 32 for _ in range(4)]
@@ -484,19 +532,36 @@ def main() -> None:
         default=5,
         help="stages of 64 slots (5 or more: a score spike and a V-scale jump)",
     )
+    ap.add_argument(
+        "--tma-head",
+        type=int,
+        nargs="*",
+        default=[2, 3],
+        help="also the TMA-box producer's stages, as this KV head of four (3: the last, whose "
+        "boxes run past the slot's heads)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     worst = 0.0
+    sources = [("cp.async", shift, None) for shift in args.shift]
+    sources += [("tma", 0, head) for head in args.tma_head]
     for hd in args.hd:
         for nt in args.nt:
-            for shift in args.shift:
+            for producer, shift, head in sources:
                 for lazy in args.lazy:
                     err = emulate(
-                        args.seed + 10 * nt + shift, hd, nt, shift, bool(lazy), args.stages
+                        args.seed + 10 * nt + shift + (head or 0),
+                        hd,
+                        nt,
+                        shift,
+                        bool(lazy),
+                        args.stages,
+                        tma_head=head,
                     )
                     worst = max(worst, err if err == err else float("inf"))
+                    where = f"rows at {shift} mod 16" if head is None else f"TMA boxes, head {head}"
                     print(
-                        f"head size {hd}, {nt} n-tiles, rows at {shift} mod 16, "
+                        f"head size {hd}, {nt} n-tiles, {where}, "
                         f"{'lazy' if lazy else 'exact'} maxima: rel err {err:.3e}"
                     )
     sys.exit(0 if worst < 1e-3 else 1)
