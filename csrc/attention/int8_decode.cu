@@ -360,7 +360,7 @@ cudaError_t launch(const Int8AttnParams& p, int num_selected, cudaStream_t strea
       int8_decode_kernel<HD, NKV, SPLIT>, cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmem);
   if (attr != cudaSuccess) return attr;
   return launch_kernel(int8_decode_kernel<HD, NKV, SPLIT>, dim3(num_selected, p.num_segs),
-                       S::kThreads, S::kSmem, stream, p);
+                       S::kThreads, S::kSmem, stream, p, p);
 }
 
 template <int HD, int SPLIT>

@@ -213,11 +213,12 @@ __device__ __forceinline__ void store_partial(void* part_o, int bf16, int64_t i,
   }
 }
 
-// Launch `kernel(p)` on `grid` x `threads` with `smem` bytes of dynamic shared memory, with the
-// programmatic-dependent-launch attribute where p.pdl (1 or 2).
-template <class Params>
-cudaError_t launch_kernel(void (*kernel)(Params), dim3 grid, int threads, int smem,
-                          cudaStream_t stream, const Params& p) {
+// Launch `kernel(kp)` on `grid` x `threads` with `smem` bytes of dynamic shared memory, with the
+// programmatic-dependent-launch attribute where p.pdl (1 or 2); `kp` is the kernel's parameter:
+// p itself, or a struct that holds it (the warpgroup-MMA verification kernel's).
+template <class KParams>
+cudaError_t launch_kernel(void (*kernel)(KParams), dim3 grid, int threads, int smem,
+                          cudaStream_t stream, const Int8AttnParams& p, const KParams& kp) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = dim3(threads, 1, 1);
@@ -225,7 +226,7 @@ cudaError_t launch_kernel(void (*kernel)(Params), dim3 grid, int threads, int sm
   cfg.stream = stream;
   cudaLaunchAttribute attr;
   set_pdl(cfg, attr, p.pdl != 0);
-  return cudaLaunchKernelEx(&cfg, kernel, p);
+  return cudaLaunchKernelEx(&cfg, kernel, kp);
 }
 
 // Let the next kernel launch, at the kernel's start (p.pdl 1) or after its stage loop (2).

@@ -275,10 +275,12 @@ __device__ __forceinline__ void store_column(const Int8AttnParams& p, int sel, i
 
 // Launch `Kernel` (threads a CTA, smem bytes of dynamic shared memory) over (selected
 // requests, KV heads, segments / segs_per_cta), its attributes set once: the dynamic shared
-// memory and the largest carveout (the driver's default may leave room for one CTA).
-template <auto Kernel>
+// memory and the largest carveout (the driver's default may leave room for one CTA). `kp` is
+// the kernel's parameter where it is not p itself (a struct that holds p).
+template <auto Kernel, class KParams = Int8AttnParams>
 cudaError_t launch_verify(const Int8AttnParams& p, int num_selected, int threads, int smem,
-                          cudaStream_t stream, int segs_per_cta = 1) {
+                          cudaStream_t stream, int segs_per_cta = 1,
+                          const KParams* kp = nullptr) {
   static const cudaError_t attr =
       cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (attr != cudaSuccess) return attr;
@@ -286,8 +288,11 @@ cudaError_t launch_verify(const Int8AttnParams& p, int num_selected, int threads
       Kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
   if (carve != cudaSuccess) return carve;
   const int ctas = (p.num_segs + segs_per_cta - 1) / segs_per_cta;
+  if constexpr (std::is_same_v<KParams, Int8AttnParams>) {
+    if (kp == nullptr) kp = &p;
+  }
   return launch_kernel(Kernel, dim3(num_selected, p.num_kv_heads, ctas), threads, smem, stream,
-                       p);
+                       p, *kp);
 }
 
 // `launch(std::integral_constant<int, NT>{})` for the n-tiles of 8 columns the widest

@@ -661,20 +661,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <int HD, int NT, bool LM>
 cudaError_t launch_form(const WgmmaParams& wp, int num_selected, cudaStream_t stream) {
-  constexpr auto kernel = int8_verify_wgmma_kernel<HD, NT, LM>;
-  constexpr int smem = WShape<HD, NT>::kSmem;
-  static const cudaError_t attr =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  if (attr != cudaSuccess) return attr;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(num_selected, wp.p.num_kv_heads,
-                     (wp.p.num_segs + kConsumers - 1) / kConsumers);  // two segments a CTA
-  cfg.blockDim = dim3(kThreads, 1, 1);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = stream;
-  cudaLaunchAttribute la;
-  set_pdl(cfg, la, wp.p.pdl != 0);
-  return cudaLaunchKernelEx(&cfg, kernel, wp);
+  return launch_verify<int8_verify_wgmma_kernel<HD, NT, LM>>(
+      wp.p, num_selected, kThreads, WShape<HD, NT>::kSmem, stream, kConsumers, &wp);
 }
 
 // the lazy maxima (p.lazy_max) or the exact per-stage softmax
