@@ -46,7 +46,8 @@ def emulate(
     lazy maxima (p.lazy_max); ``stages`` >= 5 adds a key along the queries at slot 200 (scores
     far past the running maxima) and a V-scale jump at 260, so later stages fall back.
     ``tma_head``: the stages come from the TMA-box producer (``wgmma_tma``) instead, as KV head
-    ``tma_head`` of a paged NHD cache of four heads (SHIFT unused: its rows land at byte 0)."""
+    ``tma_head`` of a paged NHD cache of four heads (SHIFT unused: a box starts at the 16-byte
+    boundary at or before the head's row, which lands 0 or 8 bytes in)."""
     rng = np.random.default_rng(seed)
     group = 6
     q_len = min(8, (8 * NT) // group)
@@ -261,12 +262,15 @@ def emulate(
             off = bt[pos // BS] * stride_cb + (pos % BS) * stride_cn + tma_head * kRow
             cache[off : off + kRow] = row_bytes(pos) if pos < seq_len else b"\xff" * kRow
 
+    tma_shift = 0 if tma_head is None else tma_head * kRow % 16
+
     def tma_stage(buf, st):
         """Stage st as the producer's lanes 0-3 copy it: a box of the tensor map (8-byte
         elements; dimension 0 a slot's heads, stride_cn / 8 of them, 1 the block's slots, 2 the
-        blocks) of kSRow / 8 x 16 x 1 elements at (head x kRow / 8, slot, block) for each tile
-        in the context, landing at tile x 16 rows of kSRow bytes; elements past a dimension's
-        end are zeros (the last head's box runs past dimension 0)."""
+        blocks) of kSRow / 8 x 16 x 1 elements at (the 16-byte boundary at or before the head's
+        row, slot, block) for each tile in the context, landing at tile x 16 rows of kSRow
+        bytes (the head's row `tma_shift` bytes in); elements past a dimension's end are zeros
+        (the last head's box runs past dimension 0)."""
         dim0 = stride_cn // 8
         for lane in range(4):
             tl = st * 4 + lane
@@ -274,7 +278,10 @@ def emulate(
                 continue
             pos = tl * 16
             blk, slot = bt[pos // BS], pos % BS
-            c0 = tma_head * (kRow // 8)
+            c0 = (tma_head * kRow - tma_shift) // 8
+            # the hardware's rule (an illegal instruction otherwise, H100): a box's first byte
+            # (block, slot and stride_cn 16-byte multiples here) on a 16-byte boundary
+            assert (8 * c0) % 16 == 0, c0
             for r in range(16):
                 for e in range(kSRow // 8):
                     dst = (lane * 16 + r) * kSRow + 8 * e
@@ -289,7 +296,7 @@ def emulate(
         buf = smem_stage[st & 1]
         if tma_head is not None:
             tma_stage(buf, st)
-            base = 0
+            base = tma_shift
         else:
             for row in range(64):
                 pos = st * 64 + row
@@ -538,7 +545,7 @@ def main() -> None:
         nargs="*",
         default=[2, 3],
         help="also the TMA-box producer's stages, as this KV head of four (3: the last, whose "
-        "boxes run past the slot's heads)",
+        "boxes run past the slot's heads; at head size 256, 2 starts at 0 and 3 at 8 mod 16)",
     )
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

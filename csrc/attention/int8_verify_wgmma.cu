@@ -12,7 +12,7 @@
 // threads, one CTA a multiprocessor): the producer copies the stages (4 16-slot tiles, the
 // MMA's 64 rows) of two segments of the split into a ring of kRing stage buffers (by cp.async,
 // a lane two rows; or, with a tensor map over the cache, WgmmaParams::rows, a TMA box a tile:
-// VLLM_PRISM_ATTN_VERIFY_FORM=wgmma_tma, written 2026-12-05, not yet run on a GPU), consumer
+// VLLM_PRISM_ATTN_VERIFY_FORM=wgmma_tma, 2026-12-05: not yet passed on a GPU), consumer
 // warpgroup c computes segment 2 blockIdx.z + c (its stages are the even / odd ones of the
 // ring's order) and writes that segment's partial. The ring's full and empty mbarriers are the
 // only synchronisation between the producer and a consumer, a consumer's own steps are ordered
@@ -157,7 +157,8 @@ __device__ __forceinline__ void v_pairs(uint32_t w_a, uint32_t w_b, uint32_t k64
 // The kernel's parameters: the call's, and where the cache's layout allows it (tma 1) its rows as
 // a TMA tensor map: elements of 8 bytes, dimension 0 a slot's heads side by side (stride_cn / 8
 // elements), 1 the block's slots, 2 the blocks; a box is one head's 16 slots of a tile, kSRow
-// bytes a row (the head's row and the next head's first bytes, or zeros past the last head).
+// bytes a row from the 16-byte boundary at or before the head's row (its row, the neighbours'
+// bytes around it, or zeros past the last head).
 struct WgmmaParams {
   CUtensorMap rows;
   Int8AttnParams p;
@@ -209,12 +210,15 @@ __device__ __forceinline__ void produce_ring(const Int8AttnParams& p, const Veri
 // full mbarrier, the other lanes arrive at once (the stage is in when the bytes are).
 template <int HD, int NT>
 __device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUtensorMap* rows,
-                                            int kvh, const VerifyWork& w0, const VerifyWork& w1,
-                                            int n_max, uint8_t* smem) {
+                                            int kvh, int shift, const VerifyWork& w0,
+                                            const VerifyWork& w1, int n_max, uint8_t* smem) {
   using S = WShape<HD, NT>;
   const int lane = threadIdx.x & 31;
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBarOff);
-  const int c0 = kvh * static_cast<int>(p.stride_ch / 8);
+  // a box starts at a 16-byte boundary (the hardware faults on another: an illegal
+  // instruction, H100): the head's row lands `shift` (0 or 8) bytes into its shared row, as
+  // the cp.async producer's
+  const int c0 = static_cast<int>((kvh * p.stride_ch - shift) / 8);
   struct Tile {
     int slot, blk;  // blk -1: no tile
   };
@@ -643,7 +647,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x >= kConsumerThreads) {
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x < kConsumerThreads + 32) {
-      if (wp.tma) produce_tma<HD, NT>(p, &wp.rows, kvh, w0, w1, n_max, smem);
+      if (wp.tma) produce_tma<HD, NT>(p, &wp.rows, kvh, shift, w0, w1, n_max, smem);
       else produce<HD, NT>(p, w0, w1, n_max, vec16, shift, smem);
     }
     pdl_trigger(p.pdl, 2);
@@ -655,8 +659,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   fence_proxy_async();  // Q^T is read by both consumers' MMAs
   named_sync<kConsumerThreads>(kBarQuery);
   const int c = threadIdx.x / kGroupThreads;
-  consume<HD, NT, LM>(p, c ? w1 : w0, c, kConsumers * blockIdx.z + c, n_max,
-                      wp.tma ? 0 : shift, smem);
+  consume<HD, NT, LM>(p, c ? w1 : w0, c, kConsumers * blockIdx.z + c, n_max, shift, smem);
 }
 
 template <int HD, int NT, bool LM>
