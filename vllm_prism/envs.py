@@ -63,10 +63,11 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # producer copying rows by cp.async; compute capability 9.0 with the extension built for
     # sm_90, head sizes 128 / 256, exact Q.K; the "mma" form serves every other call) or
     # "wgmma_tma" (the same kernel, its producer copying each 16-slot tile as one TMA box of a
-    # tensor map over the cache: vLLM's NHD layout, else "wgmma"; 2026-12-05, not yet passed
-    # on a GPU). Opt-in: "wgmma" 0.97-1.02x the mma form's time at 6-8 tokens on the H100
-    # (docs/attention.md). Read per call, outside any traced graph; any other value is refused
-    # before the engine starts.
+    # tensor map over the cache: vLLM's NHD layout, else "wgmma"; 0.78-0.88x the mma form's
+    # time on the H100, its ring-ordering fix of 2026-12-05 not yet run on a GPU). Opt-in:
+    # "wgmma" 0.97-1.02x the mma form's time at 6-8 tokens on the H100 (docs/attention.md).
+    # Read per call, outside any traced graph; any other value is refused before the engine
+    # starts.
     "VLLM_PRISM_ATTN_VERIFY_FORM": lambda: os.getenv("VLLM_PRISM_ATTN_VERIFY_FORM",
                                                      "mma").strip().lower(),
     # The CUDA C++ INT8 decode and verification kernels and their merge with programmatic

@@ -12,7 +12,8 @@
 // threads, one CTA a multiprocessor): the producer copies the stages (4 16-slot tiles, the
 // MMA's 64 rows) of two segments of the split into a ring of kRing stage buffers (by cp.async,
 // a lane two rows; or, with a tensor map over the cache, WgmmaParams::rows, a TMA box a tile:
-// VLLM_PRISM_ATTN_VERIFY_FORM=wgmma_tma, 2026-12-05: not yet passed on a GPU), consumer
+// VLLM_PRISM_ATTN_VERIFY_FORM=wgmma_tma, 2026-12-05; its boxes land in any order, so it
+// issues a stage only once the stage kTmaLag before has landed: produce_tma), consumer
 // warpgroup c computes segment 2 blockIdx.z + c (its stages are the even / odd ones of the
 // ring's order) and writes that segment's partial. The ring's full and empty mbarriers are the
 // only synchronisation between the producer and a consumer, a consumer's own steps are ordered
@@ -99,6 +100,9 @@ struct WShape {
   static constexpr int kSRow = 4 * (((kRow / 4 - 8 + 31) / 32) * 32 + 8);
   static constexpr int kStageBytes = kStageSlots * kSRow;
   static constexpr int kRing = HD == 256 ? 5 : 8;  // stage buffers (174 / 147 KB)
+  // the TMA producer issues stage k once stage k - kTmaLag has landed (produce_tma): the
+  // largest lag at which a consumer's parity wait cannot pass on a buffer's previous round
+  static constexpr int kTmaLag = kRing - 2;
   static constexpr int kQSbo = 16 * HD;  // Q^T: bytes between 8-column groups (HD / 8 cores)
   static constexpr int kPSbo = 16 * kStageSlots;  // P^T: the same over a stage's 64 slots
   static constexpr int kPBytes = kN * kStageSlots * 2;  // a consumer's P^T
@@ -232,7 +236,20 @@ __device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUten
     }
     return t;
   };
+  int k = 0;  // the ring's stage the next fill copies (fills come in the ring's order)
   auto fill = [&](int buf, const VerifyWork&, int, const Tile& t) {
+    // Boxes land in any order, and with an odd ring a buffer's rounds alternate between the
+    // consumers: consumer c waits for round r + 1 of a buffer without having waited for round
+    // r (the other consumer's), and a parity wait passes while round r is still in flight
+    // (it cannot tell phase r + 1 from r - 1). Stage k waits here until stage k - kTmaLag has
+    // landed, so when a consumer sees its stage k - 2 in, stage k - kRing is in too
+    // (tests/attention/test_verify_ring_protocol.py models the ring). The cp.async producer
+    // needs no lag: a lane's arrival waits for all its earlier copies.
+    if (k >= S::kTmaLag) {
+      const int done = k - S::kTmaLag;
+      mbar_wait(&full[done % S::kRing], (done / S::kRing) & 1);
+    }
+    ++k;
     const int tiles = __popc(__ballot_sync(~0u, t.blk >= 0));
     if (lane == 0) mbar_expect_tx(&full[buf], tiles * kSlots * S::kSRow);
     else mbar_arrive(&full[buf]);
