@@ -22,6 +22,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+# Set by a GPU test whose kernel never finished (tests/attention/test_attention_gpu.py's
+# _synchronize_or_fail): nothing more can run on that device, and the CUDA teardown at exit
+# would wait on it, so the run ends once pytest has reported.
+GPU_HUNG_ENV = "PRISM_GPU_HUNG"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import os
+    import sys
+
+    if os.environ.get(GPU_HUNG_ENV):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(3)
+
+
 def run_python(args: list[str], here: Path, timeout: int = 900,
                **env: str) -> subprocess.CompletedProcess[str]:
     """``python <args>`` in a child process with ``here`` (a tests folder, for its helper

@@ -85,7 +85,13 @@ cudaError_t int8_verify_launch(const Int8AttnParams& p, int num_selected, cudaSt
 // by side, `row` bytes each at 8-byte offsets; 16-byte aligned cache, slots and blocks;
 // cudaErrorNotSupported otherwise); 0: its rows by cp.async (any layout).
 bool int8_verify_wgmma_supported(int head_dim);
-bool int8_verify_tma_layout(const Int8AttnParams& p, int64_t row);
+// (Inline here so that a host program checks it against cuda_decode.tma_layout_problem:
+// tests/kernels/test_csrc_compile.py.)
+inline bool int8_verify_tma_layout(const Int8AttnParams& p, int64_t row) {
+  return reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.stride_cb % 16 == 0 &&
+         p.stride_cn % 16 == 0 && p.stride_ch % 8 == 0 && p.stride_ch >= row &&
+         (p.num_kv_heads - 1) * p.stride_ch + row <= p.stride_cn;
+}
 cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int64_t num_blocks,
                                      int num_selected, cudaStream_t stream);
 

@@ -754,12 +754,6 @@ cudaError_t launch_with_map(const Int8AttnParams& p, int64_t num_blocks, int num
 
 bool int8_verify_wgmma_supported(int head_dim) { return head_dim == 128 || head_dim == 256; }
 
-bool int8_verify_tma_layout(const Int8AttnParams& p, int64_t row) {
-  return reinterpret_cast<uintptr_t>(p.cache) % 16 == 0 && p.stride_cb % 16 == 0 &&
-         p.stride_cn % 16 == 0 && p.stride_ch % 8 == 0 && p.stride_ch >= row &&
-         (p.num_kv_heads - 1) * p.stride_ch + row <= p.stride_cn;
-}
-
 cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int64_t num_blocks,
                                      int num_selected, cudaStream_t stream) {
   if (num_selected <= 0 || p.num_kv_heads <= 0 || p.num_segs <= 0) return cudaSuccess;

@@ -3,13 +3,36 @@ with holes (shuffled, non-contiguous block ids, unused blocks poisoned), random 
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from vllm_prism.attention.ops import AttentionMetadata, make_kv_cache, write_kv
 
 HS, HKV, GROUP = 256, 4, 6
+# A kernel still running after this long has hung (a broken mbarrier ring does): the test fails
+# by name and the run ends after pytest's report (tests/conftest.py, GPU_HUNG_ENV), instead of
+# waiting for the device call's timeout with nothing said.
+HANG_SECONDS = 60.0
+GPU_HUNG_ENV = "PRISM_GPU_HUNG"
+
+
+def synchronize_or_fail(what: str, seconds: float | None = None) -> None:
+    """Waits for the GPU work queued so far on the current stream, failing the test (by
+    ``what``, the call's description) where it has not finished after HANG_SECONDS."""
+    limit = HANG_SECONDS if seconds is None else seconds
+    done = torch.cuda.Event()
+    done.record()
+    start = time.monotonic()
+    while not done.query():
+        if time.monotonic() - start > limit:
+            os.environ[GPU_HUNG_ENV] = what
+            pytest.fail(f"the GPU has not finished after {limit:g} s (a hung kernel): {what}; "
+                        "this run ends after the report")
+        time.sleep(0.002)
 
 
 @dataclass

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attn_helpers import GROUP, HKV, make_batch, poisoned_out, rel_err, with_fresh_rows
+from attn_helpers import (GROUP, HKV, make_batch, poisoned_out, rel_err,
+                          synchronize_or_fail, with_fresh_rows)
 from vllm_prism._custom_ops import has_compiled_op
 from vllm_prism.attention.ops import (AttentionMetadata, SplitGeometry, decode_attention,
                                       mixed_attention, noncausal_attention, prefill_attention,
@@ -183,11 +184,14 @@ CUDA_SHAPES = [(4, 6, 256, 16, torch.bfloat16), (4, 6, 256, 784, torch.bfloat16)
 def _check_cuda_segmentations(b, attention, segments=(None, 1)) -> None:
     """``attention`` (decode_attention or verify_attention) on the CUDA kernel with the
     default segment count and with one segment (direct output), or the ``segments`` given,
-    against the reference; a failure says where the output is wrong (_error_pattern)."""
+    against the reference; a failure says where the output is wrong (_error_pattern), a hung
+    kernel which call hung (synchronize_or_fail)."""
     ref = _ref(b)
     for segs in segments:
         out = poisoned_out(b.q)
         attention(b.q, b.cache, b.md, out=out, kernel="cuda", num_segs=segs)
+        synchronize_or_fail(f"{attention.__name__}, num_segs={segs}, query lengths "
+                            f"{b.query_lens}, contexts {b.seq_lens}")
         errs = _per_request(out, ref, b)
         assert max(errs) < CUDA_TOL, (segs, errs, _error_pattern(out, ref, b))
 

@@ -230,6 +230,82 @@ def test_wgmma_verify_compiles(tmp_path: Path) -> None:
             in ptx)
 
 
+_TMA_LAYOUT_HARNESS = r"""
+#include <cstdio>
+#include "attention/int8_attention.cuh"
+// each line of stdin: cache address, block / head / slot strides (bytes), KV heads, row bytes;
+// prints int8_verify_tma_layout's verdict (1 / 0)
+int main() {
+  unsigned long long addr;
+  long long cb, ch, cn, row;
+  int nkv;
+  while (std::scanf("%llu %lld %lld %lld %d %lld", &addr, &cb, &ch, &cn, &nkv, &row) == 6) {
+    vllm_prism::Int8AttnParams p{};
+    p.cache = reinterpret_cast<const int8_t*>(addr);
+    p.stride_cb = cb; p.stride_ch = ch; p.stride_cn = cn; p.num_kv_heads = nkv;
+    std::printf("%d\n", vllm_prism::int8_verify_tma_layout(p, row) ? 1 : 0);
+  }
+  return 0;
+}
+"""
+
+
+def _cache_views(torch):
+    """The kernels' [blocks, KV heads, block size, row] views of int8 caches: vLLM's NHD and
+    HND layouts, head sizes 64-256, 1-4 KV heads, padded heads or blocks, offset bases."""
+    for hd in (64, 128, 256):
+        row = 2 * hd + 8
+        for nkv in (1, 2, 3, 4):
+            for pad_head, pad_block in ((0, 0), (8, 0), (0, 8), (4, 0), (16, 16)):
+                for base in (0, 8, 4, 16):
+                    buf = torch.empty(1 << 20, dtype=torch.int8)
+                    head = row + pad_head
+                    nhd_slot = nkv * head
+                    nhd_block = 16 * nhd_slot + pad_block
+                    yield hd, buf.as_strided((3, nkv, 16, row), (nhd_block, head, nhd_slot, 1),
+                                             base)
+                    hnd_block = nkv * 16 * head + pad_block
+                    yield hd, buf.as_strided((3, nkv, 16, row), (hnd_block, 16 * head, head, 1),
+                                             base)
+
+
+@pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
+def test_tma_layout_check_matches_python(tmp_path: Path) -> None:
+    """The op's refusal of caches its tensor map cannot cover (int8_verify_tma_layout, C++)
+    and the Python router's (cuda_decode.tma_layout_problem, which sends those caches to the
+    cp.async producer) state one rule twice: over NHD / HND caches, padded heads and blocks
+    and offset bases they must agree, and both must take vLLM's plain NHD layout."""
+    import torch
+
+    from vllm_prism.attention.ops.cuda_decode import tma_layout_problem
+
+    src = tmp_path / "harness.cu"
+    src.write_text(_TMA_LAYOUT_HARNESS)
+    res = subprocess.run([NVCC, "-std=c++17", f"-I{ROOT / 'csrc'}", str(src), "-o",
+                          str(tmp_path / "harness")], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    views = list(_cache_views(torch))
+    lines = "".join(f"{v.data_ptr()} {v.stride(0)} {v.stride(1)} {v.stride(2)} {v.shape[1]} "
+                    f"{2 * hd + 8}\n" for hd, v in views)
+    out = subprocess.run([str(tmp_path / "harness")], input=lines, capture_output=True,
+                         text=True, timeout=60).stdout.split()
+    assert len(out) == len(views)
+    python = [tma_layout_problem(v, hd) is None for hd, v in views]
+    cpp = [o == "1" for o in out]
+    mismatch = [(hd, v.stride(), v.data_ptr() % 16) for (hd, v), a, b in zip(views, python, cpp)
+                if a != b]
+    assert not mismatch, mismatch[:5]
+    # both ways occur, and the plain NHD cache (no padding, aligned base) is taken where its
+    # slots are 16-byte multiples (KV heads x (2 hd + 8) bytes; an odd head count at these
+    # head sizes leaves them 8 mod 16, which the tensor map's strides cannot take)
+    assert any(python) and not all(python)
+    plain = [ok for (hd, v), ok in zip(views, python)
+             if v.data_ptr() % 16 == 0 and v.stride(1) == 2 * hd + 8 and v.stride(2) % 16 == 0
+             and v.stride(2) == v.shape[1] * v.stride(1) and v.stride(0) == 16 * v.stride(2)]
+    assert plain and all(plain)
+
+
 def _sass(obj: Path) -> str | None:
     """cuobjdump's SASS of an object, or None where cuobjdump is missing."""
     tool = shutil.which("cuobjdump")
