@@ -174,10 +174,10 @@ struct WgmmaParams {
 // copying threads must fill a shared ring in its order, since a thread two phases ahead passes
 // a parity wait that is not yet its own). `fetch(wc, j)` reads what stage j of segment wc needs
 // (its block-table entries) a stage ahead, so that their latency passes while the producer
-// waits for a buffer and fills the stage before; `fill(buf, wc, j, fetched)` copies the stage
-// into buffer buf and arrives on its full mbarrier (a stage past a segment's end: only the
-// arrivals). With PDL the stages before the request's first query token are copied before
-// griddepcontrol.wait.
+// waits for a buffer and fills the stage before; `fill(buf, k, wc, j, fetched)` copies the
+// stage (the ring's k) into buffer buf and arrives on its full mbarrier (a stage past a
+// segment's end: only the arrivals). With PDL the stages before the request's first query
+// token are copied before griddepcontrol.wait.
 template <int kRing, class Fetch, class Fill>
 __device__ __forceinline__ void produce_ring(const Int8AttnParams& p, const VerifyWork& w0,
                                              const VerifyWork& w1, int n_max, uint64_t* empty,
@@ -197,7 +197,7 @@ __device__ __forceinline__ void produce_ring(const Int8AttnParams& p, const Veri
         waited = true;
       }
     }
-    fill(buf, wc, j, fetched);
+    fill(buf, k, wc, j, fetched);
   };
   auto f0 = fetch(w0, 0);
   for (int j = 0; j < n_max; ++j) {
@@ -236,8 +236,7 @@ __device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUten
     }
     return t;
   };
-  int k = 0;  // the ring's stage the next fill copies (fills come in the ring's order)
-  auto fill = [&](int buf, const VerifyWork&, int, const Tile& t) {
+  auto fill = [&](int buf, int k, const VerifyWork&, int, const Tile& t) {
     // Boxes land in any order, and with an odd ring a buffer's rounds alternate between the
     // consumers: consumer c waits for round r + 1 of a buffer without having waited for round
     // r (the other consumer's), and a parity wait passes while round r is still in flight
@@ -249,7 +248,6 @@ __device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUten
       const int done = k - S::kTmaLag;
       mbar_wait(&full[done % S::kRing], (done / S::kRing) & 1);
     }
-    ++k;
     const int tiles = __popc(__ballot_sync(~0u, t.blk >= 0));
     if (lane == 0) mbar_expect_tx(&full[buf], tiles * kSlots * S::kSRow);
     else mbar_arrive(&full[buf]);
@@ -285,7 +283,7 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
     }
     return r;
   };
-  auto fill = [&](int buf, const VerifyWork& wc, int j, const Rows& r) {
+  auto fill = [&](int buf, int, const VerifyWork& wc, int j, const Rows& r) {
     if (j < wc.n_stages) {
       uint8_t* dst = smem + buf * S::kStageBytes;
 #pragma unroll
