@@ -22,8 +22,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-# Set by a GPU test whose kernel never finished (tests/attention/test_attention_gpu.py's
-# _synchronize_or_fail): nothing more can run on that device, and the CUDA teardown at exit
+# Set by a GPU test whose kernel never finished (tests/attention/attn_helpers.py's
+# synchronize_or_fail): nothing more can run on that device, and the CUDA teardown at exit
 # would wait on it, so the run ends once pytest has reported.
 GPU_HUNG_ENV = "PRISM_GPU_HUNG"
 
@@ -32,7 +32,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     import os
     import sys
 
-    if os.environ.get(GPU_HUNG_ENV):
+    hung = os.environ.get(GPU_HUNG_ENV)
+    if hung:
+        print(f"\n{GPU_HUNG_ENV} is set: GPU work never finished ({hung}); "
+              "ending the run with exit code 3 without CUDA's teardown", file=sys.stderr)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(3)

@@ -10,6 +10,19 @@ import torch
 from attn_helpers import GPU_HUNG_ENV, synchronize_or_fail
 
 
+@pytest.fixture(autouse=True)
+def _hung_mark_cleared():
+    """The watchdog sets GPU_HUNG_ENV, which ends the whole run at exit (tests/conftest.py):
+    clear it after each test here whatever the test did (monkeypatch.delenv of an unset name
+    records nothing to undo, and a leaked mark once failed CI with exit 3 after every test
+    passed)."""
+    saved = os.environ.pop(GPU_HUNG_ENV, None)
+    yield
+    os.environ.pop(GPU_HUNG_ENV, None)
+    if saved is not None:
+        os.environ[GPU_HUNG_ENV] = saved
+
+
 class _NeverDone:
     def record(self) -> None:
         pass
@@ -25,7 +38,6 @@ class _Done(_NeverDone):
 
 def test_hung_work_fails_by_name(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _NeverDone)
-    monkeypatch.delenv(GPU_HUNG_ENV, raising=False)  # unset again after the test
     with pytest.raises(pytest.fail.Exception, match="has not finished.*num_segs=7"):
         synchronize_or_fail("verify_attention, num_segs=7", seconds=0.05)
     assert os.environ[GPU_HUNG_ENV] == "verify_attention, num_segs=7"
@@ -33,7 +45,6 @@ def test_hung_work_fails_by_name(monkeypatch):
 
 def test_finished_work_passes(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _Done)
-    monkeypatch.delenv(GPU_HUNG_ENV, raising=False)
     synchronize_or_fail("decode_attention", seconds=0.05)
     assert GPU_HUNG_ENV not in os.environ
 
