@@ -64,7 +64,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # sm_90, head sizes 128 / 256, exact Q.K; the "mma" form serves every other call) or
     # "wgmma_tma" (the same kernel, its producer copying each 16-slot tile as one TMA box of a
     # tensor map over the cache: vLLM's NHD layout, else "wgmma"; 0.78-0.88x the mma form's
-    # time on the H100, its ring-ordering fix of 2026-12-05 not yet run on a GPU). Opt-in:
+    # time on the H100, its ring-ordering fix of 2026-12-05 not yet run on a GPU) or "auto"
+    # ("wgmma_tma" where it can serve the call, else "mma", without warnings). Opt-in:
     # "wgmma" 0.97-1.02x the mma form's time at 6-8 tokens on the H100 (docs/attention.md).
     # Read per call, outside any traced graph; any other value is refused before the engine
     # starts.
@@ -118,7 +119,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
 # The values a switch with a fixed set takes (checked before the engine starts:
 # vllm_prism/engine/arg_utils.py); the first is the default.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "VLLM_PRISM_ATTN_VERIFY_FORM": ("mma", "wgmma", "wgmma_tma"),
+    "VLLM_PRISM_ATTN_VERIFY_FORM": ("mma", "wgmma", "wgmma_tma", "auto"),
     "VLLM_PRISM_DENSE_GEMV": ("auto", "torch", "triton"),
     "VLLM_PRISM_DRAFT_ATTENTION": ("prism", "vllm"),
     "VLLM_PRISM_GDN_VERIFY": ("prism", "vllm"),

@@ -408,14 +408,15 @@ def main() -> None:
                 out = torch.empty_like(q)
                 scratch = torch.empty(2, min(32768, total), HKV, HS, dtype=torch.bfloat16,
                                       device=DEVICE)
-                us = time_eager(lambda: prefill_attention(q, cache.cache, md, out=out,
+                kv_cache = cache.cache  # bound here: the lambda must not see a later `del`
+                us = time_eager(lambda: prefill_attention(q, kv_cache, md, out=out,
                                                           scratch=scratch))
                 qs = q.transpose(0, 1).unsqueeze(0)
                 k = torch.randn(1, HKV, total, HS, device=DEVICE, dtype=torch.bfloat16)
                 v = torch.randn_like(k)
                 from torch.nn.attention import SDPBackend, sdpa_kernel
                 with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    s_us = time_eager(lambda: F.scaled_dot_product_attention(
+                    s_us = time_eager(lambda k=k, v=v: F.scaled_dot_product_attention(
                         qs, k, v, is_causal=(ctx == 0), enable_gqa=True))
                 del k, v
                 rec = dict(kind="prefill", context=ctx, q_tokens=chunk, kv=kv_name,

@@ -119,6 +119,13 @@ def _fake_verify_ops(monkeypatch) -> list:
     return calls
 
 
+def _launch(kv_cache: torch.Tensor, head_size: int = 256, int_qk: bool = False) -> str:
+    """A 6-token verification call of 24 query heads on ``kv_cache``; the form that ran."""
+    q = torch.empty(6, 24, head_size, dtype=torch.bfloat16)
+    return cuda_decode.launch_cuda_verify(q, kv_cache, *(None,) * 7, 0.0625, 6, 4,
+                                          int_qk=int_qk)
+
+
 def test_verify_form_switch(monkeypatch):
     """The verification kernel's warpgroup-MMA form: only where asked (VLLM_PRISM_ATTN_VERIFY_FORM
     or the module's VERIFY_FORM) and only where it can serve the call (the sm_90a op built,
@@ -174,23 +181,18 @@ def test_verify_form_wgmma_tma(monkeypatch):
     monkeypatch.setattr(cuda_decode, "device_capability", lambda device: (9, 0))
     monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_FORM", "wgmma_tma")
 
-    def launch(kv_cache, head_size=256, int_qk=False):
-        q = torch.empty(6, 24, head_size, dtype=torch.bfloat16)
-        return cuda_decode.launch_cuda_verify(q, kv_cache, *(None,) * 7, 0.0625, 6, 4,
-                                              int_qk=int_qk)
-
     nhd = make_kv_cache(3, 4, 16, 256, torch.int8, "NHD", "cpu")
-    assert launch(nhd) == "wgmma_tma"
-    assert launch(make_kv_cache(3, 2, 32, 128, torch.int8, "NHD", "cpu"),
+    assert _launch(nhd) == "wgmma_tma"
+    assert _launch(make_kv_cache(3, 2, 32, 128, torch.int8, "NHD", "cpu"),
                   head_size=128) == "wgmma_tma"
-    assert launch(make_kv_cache(3, 4, 16, 256, torch.int8, "HND", "cpu")) == "wgmma"
-    assert launch(make_kv_cache(3, 1, 16, 256, torch.int8, "NHD", "cpu")) == "wgmma"
+    assert _launch(make_kv_cache(3, 4, 16, 256, torch.int8, "HND", "cpu")) == "wgmma"
+    assert _launch(make_kv_cache(3, 1, 16, 256, torch.int8, "NHD", "cpu")) == "wgmma"
     raw = torch.empty(nhd.numel() + 8, dtype=torch.int8)
     off = (8 - raw.data_ptr() % 16) % 16  # a base 8 bytes past a 16-byte boundary
     shifted = raw[off:off + nhd.numel()].view(3, 16, 4, -1).permute(0, 2, 1, 3)
     assert shifted.stride() == nhd.stride() and shifted.data_ptr() % 16 == 8
-    assert launch(shifted) == "wgmma"
-    assert launch(nhd, int_qk=True) == "mma"
+    assert _launch(shifted) == "wgmma"
+    assert _launch(nhd, int_qk=True) == "mma"
     assert [c[0] for c in calls] == ["wgmma"] * 5 + ["mma"]
     assert [c[1][-1] for c in calls[:5]] == [True, True, False, False, False]
     assert calls[0][1][1] is nhd
@@ -258,3 +260,26 @@ def test_pdl_only_for_causal_calls(monkeypatch):
     decode_attention(b.q, b.cache, b.md, out=poisoned_out(b.q))
     noncausal_attention(b.q, b.cache, b.md, out=poisoned_out(b.q))
     assert seen == [(1, True), (1, False)]  # (max_q, pdl)
+
+
+def test_verify_form_auto(monkeypatch, caplog):
+    """``VLLM_PRISM_ATTN_VERIFY_FORM=auto``: the TMA producer where both its kernel and its
+    tensor map can serve the call, the mma form everywhere else (never the cp.async producer,
+    no faster than mma), and no fallback warning either way."""
+    calls = _fake_verify_ops(monkeypatch)
+    cap = {"v": (9, 0)}
+    monkeypatch.setattr(cuda_decode, "device_capability", lambda device: cap["v"])
+    monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_FORM", "auto")
+
+    nhd = make_kv_cache(3, 4, 16, 256, torch.int8, "NHD", "cpu")
+    with caplog.at_level("WARNING"):
+        assert _launch(nhd) == "wgmma_tma"
+        assert _launch(make_kv_cache(3, 4, 16, 256, torch.int8, "HND", "cpu")) == "mma"
+        assert _launch(nhd, int_qk=True) == "mma"
+        assert _launch(make_kv_cache(3, 4, 16, 64, torch.int8, "NHD", "cpu"),
+                      head_size=64) == "mma"
+        cap["v"] = (8, 9)
+        assert _launch(nhd) == "mma"
+    assert [c[0] for c in calls] == ["wgmma", "mma", "mma", "mma", "mma"]
+    assert calls[0][1][-1] is True  # the TMA producer
+    assert not [r for r in caplog.records if "VERIFY_FORM" in r.getMessage()]
