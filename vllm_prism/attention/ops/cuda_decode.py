@@ -62,7 +62,7 @@ __all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_DIM_SPLIT", "H
            "attention_pdl", "cuda_decode_problem", "cuda_verify_problem", "decode_dim_split",
            "launch_cuda_decode", "launch_cuda_verify", "layout_problem", "num_cuda_segments",
            "pdl_mode", "verify_form", "verify_lazy_max", "wgmma_verify_problem",
-           "auto_verify_form", "VERIFY_FORM", "VERIFY_FORMS", "WGMMA_VERIFY_OP"]
+           "served_verify_form", "VERIFY_FORM", "VERIFY_FORMS", "WGMMA_VERIFY_OP"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +98,8 @@ VERIFY_DIM_SPLIT = 2
 VERIFY_LAZY_MAX: bool | None = None
 # verification's kernel form: "mma" (int8_verify.cu), "wgmma" or "wgmma_tma" (int8_verify_wgmma.cu,
 # where wgmma_verify_problem is None; "wgmma_tma": its producer on a TMA tensor map where
-# tma_layout_problem is None), or "auto" (auto_verify_form: "wgmma_tma" where it can serve the
-# call, else "mma"). None: the VLLM_PRISM_ATTN_VERIFY_FORM switch (default "mma");
+# tma_layout_problem is None), or "auto" (served_verify_form: "wgmma_tma" where it can serve
+# the call, else "mma"). None: the VLLM_PRISM_ATTN_VERIFY_FORM switch (default "mma");
 # a benchmark or a test sets a form here.
 VERIFY_FORM: str | None = None
 VERIFY_FORMS = envs.CHOICES["VLLM_PRISM_ATTN_VERIFY_FORM"]
@@ -210,25 +210,16 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     """One launch of the verification kernel: ``out`` directly or the partials; ``int_qk``
     runs Q.K on the int8 tensor cores with the query quantised per column (opt-in); ``pdl``
     (causal calls only): programmatic dependent launch. Returns the form that ran
-    (:func:`verify_form`: "mma" where the warpgroup-MMA forms cannot serve the call, "wgmma"
-    where "wgmma_tma" cannot take the cache's layout)."""
+    (:func:`verify_form` as :func:`served_verify_form` resolves it for this call)."""
     form = verify_form()
-    if form == "auto":
-        form = auto_verify_form(q, kv_cache, int_qk)
     if form != "mma":
-        why = wgmma_verify_problem(q, int_qk)
-        if why is None:
-            if form == "wgmma_tma":
-                why_tma = tma_layout_problem(kv_cache, q.shape[-1])
-                if why_tma is not None:
-                    _log_tma_fallback(why_tma)
-                    form = "wgmma"
-            torch.ops._C_prism.int8_verify_wgmma_attention(
-                q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o,
-                part_lse, float(scale), int(max_q), int(num_segs), MIN_TILES, verify_lazy_max(),
-                pdl_mode(pdl), form == "wgmma_tma")
-            return form
-        _log_wgmma_fallback(form, why)
+        form = served_verify_form(form, q, kv_cache, int_qk)
+    if form != "mma":
+        torch.ops._C_prism.int8_verify_wgmma_attention(
+            q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o,
+            part_lse, float(scale), int(max_q), int(num_segs), MIN_TILES, verify_lazy_max(),
+            pdl_mode(pdl), form == "wgmma_tma")
+        return form
     torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
                                              float(scale), int(max_q), int(num_segs), MIN_TILES,
@@ -246,15 +237,28 @@ def verify_form() -> str:
     return form
 
 
-def auto_verify_form(q: torch.Tensor, kv_cache: torch.Tensor, int_qk: bool = False) -> str:
-    """The "auto" switch value: "wgmma_tma" where both its kernel and its tensor map can serve
-    the call (wgmma_verify_problem and tma_layout_problem None), else "mma", without a warning:
-    the cp.async producer ("wgmma") is no faster than the mma form (1.11-1.14x its time at 4
-    tokens on the H100), so "auto" never picks it."""
-    if wgmma_verify_problem(q, int_qk) is None and \
-            tma_layout_problem(kv_cache, q.shape[-1]) is None:
+def served_verify_form(asked: str, q: torch.Tensor, kv_cache: torch.Tensor,
+                       int_qk: bool = False) -> str:
+    """The form that serves a verification call where ``asked`` is "wgmma", "wgmma_tma" or
+    "auto": "mma" where no warpgroup-MMA form can (wgmma_verify_problem), "wgmma" where
+    "wgmma_tma" was asked and its tensor map cannot cover the cache (tma_layout_problem), each
+    fallback warned once. "auto" takes "wgmma_tma" where it can serve the call, else "mma",
+    without a warning: the cp.async producer ("wgmma") is no faster than the mma form
+    (1.11-1.14x its time at 4 tokens on the H100), so "auto" never picks it."""
+    why = wgmma_verify_problem(q, int_qk)
+    if why is not None:
+        if asked != "auto":
+            _log_wgmma_fallback(asked, why)
+        return "mma"
+    if asked == "wgmma":
+        return "wgmma"
+    why_tma = tma_layout_problem(kv_cache, q.shape[-1])
+    if why_tma is None:
         return "wgmma_tma"
-    return "mma"
+    if asked == "auto":
+        return "mma"
+    _log_tma_fallback(why_tma)
+    return "wgmma"
 
 
 def wgmma_verify_problem(q: torch.Tensor, int_qk: bool = False) -> str | None:
