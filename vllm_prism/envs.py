@@ -58,19 +58,18 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # "0" the exact per-stage softmax every stage. Read per call, outside any traced graph.
     "VLLM_PRISM_ATTN_VERIFY_LAZY": lambda: os.getenv("VLLM_PRISM_ATTN_VERIFY_LAZY",
                                                      "1").strip() != "0",
-    # The CUDA C++ INT8 verification kernel's form: "mma" (default, csrc/attention/int8_verify.cu,
+    # The CUDA C++ INT8 verification kernel's form: "auto" (default: "wgmma_tma" wherever it
+    # can serve the call, else "mma", without warnings), "mma" (csrc/attention/int8_verify.cu,
     # mma.sync), "wgmma" (int8_verify_wgmma.cu: Hopper's warpgroup MMA, warp-specialised, its
     # producer copying rows by cp.async; compute capability 9.0 with the extension built for
     # sm_90, head sizes 128 / 256, exact Q.K; the "mma" form serves every other call) or
     # "wgmma_tma" (the same kernel, its producer copying each 16-slot tile as one TMA box of a
-    # tensor map over the cache: vLLM's NHD layout, else "wgmma"; 0.78-0.88x the mma form's
-    # time on the H100, its ring-ordering fix of 2026-12-05 not yet run on a GPU) or "auto"
-    # ("wgmma_tma" where it can serve the call, else "mma", without warnings). Opt-in:
-    # "wgmma" 0.97-1.02x the mma form's time at 6-8 tokens on the H100 (docs/attention.md).
-    # Read per call, outside any traced graph; any other value is refused before the engine
-    # starts.
+    # tensor map over the cache: vLLM's NHD layout, else "wgmma"; on the H100 (2026-12-06)
+    # 0.74-0.86x the mma form's time at 4-8 tokens, verification 1.25x / 1.23x decode at 32K /
+    # 128K). "wgmma" takes 0.96-1.15x the mma form's time (docs/attention.md). Read per call,
+    # outside any traced graph; any other value is refused before the engine starts.
     "VLLM_PRISM_ATTN_VERIFY_FORM": lambda: os.getenv("VLLM_PRISM_ATTN_VERIFY_FORM",
-                                                     "mma").strip().lower(),
+                                                     "auto").strip().lower(),
     # The CUDA C++ INT8 decode and verification kernels and their merge with programmatic
     # dependent launch (attention/ops/cuda_decode.py): "1" (default) wherever VLLM_PRISM_PDL
     # gives it to the PQ2 kernels (Hopper and newer); "0" never. Read per call, outside any
@@ -119,7 +118,7 @@ environment_variables: dict[str, Callable[[], Any]] = {
 # The values a switch with a fixed set takes (checked before the engine starts:
 # vllm_prism/engine/arg_utils.py); the first is the default.
 CHOICES: dict[str, tuple[str, ...]] = {
-    "VLLM_PRISM_ATTN_VERIFY_FORM": ("mma", "wgmma", "wgmma_tma", "auto"),
+    "VLLM_PRISM_ATTN_VERIFY_FORM": ("auto", "mma", "wgmma", "wgmma_tma"),
     "VLLM_PRISM_DENSE_GEMV": ("auto", "torch", "triton"),
     "VLLM_PRISM_DRAFT_ATTENTION": ("prism", "vllm"),
     "VLLM_PRISM_GDN_VERIFY": ("prism", "vllm"),

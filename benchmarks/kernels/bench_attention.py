@@ -12,6 +12,8 @@ request, vLLM's NHD paged cache with block size 16 and a shuffled block table.
   dim_split, the other maxima form and, where it can run (sm_90a build, compute capability
   9.0), the verification kernel's warpgroup-MMA forms (``cuda wgmma``, its producer on
   cp.async, and ``cuda wgmma tma``, on a TMA tensor map over the cache; with ``vs_decode``).
+  The ``cuda`` verification rows are its mma form (int8_verify.cu), whatever the library's
+  default (``auto``: ``cuda wgmma tma`` where it can serve the call).
 * noncausal: a DFlash drafter's 6-token block against the whole context (no mask), split,
   and with one segment (``one_segment_us``: one program per KV head over the whole context,
   the launch vLLM's ``unified_attention`` makes for any step of more than one query token).
@@ -215,6 +217,7 @@ def main() -> None:
         PREFILL_CONTEXTS = (0, 64)
         args.contexts = "64,130"
     contexts = [int(c) for c in args.contexts.split(",")]
+    cuda_decode.VERIFY_FORM = "mma"  # the "cuda" rows; the other forms are variant rows
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     gpu = gpu_slug()

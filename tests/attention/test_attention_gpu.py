@@ -35,6 +35,14 @@ KERNELS = ["triton", pytest.param("cuda", marks=needs_c)]
 DTYPES = [torch.int8, torch.bfloat16]
 
 
+@pytest.fixture(autouse=True)
+def _mma_verify_form(monkeypatch):
+    """The CUDA verification tests check the mma form (int8_verify.cu) unless they ask for a
+    warpgroup-MMA form (_wgmma_form): the default, "auto", would hand Hopper's NHD calls to
+    the TMA form, which its own tests check."""
+    monkeypatch.setattr(cuda_decode, "VERIFY_FORM", "mma")
+
+
 def _ref(b):
     return reference_attention(b.q, b.cache, b.block_table, b.seq_lens, b.md.query_start_loc_cpu)
 

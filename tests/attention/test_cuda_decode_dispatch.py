@@ -136,8 +136,8 @@ def test_verify_form_switch(monkeypatch):
     monkeypatch.setattr(cuda_decode, "device_capability", lambda device: cap["v"])
     q = torch.empty(6, 24, 256, dtype=torch.bfloat16)
     args = (q,) + (None,) * 8 + (0.0625, 6, 4)
-    monkeypatch.delenv("VLLM_PRISM_ATTN_VERIFY_FORM", raising=False)
-    assert cuda_decode.launch_cuda_verify(*args) == "mma"  # the default
+    monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_FORM", "mma")
+    assert cuda_decode.launch_cuda_verify(*args) == "mma"
     monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_FORM", "wgmma")
     assert cuda_decode.launch_cuda_verify(*args, pdl=True) == "wgmma"
     assert cuda_decode.launch_cuda_verify(*args, int_qk=True) == "mma"
@@ -262,17 +262,24 @@ def test_pdl_only_for_causal_calls(monkeypatch):
     assert seen == [(1, True), (1, False)]  # (max_q, pdl)
 
 
-def test_verify_form_auto(monkeypatch, caplog):
-    """``VLLM_PRISM_ATTN_VERIFY_FORM=auto``: the TMA producer where both its kernel and its
-    tensor map can serve the call, the mma form everywhere else (never the cp.async producer,
-    no faster than mma), and no fallback warning either way."""
+@pytest.mark.parametrize("switch", [None, "auto"], ids=["default", "auto"])
+def test_verify_form_auto(switch, monkeypatch, caplog):
+    """``VLLM_PRISM_ATTN_VERIFY_FORM=auto``, the default: the TMA producer where both its
+    kernel and its tensor map can serve the call, the mma form everywhere else (never the
+    cp.async producer, no faster than mma), no fallback warning either way, and each form
+    that serves named once in the log."""
     calls = _fake_verify_ops(monkeypatch)
     cap = {"v": (9, 0)}
     monkeypatch.setattr(cuda_decode, "device_capability", lambda device: cap["v"])
-    monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_FORM", "auto")
+    if switch is None:
+        monkeypatch.delenv("VLLM_PRISM_ATTN_VERIFY_FORM", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_FORM", switch)
+    cuda_decode._log_served_form.cache_clear()
 
     nhd = make_kv_cache(3, 4, 16, 256, torch.int8, "NHD", "cpu")
-    with caplog.at_level("WARNING"):
+    with caplog.at_level("INFO"):
+        assert _launch(nhd) == "wgmma_tma"
         assert _launch(nhd) == "wgmma_tma"
         assert _launch(make_kv_cache(3, 4, 16, 256, torch.int8, "HND", "cpu")) == "mma"
         assert _launch(nhd, int_qk=True) == "mma"
@@ -280,6 +287,9 @@ def test_verify_form_auto(monkeypatch, caplog):
                       head_size=64) == "mma"
         cap["v"] = (8, 9)
         assert _launch(nhd) == "mma"
-    assert [c[0] for c in calls] == ["wgmma", "mma", "mma", "mma", "mma"]
+    assert [c[0] for c in calls] == ["wgmma", "wgmma", "mma", "mma", "mma", "mma"]
     assert calls[0][1][-1] is True  # the TMA producer
-    assert not [r for r in caplog.records if "VERIFY_FORM" in r.getMessage()]
+    named = [r.getMessage() for r in caplog.records if "VERIFY_FORM" in r.getMessage()]
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+    assert named == [f"vllm-prism: the INT8 verification attention runs the {form} form "
+                     "(VLLM_PRISM_ATTN_VERIFY_FORM=auto)" for form in ("wgmma_tma", "mma")]

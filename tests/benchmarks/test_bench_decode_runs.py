@@ -164,7 +164,7 @@ def test_the_drafter_switch_varies_only_the_engines_with_a_drafter() -> None:
 # label an engine with the other value gets)
 VERIFY_SWITCHES = [("--attn-verify-lazy", "VLLM_PRISM_ATTN_VERIFY_LAZY", "1", "0",
                     "[verify lazy 0]"),
-                   ("--attn-verify-form", "VLLM_PRISM_ATTN_VERIFY_FORM", "mma", "wgmma",
+                   ("--attn-verify-form", "VLLM_PRISM_ATTN_VERIFY_FORM", "auto", "wgmma",
                     "[verify form wgmma]")]
 
 

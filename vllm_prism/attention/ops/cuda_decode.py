@@ -22,17 +22,18 @@ causal tail in one pass. ``auto`` takes it wherever it can serve the call: on th
 127) and runs Q.K on the int8 tensor cores straight from the cache's bytes, no K conversion;
 written for the shared-memory latency that bounds it (attention_h200_notes.md), not yet timed.
 Its warpgroup-MMA form (csrc/attention/int8_verify_wgmma.cu, ``VLLM_PRISM_ATTN_VERIFY_FORM=
-wgmma`` or ``VERIFY_FORM``; opt-in: 0.97-1.02x the mma form's time at 6-8 tokens, 1.12-1.15x
-at 4 on the H100) runs the same call warp-specialised: a producer warp copies two segments'
-stages into a ring, two consumer warpgroups (one segment each) run S^T and O^T as ``wgmma``
-with K and V^T from registers, each int8 element converted once (the grid is half the
-segments);
+wgmma`` or ``VERIFY_FORM``; opt-in: 0.96-1.15x the mma form's time on the H100) runs the same
+call warp-specialised: a producer warp copies two segments' stages into a ring, two consumer
+warpgroups (one segment each) run S^T and O^T as ``wgmma`` with K and V^T from registers, each
+int8 element converted once (the grid is half the segments);
 :func:`wgmma_verify_problem` says where it cannot (the "mma" form serves those calls). Its
 ``wgmma_tma`` form copies each 16-slot tile of a stage as one TMA box of a tensor map over the
 cache (four copies a stage instead of a lane's 2 x 33 ``cp.async``), where the cache is in
 vLLM's NHD layout (:func:`tma_layout_problem`; the ``cp.async`` producer serves the others);
-on the H100 0.78-0.88x the "mma" form's time; its stage ring's ordering fix (a stage issued
-only once the stage kTmaLag before has landed) has not run on a GPU yet.
+on the H100 (2026-12-06) 0.74-0.86x the "mma" form's time at 4-8 tokens: a 6-token call
+1.25x / 1.23x the decode kernel's time at 32K / 128K. ``auto``, the default, takes it wherever
+it can serve the call and the "mma" form elsewhere (:func:`served_verify_form`); the form that
+serves is logged once.
 
 Both kernels and their merge launch with programmatic dependent launch where the PQ2 kernels do
 (``VLLM_PRISM_PDL``, Hopper and newer) and ``VLLM_PRISM_ATTN_PDL`` is on (``ATTN_PDL``
@@ -99,7 +100,7 @@ VERIFY_LAZY_MAX: bool | None = None
 # verification's kernel form: "mma" (int8_verify.cu), "wgmma" or "wgmma_tma" (int8_verify_wgmma.cu,
 # where wgmma_verify_problem is None; "wgmma_tma": its producer on a TMA tensor map where
 # tma_layout_problem is None), or "auto" (served_verify_form: "wgmma_tma" where it can serve
-# the call, else "mma"). None: the VLLM_PRISM_ATTN_VERIFY_FORM switch (default "mma");
+# the call, else "mma"). None: the VLLM_PRISM_ATTN_VERIFY_FORM switch (default "auto");
 # a benchmark or a test sets a form here.
 VERIFY_FORM: str | None = None
 VERIFY_FORMS = envs.CHOICES["VLLM_PRISM_ATTN_VERIFY_FORM"]
@@ -211,9 +212,9 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     runs Q.K on the int8 tensor cores with the query quantised per column (opt-in); ``pdl``
     (causal calls only): programmatic dependent launch. Returns the form that ran
     (:func:`verify_form` as :func:`served_verify_form` resolves it for this call)."""
-    form = verify_form()
-    if form != "mma":
-        form = served_verify_form(form, q, kv_cache, int_qk)
+    asked = verify_form()
+    form = asked if asked == "mma" else served_verify_form(asked, q, kv_cache, int_qk)
+    _log_served_form(asked, form)
     if form != "mma":
         torch.ops._C_prism.int8_verify_wgmma_attention(
             q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o,
@@ -288,6 +289,12 @@ def tma_layout_problem(kv_cache: torch.Tensor, head_size: int) -> str | None:
     if s_head < row or (kv_cache.shape[1] - 1) * s_head + row > s_slot:
         return "a slot's KV heads not side by side (the cache is not in vLLM's NHD layout)"
     return None
+
+
+@functools.cache
+def _log_served_form(asked: str, form: str) -> None:
+    logger.info("vllm-prism: the INT8 verification attention runs the %s form "
+                "(VLLM_PRISM_ATTN_VERIFY_FORM=%s)", form, asked)
 
 
 @functools.cache
