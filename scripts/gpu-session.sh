@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# On the GPU machine of the `device` tool, after ../shared/tools/vllm-on-gpu staged vLLM there:
+# On the GPU machine of the `device` tool, after ../shared/tools/vllm-on-gpu staged vLLM there
+# (here: its prepare.sh, then scripts/gpu-restage.sh, whose parts fit in a call beside the tree):
 # install this tree and run one stage of the GPU checks, writing logs and results under $OUT.
 #   PRISM_BUILD=cuda bash scripts/gpu-session.sh build   install with vllm_prism._C (first call)
 #   bash scripts/gpu-session.sh tests ARGS   GPU tests (pytest ARGS; log: $OUT/${TESTLOG:-tests}.log)
