@@ -47,11 +47,13 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # Read per call (inside vLLM's attention op, outside any traced graph).
     "VLLM_PRISM_ATTN_KERNEL": lambda: os.getenv("VLLM_PRISM_ATTN_KERNEL", "auto").strip().lower(),
     # Warps a (16-slot tile, KV head) in the CUDA C++ INT8 decode kernel
-    # (csrc/attention/int8_decode.cu): "2" (default) two, each over half of the head dimension
-    # (eight warps a CTA); "1" one (four warps a CTA, the kernel before 2026-12-04). Read per
-    # call, outside any traced graph.
-    "VLLM_PRISM_ATTN_DECODE_SPLIT": lambda: 1 if os.getenv("VLLM_PRISM_ATTN_DECODE_SPLIT",
-                                                           "2").strip() == "1" else 2,
+    # (csrc/attention/int8_decode.cu): "2" two, each over half of the head dimension (eight
+    # warps a CTA); "1" one (four warps a CTA); "auto" (default, read as 0) one where the
+    # kernel launches with programmatic dependent launch (VLLM_PRISM_ATTN_PDL on Hopper and
+    # newer: 0.96-1.00x the two-warp form's time on the H100 and the H200), two elsewhere
+    # (1.14x faster at 4K without it on the H200). Read per call, outside any traced graph.
+    "VLLM_PRISM_ATTN_DECODE_SPLIT": lambda: {"1": 1, "2": 2}.get(
+        os.getenv("VLLM_PRISM_ATTN_DECODE_SPLIT", "auto").strip(), 0),
     # The CUDA C++ INT8 verification kernel (csrc/attention/int8_verify.cu, exact Q.K): "1"
     # (default) keeps each column's running maximum across stages while a stage's scores stay
     # within 2^8 of it (one CTA barrier a stage fewer; the exact softmax where they do not);

@@ -62,7 +62,8 @@ prefilled. Prompts are random token ids, distinct per request.
 * ``--fresh-kv 1 0`` likewise with ``VLLM_PRISM_PREFILL_FRESH_KV`` (a prompt's first chunk
   on the step's own K / V, or read back from the cache; ``[fresh kv 0]`` in the label).
 * ``--attn-decode-split 2 1`` likewise with ``VLLM_PRISM_ATTN_DECODE_SPLIT`` (the CUDA C++
-  INT8 decode kernel with two warps a tile and KV head, or one; ``[decode split 1]``).
+  INT8 decode kernel with two warps a tile and KV head, or one; ``[decode split N]`` where it
+  is not the default ``auto``).
 * ``--attn-pdl 1 0`` likewise with ``VLLM_PRISM_ATTN_PDL`` (the CUDA C++ INT8 attention
   kernels and their merge with programmatic dependent launch, or without; ``[attn pdl 0]``).
 * ``--attn-verify-lazy 1 0`` likewise with ``VLLM_PRISM_ATTN_VERIFY_LAZY`` (the CUDA C++
@@ -909,7 +910,7 @@ def _kernel_label(drafter: bool) -> str:
         label = f"{label} [fold prefill]"
     if not envs.VLLM_PRISM_PREFILL_FRESH_KV:
         label = f"{label} [fresh kv 0]"
-    if envs.VLLM_PRISM_ATTN_DECODE_SPLIT != 2:
+    if envs.VLLM_PRISM_ATTN_DECODE_SPLIT:
         label = f"{label} [decode split {envs.VLLM_PRISM_ATTN_DECODE_SPLIT}]"
     if not envs.VLLM_PRISM_ATTN_PDL:
         label = f"{label} [attn pdl 0]"
@@ -1128,10 +1129,12 @@ def build_parser() -> argparse.ArgumentParser:
             "VLLM_PRISM_PREFILL_FRESH_KV for the engines, each in turn (1: a "
             "prompt's first chunk attends to the step's own K and V; 0: it reads them "
             "back from the KV cache)")
-    p.add_argument("--attn-decode-split", nargs="+", default=["2"], choices=["2", "1"],
+    p.add_argument("--attn-decode-split", nargs="+", default=["auto"],
+                   choices=["auto", "2", "1"],
                    help="VLLM_PRISM_ATTN_DECODE_SPLIT for the engines, each in turn (warps a "
                    "16-slot tile and KV head in the CUDA C++ INT8 decode kernel: 2 each over "
-                   "half of the head dimension, 1 the four-warp kernel)")
+                   "half of the head dimension, 1 the four-warp kernel, auto 1 with "
+                   "programmatic dependent launch and 2 without)")
     _on_off(p, "--attn-pdl", "1",
             "VLLM_PRISM_ATTN_PDL for the engines, each in turn (1: the CUDA C++ "
             "INT8 attention kernels and their merge with programmatic dependent launch "

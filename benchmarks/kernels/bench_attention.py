@@ -294,7 +294,8 @@ def main() -> None:
                 if kv_name == "int8" and cuda_ready(cache):
                     # the CUDA C++ kernel, what decode runs on an INT8 cache by default
                     dec, err = ours_time(cache, ctx, 1, check=True, kernel="cuda")
-                    split = cuda_decode.decode_dim_split()
+                    split = cuda_decode.decode_dim_split(cuda_decode.attention_pdl(
+                        torch.device(DEVICE)))
                     rec = dict(kind="decode", kernel="cuda", context=ctx, q_tokens=1,
                                kv=kv_name, us=round(dec, 2), dim_split=split,
                                bw_frac=round(bytes_ / (dec * 1e-6) / 1e9 / read_bw, 3),

@@ -246,6 +246,31 @@ def test_pdl_mode(monkeypatch):
         cuda_decode.launch_cuda_decode(*args, pdl=True)
 
 
+def test_decode_dim_split(monkeypatch):
+    """The decode kernel's warps a (tile, KV head), the op's second-to-last argument: by
+    default one where it launches with programmatic dependent launch and two where not;
+    VLLM_PRISM_ATTN_DECODE_SPLIT=1 / 2 either way; the module setting over both."""
+    splits = []
+
+    class FakeOps:
+        def int8_decode_attention(self, *args):
+            splits.append(args[-2])
+
+    monkeypatch.setattr(torch.ops, "_C_prism", FakeOps(), raising=False)
+    monkeypatch.setattr(cuda_decode, "DECODE_DIM_SPLIT", None)
+    args = (None,) * 9 + (0.0625, 4)
+    for value in (None, "auto", "2", "1"):
+        if value is None:
+            monkeypatch.delenv("VLLM_PRISM_ATTN_DECODE_SPLIT", raising=False)
+        else:
+            monkeypatch.setenv("VLLM_PRISM_ATTN_DECODE_SPLIT", value)
+        cuda_decode.launch_cuda_decode(*args, pdl=True)
+        cuda_decode.launch_cuda_decode(*args, pdl=False)
+    monkeypatch.setattr(cuda_decode, "DECODE_DIM_SPLIT", 2)
+    cuda_decode.launch_cuda_decode(*args, pdl=True)
+    assert splits == [1, 2, 1, 2, 2, 2, 1, 1, 2]
+
+
 def test_pdl_only_for_causal_calls(monkeypatch):
     """The CUDA path launches with PDL for causal calls (the step wrote only the query
     tokens' slots), never for a DFlash drafter's non-causal call (its step also writes context

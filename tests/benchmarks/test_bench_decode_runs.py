@@ -126,7 +126,7 @@ def test_engine_process_switch(monkeypatch) -> None:
 @pytest.mark.parametrize("option, name, values, label", [
     ("--fresh-kv", "VLLM_PRISM_PREFILL_FRESH_KV", ["1", "0"], "[fresh kv 0]"),
     ("--fold-prefill", "VLLM_PRISM_PQ2_FOLD_PREFILL", ["0", "1"], "[fold prefill]"),
-    ("--attn-decode-split", "VLLM_PRISM_ATTN_DECODE_SPLIT", ["2", "1"], "[decode split 1]"),
+    ("--attn-decode-split", "VLLM_PRISM_ATTN_DECODE_SPLIT", ["auto", "1"], "[decode split 1]"),
     ("--attn-pdl", "VLLM_PRISM_ATTN_PDL", ["1", "0"], "[attn pdl 0]"),
 ])
 def test_engine_switch(option, name, values, label, monkeypatch) -> None:

@@ -80,7 +80,8 @@ TILE = 16  # slots a tile
 CTAS_PER_SM = 2  # resident decode CTAs a multiprocessor (about 100 KiB of shared memory each)
 # Warps a (16-slot tile, KV head) in the decode kernel, each over 1 / split of the head
 # dimension (2: eight warps a CTA, the pair's halves of S^T added through shared memory);
-# None: the VLLM_PRISM_ATTN_DECODE_SPLIT switch (a benchmark or a test sets 1 or 2 here)
+# None: the VLLM_PRISM_ATTN_DECODE_SPLIT switch, by default 1 with programmatic dependent
+# launch and 2 without (decode_dim_split; a benchmark or a test sets 1 or 2 here)
 DECODE_DIM_SPLIT: int | None = None
 # verification: resident CTAs a multiprocessor (the kernel's __launch_bounds__; up to 103 KiB of
 # shared memory each at head size 256)
@@ -333,9 +334,11 @@ def verify_lazy_max() -> bool:
     return envs.VLLM_PRISM_ATTN_VERIFY_LAZY if VERIFY_LAZY_MAX is None else VERIFY_LAZY_MAX
 
 
-def decode_dim_split() -> int:
-    """Warps a (tile, KV head) the decode kernel runs with: DECODE_DIM_SPLIT or the switch."""
-    return DECODE_DIM_SPLIT or envs.VLLM_PRISM_ATTN_DECODE_SPLIT
+def decode_dim_split(pdl: bool) -> int:
+    """Warps a (tile, KV head) the decode kernel runs with: DECODE_DIM_SPLIT or the switch,
+    else one where it launches with programmatic dependent launch (``pdl``) and two where
+    not (attention_h200_notes.md, fortieth section)."""
+    return DECODE_DIM_SPLIT or envs.VLLM_PRISM_ATTN_DECODE_SPLIT or (1 if pdl else 2)
 
 
 def launch_cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -348,4 +351,4 @@ def launch_cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     torch.ops._C_prism.int8_decode_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
                                              float(scale), int(num_segs), MIN_TILES,
-                                             decode_dim_split(), pdl_mode(pdl))
+                                             decode_dim_split(pdl), pdl_mode(pdl))
