@@ -31,7 +31,8 @@ int8 element converted once (the grid is half the segments);
 cache (four copies a stage instead of a lane's 2 x 33 ``cp.async``), where the cache is in
 vLLM's NHD layout (:func:`tma_layout_problem`; the ``cp.async`` producer serves the others);
 on the H100 (2026-12-06) 0.74-0.86x the "mma" form's time at 4-8 tokens: a 6-token call
-1.25x / 1.23x the decode kernel's time at 32K / 128K. ``auto``, the default, takes it wherever
+1.25x / 1.23x the two-warp decode kernel's time at 32K / 128K (1.30x / 1.24x the one-warp
+form that decode runs with programmatic dependent launch). ``auto``, the default, takes it wherever
 it can serve the call and the "mma" form elsewhere (:func:`served_verify_form`); the form that
 serves is logged once.
 
@@ -214,7 +215,7 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     (causal calls only): programmatic dependent launch. Returns the form that ran
     (:func:`verify_form` as :func:`served_verify_form` resolves it for this call)."""
     asked = verify_form()
-    form = asked if asked == "mma" else served_verify_form(asked, q, kv_cache, int_qk)
+    form = served_verify_form(asked, q, kv_cache, int_qk)
     _log_served_form(asked, form)
     if form != "mma":
         torch.ops._C_prism.int8_verify_wgmma_attention(
@@ -241,12 +242,14 @@ def verify_form() -> str:
 
 def served_verify_form(asked: str, q: torch.Tensor, kv_cache: torch.Tensor,
                        int_qk: bool = False) -> str:
-    """The form that serves a verification call where ``asked`` is "wgmma", "wgmma_tma" or
-    "auto": "mma" where no warpgroup-MMA form can (wgmma_verify_problem), "wgmma" where
-    "wgmma_tma" was asked and its tensor map cannot cover the cache (tma_layout_problem), each
-    fallback warned once. "auto" takes "wgmma_tma" where it can serve the call, else "mma",
-    without a warning: the cp.async producer ("wgmma") is no faster than the mma form
-    (1.11-1.14x its time at 4 tokens on the H100), so "auto" never picks it."""
+    """The form that serves a verification call where ``asked`` (VERIFY_FORMS) was asked:
+    "mma" as asked, or where no warpgroup-MMA form can serve it (wgmma_verify_problem);
+    "wgmma" where "wgmma_tma" was asked and its tensor map cannot cover the cache
+    (tma_layout_problem), each fallback warned once. "auto" takes "wgmma_tma" where it can
+    serve the call, else "mma", without a warning: the cp.async producer ("wgmma") is no
+    faster than the mma form (0.96-1.15x its time on the H100), so "auto" never picks it."""
+    if asked == "mma":
+        return "mma"
     why = wgmma_verify_problem(q, int_qk)
     if why is not None:
         if asked != "auto":
