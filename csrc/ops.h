@@ -45,7 +45,8 @@ void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
                            const torch::Tensor& query_start_loc,
                            const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
                            torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
-                           int64_t num_segs, int64_t min_tiles, int64_t dim_split, int64_t pdl);
+                           int64_t num_segs, int64_t min_tiles, int64_t dim_split, int64_t pdl,
+                           bool bulk);
 
 // Split-KV verification attention over the int8_per_token_head cache
 // (csrc/attention/int8_verify.cu): 1..max_q query tokens per selected request, prefix and

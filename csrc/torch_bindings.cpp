@@ -51,7 +51,7 @@ TORCH_LIBRARY(_C_prism, m) {
       "int8_decode_attention(Tensor q, Tensor kv_cache, Tensor block_table, Tensor seq_lens, "
       "Tensor query_start_loc, Tensor? req_ids, Tensor(a!) out, Tensor(b!) part_o, "
       "Tensor(c!) part_lse, float scale, int num_segs, int min_tiles, int dim_split=2, "
-      "int pdl=0) -> ()");
+      "int pdl=0, bool bulk=False) -> ()");
   m.impl("int8_decode_attention", c10::kCUDA, &int8_decode_attention);
   // Split-KV verification attention over the INT8 paged cache (csrc/attention/int8_verify.cu).
   m.def(

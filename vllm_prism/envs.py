@@ -48,12 +48,20 @@ environment_variables: dict[str, Callable[[], Any]] = {
     "VLLM_PRISM_ATTN_KERNEL": lambda: os.getenv("VLLM_PRISM_ATTN_KERNEL", "auto").strip().lower(),
     # Warps a (16-slot tile, KV head) in the CUDA C++ INT8 decode kernel
     # (csrc/attention/int8_decode.cu): "2" two, each over half of the head dimension (eight
-    # warps a CTA); "1" one (four warps a CTA); "auto" (default, read as 0) one where the
-    # kernel launches with programmatic dependent launch (VLLM_PRISM_ATTN_PDL on Hopper and
-    # newer: 0.96-1.00x the two-warp form's time on the H100 and the H200), two elsewhere
-    # (1.14x faster at 4K without it on the H200). Read per call, outside any traced graph.
-    "VLLM_PRISM_ATTN_DECODE_SPLIT": lambda: {"1": 1, "2": 2}.get(
-        os.getenv("VLLM_PRISM_ATTN_DECODE_SPLIT", "auto").strip(), 0),
+    # warps a CTA); "1" one (four warps a CTA); "auto" (default) one where the kernel
+    # launches with programmatic dependent launch (VLLM_PRISM_ATTN_PDL on Hopper and newer:
+    # 0.97-0.98x the two-warp form's time at 32K, 1.00x at 128K, 1.04-1.09x at 4K on the H100),
+    # two elsewhere (1.14x faster at 4K without it on the H200). Read per call, outside any
+    # traced graph; any other value is refused before the engine starts.
+    "VLLM_PRISM_ATTN_DECODE_SPLIT": lambda: os.getenv("VLLM_PRISM_ATTN_DECODE_SPLIT",
+                                                      "auto").strip().lower(),
+    # How the CUDA C++ INT8 decode kernel copies a stage's 16-slot tiles into shared memory:
+    # "cp_async" (every thread's 16-byte cp.async), "bulk" (thread 0's one bulk-copy request a
+    # tile, cp.async.bulk, compute capability 9.0 and newer; "cp_async" below, with a warning)
+    # or "auto" (default: "cp_async"). Read per call, outside any traced graph; any other value
+    # is refused before the engine starts.
+    "VLLM_PRISM_ATTN_DECODE_COPY": lambda: os.getenv("VLLM_PRISM_ATTN_DECODE_COPY",
+                                                     "auto").strip().lower(),
     # The CUDA C++ INT8 verification kernel (csrc/attention/int8_verify.cu, exact Q.K): "1"
     # (default) keeps each column's running maximum across stages while a stage's scores stay
     # within 2^8 of it (one CTA barrier a stage fewer; the exact softmax where they do not);
@@ -121,6 +129,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
 # The values a switch with a fixed set takes (checked before the engine starts:
 # vllm_prism/engine/arg_utils.py); the first is the default.
 CHOICES: dict[str, tuple[str, ...]] = {
+    "VLLM_PRISM_ATTN_DECODE_COPY": ("auto", "cp_async", "bulk"),
+    "VLLM_PRISM_ATTN_DECODE_SPLIT": ("auto", "1", "2"),
     "VLLM_PRISM_ATTN_VERIFY_FORM": ("auto", "mma", "wgmma", "wgmma_tma"),
     "VLLM_PRISM_DENSE_GEMV": ("auto", "torch", "triton"),
     "VLLM_PRISM_DRAFT_ATTENTION": ("prism", "vllm"),

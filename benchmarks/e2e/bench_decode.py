@@ -910,7 +910,7 @@ def _kernel_label(drafter: bool) -> str:
         label = f"{label} [fold prefill]"
     if not envs.VLLM_PRISM_PREFILL_FRESH_KV:
         label = f"{label} [fresh kv 0]"
-    if envs.VLLM_PRISM_ATTN_DECODE_SPLIT:
+    if envs.VLLM_PRISM_ATTN_DECODE_SPLIT != "auto":
         label = f"{label} [decode split {envs.VLLM_PRISM_ATTN_DECODE_SPLIT}]"
     if not envs.VLLM_PRISM_ATTN_PDL:
         label = f"{label} [attn pdl 0]"

@@ -9,9 +9,11 @@ request, vLLM's NHD paged cache with block size 16 and a shuffled block table.
   ratio to torch SDPA (flash) on contiguous BF16 K/V of the same shape (``vs_sdpa`` = SDPA time
   / ours), and for verify the ratio to decode at the same context (``vs_decode``). The CUDA
   C++ kernels' variants follow their default rows (``vs_default``): bf16 partials, the other
-  dim_split, the other maxima form and, where it can run (sm_90a build, compute capability
-  9.0), the verification kernel's warpgroup-MMA forms (``cuda wgmma``, its producer on
-  cp.async, and ``cuda wgmma tma``, on a TMA tensor map over the cache; with ``vs_decode``).
+  dim_split, the decode kernel's other copies (``cuda bulk copy``: a bulk-copy request a tile,
+  or ``cuda cp.async copy``; compute capability 9.0), the other maxima form and, where it can
+  run (sm_90a build, compute capability 9.0), the verification kernel's warpgroup-MMA forms
+  (``cuda wgmma``, its producer on cp.async, and ``cuda wgmma tma``, on a TMA tensor map over
+  the cache; with ``vs_decode``).
   The ``cuda`` verification rows are its mma form (int8_verify.cu), whatever the library's
   default (``auto``: ``cuda wgmma tma`` where it can serve the call).
 * noncausal: a DFlash drafter's 6-token block against the whole context (no mask), split,
@@ -315,6 +317,18 @@ def main() -> None:
                                 cuda_variant_record(cache, ctx, 1, dec, bytes_, read_bw,
                                                     "cuda bf16 partials",
                                                     {"PARTIALS_DTYPE": torch.bfloat16})):
+                        res["records"].append(rec)
+                        print(json.dumps(rec), flush=True)
+                    # the tiles on the bulk-copy engine (sm_90+), against the default copies
+                    other_copy = ("bulk" if cuda_decode.decode_copy(torch.device(DEVICE))
+                                  == "cp_async" else "cp_async")
+                    if DEVICE == "cuda" and torch.cuda.get_device_capability() >= (9, 0):
+                        rec = cuda_variant_record(cache, ctx, 1, dec, bytes_, read_bw,
+                                                  f"cuda {other_copy.replace('_', '.')} copy",
+                                                  {"DECODE_COPY": other_copy},
+                                                  dict(copy=other_copy,
+                                                       sdpa_us=round(s_us, 2)),
+                                                  s_us, triton_dec)
                         res["records"].append(rec)
                         print(json.dumps(rec), flush=True)
                 for ql in VERIFY_Q:

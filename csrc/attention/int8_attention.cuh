@@ -59,6 +59,8 @@ struct Int8AttnParams {
   // but the next kernel launches after the stage loop (the caller passes 0 where other slots
   // may be new: a drafter's context)
   int pdl;
+  // decode: 1 copies each 16-slot tile by one bulk-copy request (sm_90+), 0 by cp.async
+  int bulk;
 };
 
 constexpr int kInt8DecodeMaxGroup = 8;

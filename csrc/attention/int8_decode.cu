@@ -32,11 +32,18 @@
 // The segment's partial output (fp32, normalised) and its log2-sum-exp go to part_o / part_lse
 // for the merge kernel (vllm_prism/attention/ops/triton_split_kv.py), or, with one segment,
 // the output itself.
+//
+// Copies (p.bulk): 0, every thread's 16-byte cp.async over the stage (2,080 of them for a
+// 33 KB tile at head size 256 and 4 KV heads: 16 a thread), waited with cp.async.wait_group;
+// 1 (sm_90+), thread 0 copies each 16-slot tile as one request to the bulk-copy engine (the
+// tile's slots are one contiguous run in the NHD layout), counted on the stage's mbarrier,
+// which every thread waits on. The stage loop's barrier still orders a buffer's reuse.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cmath>
 
+#include "../async_pipeline.cuh"
 #include "int8_attention.cuh"
 #include "int8_tile.cuh"
 
@@ -48,6 +55,32 @@ using namespace attn;
 constexpr int kSlots = kTileSlots;  // slots of a tile (the MMA's M)
 constexpr int kTileWarps = 4;  // (tile, head) pairs a stage holds: one per warp, or per warp pair
 constexpr int kHeads = 8;  // the MMA's N: query heads of a group, zero padded
+// The bulk-copy path's pieces (sm_90+; the host launches p.bulk only there).
+__device__ __forceinline__ void stage_bars_init(uint64_t* bars, int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  for (int i = 0; i < n; ++i) mbar_init(bars + i, 1);
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void stage_expect(uint64_t* bar, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  mbar_expect_tx(bar, bytes);
+#endif
+}
+__device__ __forceinline__ void tile_bulk_copy(void* dst, const void* src, uint32_t bytes,
+                                               uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  bulk_copy(dst, src, bytes, bar);
+#endif
+}
+__device__ __forceinline__ void stage_wait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  mbar_wait(bar, parity);
+#endif
+}
+
 template <int HD, int NKV, int SPLIT>
 struct Shape {
   static constexpr int kWarps = kTileWarps * SPLIT;
@@ -60,7 +93,8 @@ struct Shape {
   static constexpr int kStages = HD >= 256 ? 3 : 4;
   // SPLIT = 2: each warp's partial S^T (4 floats a lane) for its partner, after the stages
   static constexpr int kXchgBytes = SPLIT > 1 ? kWarps * 32 * 16 : 0;
-  static constexpr int kSmem = kStages * kStageBytes + kXchgBytes;
+  static constexpr int kBarOffset = kStages * kStageBytes + kXchgBytes;  // 8-byte aligned
+  static constexpr int kSmem = kBarOffset + kStages * 8;  // + a stage's mbarrier (p.bulk)
   static constexpr int kFinalBytes = kTileWarps * (kHeads * HD + 2 * kHeads) * 4;
   static_assert(kFinalBytes <= kStages * kStageBytes,
                 "the merge of the warps reuses the stage buffers");
@@ -101,22 +135,39 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.stride_bt;
   const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.cache);
 
+  const bool bulk = p.bulk != 0;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBarOffset);
+  auto tile_src = [&](int tile) {
+    const int pos0 = tile * kSlots;
+    const int blk = bt[pos0 / p.block_size];
+    return cache + static_cast<int64_t>(blk) * p.stride_cb +
+           static_cast<int64_t>(pos0 % p.block_size) * p.stride_cn;
+  };
+  // Stage `it`'s copies: every thread's share (cp.async), or thread 0's bulk requests.
   auto issue = [&](int it) {
     uint8_t* dst = smem + (it % S::kStages) * S::kStageBytes;
+    if (bulk) {
+      if (threadIdx.x != 0) return;
+      const int n = min(S::kSubs, t1 - (t0 + it * S::kSubs));
+      uint64_t* bar = bars + it % S::kStages;
+      stage_expect(bar, static_cast<uint32_t>(n * S::kSubBytes));
+      for (int s = 0; s < n; ++s)
+        tile_bulk_copy(dst + s * S::kSubBytes, tile_src(t0 + it * S::kSubs + s), S::kSubBytes,
+                       bar);
+      return;
+    }
 #pragma unroll
     for (int s = 0; s < S::kSubs; ++s) {
       const int tile = t0 + it * S::kSubs + s;
       if (tile < t1) {
-        const int pos0 = tile * kSlots;
-        const int blk = bt[pos0 / p.block_size];
-        const uint8_t* src = cache + static_cast<int64_t>(blk) * p.stride_cb +
-                             static_cast<int64_t>(pos0 % p.block_size) * p.stride_cn;
+        const uint8_t* src = tile_src(tile);
         const uint32_t d = smem_addr(dst + s * S::kSubBytes);
         for (int c = threadIdx.x; c < S::kSubBytes / 16; c += kThreads)
           cp_async16(d + c * 16, src + c * 16);
       }
     }
   };
+  if (bulk && threadIdx.x == 0) stage_bars_init(bars, S::kStages);
 
   // Start the copies before anything else. With PDL, the stages of tiles wholly before the
   // step's token (position seq_len - 1: earlier steps wrote them) start while the kernel
@@ -171,10 +222,18 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   const int r3 = r1 + 8;
 
   for (int it = 0; it < n_iter; ++it) {
-    cp_async_wait<S::kStages - 2>();
-    __syncthreads();
-    if (it + S::kStages - 1 < n_iter) issue(it + S::kStages - 1);
-    cp_async_commit();
+    if (bulk) {
+      // every warp is past stage it - 1, whose buffer the next issue fills (the barriers'
+      // init, thread 0's, is seen by all after the first pass)
+      __syncthreads();
+      if (it + S::kStages - 1 < n_iter) issue(it + S::kStages - 1);
+      stage_wait(bars + it % S::kStages, (it / S::kStages) & 1);
+    } else {
+      cp_async_wait<S::kStages - 2>();
+      __syncthreads();
+      if (it + S::kStages - 1 < n_iter) issue(it + S::kStages - 1);
+      cp_async_commit();
+    }
 
     const int tile = t0 + it * S::kSubs + sub;
     if (tile >= t1) continue;

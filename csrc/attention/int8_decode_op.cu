@@ -11,7 +11,8 @@ void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
                            const torch::Tensor& query_start_loc,
                            const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
                            torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
-                           int64_t num_segs, int64_t min_tiles, int64_t dim_split, int64_t pdl) {
+                           int64_t num_segs, int64_t min_tiles, int64_t dim_split, int64_t pdl,
+                           bool bulk) {
   const char* op = "int8_decode_attention";
   int64_t n_sel = 0;
   TORCH_CHECK(dim_split == 1 || dim_split == 2, op, ": dim_split must be 1 or 2, not ",
@@ -22,6 +23,7 @@ void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
   p.dim_split = static_cast<int>(dim_split);
   TORCH_CHECK(pdl >= 0 && pdl <= 2, op, ": pdl must be 0, 1 or 2, not ", pdl);
   p.pdl = static_cast<int>(pdl);
+  p.bulk = bulk ? 1 : 0;
   const int64_t row = 2 * p.head_dim + 8;
   TORCH_CHECK(kv_cache.stride(1) == row && kv_cache.stride(2) == p.num_kv_heads * row, op,
               ": kv_cache must be vLLM's NHD int8_per_token_head layout with rows of ", row,
@@ -38,6 +40,9 @@ void int8_decode_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
               vllm_prism::kInt8DecodeMaxGroup, " per KV head");
   if (n_sel == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
+  TORCH_CHECK(!bulk || at::cuda::getCurrentDeviceProperties()->major >= 9, op,
+              ": bulk copies need compute capability 9.0 or newer (cp.async.bulk); pass "
+              "bulk=False");
   const cudaError_t err = vllm_prism::int8_decode_launch(
       p, static_cast<int>(n_sel), at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, op, ": launch failed: ", cudaGetErrorString(err));

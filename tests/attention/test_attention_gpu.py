@@ -32,6 +32,11 @@ CUDA_TOL = 4e-3
 needs_c = pytest.mark.skipif(not has_compiled_op("int8_decode_attention"),
                              reason="vllm_prism._C is not built")
 KERNELS = ["triton", pytest.param("cuda", marks=needs_c)]
+# the decode kernel's bulk copies (cp.async.bulk) run on compute capability 9.0 and newer
+needs_bulk = pytest.mark.skipif(not torch.cuda.is_available()
+                                or torch.cuda.get_device_capability() < (9, 0),
+                                reason="bulk copies need compute capability 9.0")
+DECODE_COPIES = ["cp_async", pytest.param("bulk", marks=needs_bulk)]
 DTYPES = [torch.int8, torch.bfloat16]
 
 
@@ -205,14 +210,16 @@ def _check_cuda_segmentations(b, attention, segments=(None, 1)) -> None:
 
 
 @needs_c
+@pytest.mark.parametrize("copy", DECODE_COPIES)
 @pytest.mark.parametrize("dim_split", [1, 2])
 @pytest.mark.parametrize("shape", CUDA_SHAPES, ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(
     *s[:4], str(s[4]).split(".")[-1]))
-def test_cuda_decode(shape, dim_split, monkeypatch):
-    """The CUDA C++ INT8 decode kernel, one warp or two a (tile, head): partial first/last
-    tiles, every segment count from one tile up, 128K context; and its one-segment (direct
-    output) form."""
+def test_cuda_decode(shape, dim_split, copy, monkeypatch):
+    """The CUDA C++ INT8 decode kernel, one warp or two a (tile, head), its tiles copied by
+    cp.async or by bulk copies: partial first/last tiles, every segment count from one tile
+    up, 128K context; and its one-segment (direct output) form."""
     monkeypatch.setattr(cuda_decode, "DECODE_DIM_SPLIT", dim_split)
+    monkeypatch.setattr(cuda_decode, "DECODE_COPY", copy)
     nkv, group, hs, bs, qdt = shape
     lens = [1, 15, 16, 17, 1000, 4101, 70001, 131072 if hs == 256 and nkv == 4 else 9000]
     b = make_batch(lens, [1] * len(lens), torch.int8, device="cuda", block_size=bs,
@@ -491,8 +498,8 @@ def test_cuda_verify_lazy_max_spikes(q_len, form, monkeypatch):
 
 @needs_c
 @pytest.mark.parametrize("trigger", ["start", "end"])
-@pytest.mark.parametrize("q_len", [1, 6] + [pytest.param(f"6-{f}", marks=needs_wgmma)
-                                            for f in WGMMA_FORMS])
+@pytest.mark.parametrize("q_len", [1, "1-bulk", 6] + [pytest.param(f"6-{f}", marks=needs_wgmma)
+                                                       for f in WGMMA_FORMS])
 def test_cuda_pdl_reads_new_slots_after_their_writer(q_len, trigger, monkeypatch):
     """Programmatic dependent launch: the step's slots (a request's last ``q_len``) are written
     by a kernel that lets the attention kernel launch at once and writes them after a spin
@@ -506,7 +513,10 @@ def test_cuda_pdl_reads_new_slots_after_their_writer(q_len, trigger, monkeypatch
     monkeypatch.setattr(cuda_decode, "ATTN_PDL", True)
     monkeypatch.setattr(cuda_decode, "ATTN_PDL_TRIGGER", trigger)
     served, form = None, None
-    if isinstance(q_len, str):  # "6-<form>": a warpgroup-MMA verification form
+    if q_len == "1-bulk":  # decode with its tiles on bulk copies
+        monkeypatch.setattr(cuda_decode, "DECODE_COPY", "bulk")
+        q_len = 1
+    elif isinstance(q_len, str):  # "6-<form>": a warpgroup-MMA verification form
         form = q_len.split("-", 1)[1]
         q_len, served = 6, _wgmma_form(monkeypatch, form)
     lens = [5000, 70001]

@@ -5,6 +5,8 @@ segment count, and the refusals a caller sees. The kernel itself is checked on t
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -220,17 +222,34 @@ def test_attention_pdl_switch(monkeypatch):
     assert cuda_decode.attention_pdl(torch.device("cpu")) is False
 
 
-def test_pdl_mode(monkeypatch):
-    """The ops' pdl argument: 0 off; with it, 1 lets the next kernel launch at the kernel's
-    start, 2 after its stage loop (the default); anything else is refused by name."""
-    calls = []
+# launch_cuda_decode's positional arguments up to num_segs (a CPU query: no device capability)
+_DECODE_ARGS = (torch.empty(0),) + (None,) * 8 + (0.0625, 4)
+
+
+def _record_decode_arg(monkeypatch, index: int) -> list:
+    """A fake int8_decode_attention op that records its argument ``index`` of every call."""
+    seen = []
 
     class FakeOps:
         def int8_decode_attention(self, *args):
-            calls.append(args[-1])
+            seen.append(args[index])
 
     monkeypatch.setattr(torch.ops, "_C_prism", FakeOps(), raising=False)
-    args = (None,) * 9 + (0.0625, 4)
+    return seen
+
+
+def _set_switch(monkeypatch, name: str, value: str | None) -> None:
+    if value is None:
+        monkeypatch.delenv(name, raising=False)
+    else:
+        monkeypatch.setenv(name, value)
+
+
+def test_pdl_mode(monkeypatch):
+    """The ops' pdl argument: 0 off; with it, 1 lets the next kernel launch at the kernel's
+    start, 2 after its stage loop (the default); anything else is refused by name."""
+    calls = _record_decode_arg(monkeypatch, -2)
+    args = _DECODE_ARGS
     monkeypatch.setattr(cuda_decode, "ATTN_PDL_TRIGGER", "start")
     cuda_decode.launch_cuda_decode(*args)
     cuda_decode.launch_cuda_decode(*args, pdl=True)
@@ -238,37 +257,61 @@ def test_pdl_mode(monkeypatch):
     cuda_decode.launch_cuda_decode(*args, pdl=True)
     cuda_decode.launch_cuda_decode(*args, pdl=False)
     monkeypatch.undo()
-    monkeypatch.setattr(torch.ops, "_C_prism", FakeOps(), raising=False)
+    default = _record_decode_arg(monkeypatch, -2)
     cuda_decode.launch_cuda_decode(*args, pdl=True)  # the module's default placement
-    assert calls == [0, 1, 2, 0, 2]
+    assert calls + default == [0, 1, 2, 0, 2]
     monkeypatch.setattr(cuda_decode, "ATTN_PDL_TRIGGER", "middle")
     with pytest.raises(ValueError, match="ATTN_PDL_TRIGGER"):
         cuda_decode.launch_cuda_decode(*args, pdl=True)
 
 
 def test_decode_dim_split(monkeypatch):
-    """The decode kernel's warps a (tile, KV head), the op's second-to-last argument: by
+    """The decode kernel's warps a (tile, KV head), the op's third-to-last argument: by
     default one where it launches with programmatic dependent launch and two where not;
-    VLLM_PRISM_ATTN_DECODE_SPLIT=1 / 2 either way; the module setting over both."""
-    splits = []
-
-    class FakeOps:
-        def int8_decode_attention(self, *args):
-            splits.append(args[-2])
-
-    monkeypatch.setattr(torch.ops, "_C_prism", FakeOps(), raising=False)
+    VLLM_PRISM_ATTN_DECODE_SPLIT=1 / 2 either way; the module setting over both; any other
+    value refused by name."""
+    splits = _record_decode_arg(monkeypatch, -3)
     monkeypatch.setattr(cuda_decode, "DECODE_DIM_SPLIT", None)
-    args = (None,) * 9 + (0.0625, 4)
+    args = _DECODE_ARGS
     for value in (None, "auto", "2", "1"):
-        if value is None:
-            monkeypatch.delenv("VLLM_PRISM_ATTN_DECODE_SPLIT", raising=False)
-        else:
-            monkeypatch.setenv("VLLM_PRISM_ATTN_DECODE_SPLIT", value)
+        _set_switch(monkeypatch, "VLLM_PRISM_ATTN_DECODE_SPLIT", value)
         cuda_decode.launch_cuda_decode(*args, pdl=True)
         cuda_decode.launch_cuda_decode(*args, pdl=False)
     monkeypatch.setattr(cuda_decode, "DECODE_DIM_SPLIT", 2)
     cuda_decode.launch_cuda_decode(*args, pdl=True)
     assert splits == [1, 2, 1, 2, 2, 2, 1, 1, 2]
+    monkeypatch.setattr(cuda_decode, "DECODE_DIM_SPLIT", None)
+    monkeypatch.setenv("VLLM_PRISM_ATTN_DECODE_SPLIT", "3")
+    with pytest.raises(ValueError, match="VLLM_PRISM_ATTN_DECODE_SPLIT"):
+        cuda_decode.launch_cuda_decode(*args)
+
+
+def test_decode_copy(monkeypatch, caplog):
+    """How the decode kernel copies its tiles, the op's last argument (True: bulk copies):
+    cp.async by default and under ``auto``; bulk where asked on compute capability 9.0 and
+    newer, cp.async below it with a warning naming the switch; the module setting over the
+    switch; any other value refused by name."""
+    bulk = _record_decode_arg(monkeypatch, -1)
+    monkeypatch.setattr(cuda_decode, "DECODE_COPY", None)
+    cuda_decode._log_bulk_fallback.cache_clear()
+    args = _DECODE_ARGS
+    cap = {"value": (9, 0)}
+    monkeypatch.setattr(cuda_decode, "device_capability", lambda device: cap["value"])
+    for value in (None, "auto", "cp_async", "bulk"):
+        _set_switch(monkeypatch, "VLLM_PRISM_ATTN_DECODE_COPY", value)
+        cuda_decode.launch_cuda_decode(*args, pdl=True)
+    cap["value"] = (8, 9)
+    with caplog.at_level(logging.WARNING, logger=cuda_decode.__name__):
+        cuda_decode.launch_cuda_decode(*args)  # still "bulk" from the switch
+    assert "VLLM_PRISM_ATTN_DECODE_COPY=bulk" in caplog.text and "(8, 9)" in caplog.text
+    cap["value"] = (9, 0)
+    monkeypatch.setattr(cuda_decode, "DECODE_COPY", "cp_async")
+    cuda_decode.launch_cuda_decode(*args)
+    assert bulk == [False, False, False, True, False, False]
+    monkeypatch.setattr(cuda_decode, "DECODE_COPY", None)
+    monkeypatch.setenv("VLLM_PRISM_ATTN_DECODE_COPY", "tma")
+    with pytest.raises(ValueError, match="VLLM_PRISM_ATTN_DECODE_COPY"):
+        cuda_decode.launch_cuda_decode(*args)
 
 
 def test_pdl_only_for_causal_calls(monkeypatch):

@@ -5,7 +5,10 @@ It serves one query token per request over vLLM's NHD ``int8_per_token_head`` ca
 per (request, segment) reads the contiguous 16-slot runs of every KV head into shared memory
 (16-byte ``cp.async``, three or four tiles in flight) and runs both products on the fp16
 tensor cores, the int8 K/V turned into fp16 operands from their bits. The segments' partial
-outputs are merged by the same log-sum-exp kernel as the Triton path's.
+outputs are merged by the same log-sum-exp kernel as the Triton path's. With
+``VLLM_PRISM_ATTN_DECODE_COPY=bulk`` (opt-in, compute capability 9.0 and newer) thread 0 copies
+each tile as one bulk-copy request instead (:func:`decode_copy`): correct and 0.98-1.02x the
+``cp.async`` kernel's time on the H100, so not the default.
 
 :func:`cuda_decode_problem` says why a call cannot take it (``None`` when it can): the
 extension not built, a layout other than NHD, a head size / KV head count / GQA group without
@@ -58,10 +61,11 @@ from vllm_prism.attention.ops.geometry import split_count
 from vllm_prism.attention.ops.layout import KVFormat
 from vllm_prism.kernels.common import device_capability, use_pdl
 
-__all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_DIM_SPLIT", "HEAD_SIZES",
-           "KV_HEADS", "MAX_GROUP", "MAX_SEGMENTS", "MAX_VERIFY_COLUMNS", "MIN_TILES",
-           "PARTIALS_DTYPE", "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "VERIFY_LAZY_MAX",
-           "attention_pdl", "cuda_decode_problem", "cuda_verify_problem", "decode_dim_split",
+__all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_COPIES", "DECODE_COPY",
+           "DECODE_DIM_SPLIT", "DECODE_SPLITS", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP",
+           "MAX_SEGMENTS", "MAX_VERIFY_COLUMNS", "MIN_TILES", "PARTIALS_DTYPE",
+           "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "VERIFY_LAZY_MAX", "attention_pdl",
+           "cuda_decode_problem", "cuda_verify_problem", "decode_copy", "decode_dim_split",
            "launch_cuda_decode", "launch_cuda_verify", "layout_problem", "num_cuda_segments",
            "pdl_mode", "verify_form", "verify_lazy_max", "wgmma_verify_problem",
            "served_verify_form", "VERIFY_FORM", "VERIFY_FORMS", "WGMMA_VERIFY_OP"]
@@ -84,6 +88,12 @@ CTAS_PER_SM = 2  # resident decode CTAs a multiprocessor (about 100 KiB of share
 # None: the VLLM_PRISM_ATTN_DECODE_SPLIT switch, by default 1 with programmatic dependent
 # launch and 2 without (decode_dim_split; a benchmark or a test sets 1 or 2 here)
 DECODE_DIM_SPLIT: int | None = None
+DECODE_SPLITS = envs.CHOICES["VLLM_PRISM_ATTN_DECODE_SPLIT"]
+# How the decode kernel copies its tiles: "cp_async" (every thread's 16-byte copies), "bulk"
+# (one bulk-copy request a 16-slot tile, compute capability 9.0 and newer) or "auto"
+# (decode_copy). None: the VLLM_PRISM_ATTN_DECODE_COPY switch; a benchmark or a test sets one.
+DECODE_COPY: str | None = None
+DECODE_COPIES = envs.CHOICES["VLLM_PRISM_ATTN_DECODE_COPY"]
 # verification: resident CTAs a multiprocessor (the kernel's __launch_bounds__; up to 103 KiB of
 # shared memory each at head size 256)
 VERIFY_CTAS_PER_SM = 2
@@ -341,7 +351,36 @@ def decode_dim_split(pdl: bool) -> int:
     """Warps a (tile, KV head) the decode kernel runs with: DECODE_DIM_SPLIT or the switch,
     else one where it launches with programmatic dependent launch (``pdl``) and two where
     not (attention_h200_notes.md, fortieth section)."""
-    return DECODE_DIM_SPLIT or envs.VLLM_PRISM_ATTN_DECODE_SPLIT or (1 if pdl else 2)
+    if DECODE_DIM_SPLIT:
+        return DECODE_DIM_SPLIT
+    split = envs.VLLM_PRISM_ATTN_DECODE_SPLIT
+    if split not in DECODE_SPLITS:
+        raise ValueError(f"VLLM_PRISM_ATTN_DECODE_SPLIT must be one of {DECODE_SPLITS}, not "
+                         f"{split!r}")
+    return int(split) if split != "auto" else (1 if pdl else 2)
+
+
+def decode_copy(device: torch.device) -> str:
+    """How the decode kernel copies its tiles on ``device``: DECODE_COPY or the switch
+    (DECODE_COPIES), "auto" read as "cp_async"; "bulk" below compute capability 9.0 falls back
+    to "cp_async" with a warning (the bulk-copy engine is Hopper's)."""
+    copy = DECODE_COPY or envs.VLLM_PRISM_ATTN_DECODE_COPY
+    if copy not in DECODE_COPIES:
+        raise ValueError(f"VLLM_PRISM_ATTN_DECODE_COPY must be one of {DECODE_COPIES}, not "
+                         f"{copy!r}")
+    if copy == "bulk":
+        cap = device_capability(device)
+        if cap is None or cap < (9, 0):
+            _log_bulk_fallback(cap)
+            return "cp_async"
+        return "bulk"
+    return "cp_async"
+
+
+@functools.cache
+def _log_bulk_fallback(cap: tuple[int, int] | None) -> None:
+    logger.warning("VLLM_PRISM_ATTN_DECODE_COPY=bulk: the INT8 decode kernel copies by "
+                   "cp.async on compute capability %s (bulk copies need 9.0 or newer)", cap)
 
 
 def launch_cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,
@@ -354,4 +393,5 @@ def launch_cuda_decode(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     torch.ops._C_prism.int8_decode_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
                                              float(scale), int(num_segs), MIN_TILES,
-                                             decode_dim_split(pdl), pdl_mode(pdl))
+                                             decode_dim_split(pdl), pdl_mode(pdl),
+                                             decode_copy(q.device) == "bulk")
