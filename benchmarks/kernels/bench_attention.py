@@ -12,8 +12,9 @@ request, vLLM's NHD paged cache with block size 16 and a shuffled block table.
   dim_split, the decode kernel's other copies (``cuda bulk copy``: a bulk-copy request a tile,
   or ``cuda cp.async copy``; compute capability 9.0), the other maxima form and, where it can
   run (sm_90a build, compute capability 9.0), the verification kernel's warpgroup-MMA forms
-  (``cuda wgmma``, its producer on cp.async, and ``cuda wgmma tma``, on a TMA tensor map over
-  the cache; with ``vs_decode``).
+  (``cuda wgmma``, its producer on cp.async, ``cuda wgmma tma``, on a TMA tensor map over
+  the cache, and ``cuda wgmma tma pair``, a CTA's two segments merged into one partial, also
+  with bf16 partials: ``... pair bf16``; with ``vs_decode``).
   The ``cuda`` verification rows are its mma form (int8_verify.cu), whatever the library's
   default (``auto``: ``cuda wgmma tma`` where it can serve the call).
 * noncausal: a DFlash drafter's 6-token block against the whole context (no mask), split,
@@ -370,10 +371,20 @@ def main() -> None:
                             print(json.dumps(rec), flush=True)
                         # the warpgroup-MMA forms (opt-in: its producer on cp.async, or on a
                         # TMA tensor map), against the default
-                        for form in ("wgmma", "wgmma_tma") if wgmma_ready() else ():
-                            rec = cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
-                                                      f"cuda {form.replace('_', ' ')}",
-                                                      {"VERIFY_FORM": form}, dict(form=form))
+                        # (and the TMA form with a CTA's two segments merged in the CTA, its
+                        # partials in fp32 or bf16)
+                        for form, pair, bf16 in ((("wgmma", False, False),
+                                                  ("wgmma_tma", False, False),
+                                                  ("wgmma_tma", True, False),
+                                                  ("wgmma_tma", True, True))
+                                                 if wgmma_ready() else ()):
+                            label = (f"cuda {form.replace('_', ' ')}{' pair' if pair else ''}"
+                                     f"{' bf16' if bf16 else ''}")
+                            rec = cuda_variant_record(
+                                cache, ctx, ql, us, bytes_, read_bw, label,
+                                {"VERIFY_FORM": form, "VERIFY_PAIR_MERGE": pair,
+                                 "PARTIALS_DTYPE": torch.bfloat16 if bf16 else torch.float32},
+                                dict(form=form, pair_merge=pair))
                             rec["vs_decode"] = round(rec["us"] / dec, 3)
                             res["records"].append(rec)
                             print(json.dumps(rec), flush=True)

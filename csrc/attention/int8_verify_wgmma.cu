@@ -86,9 +86,11 @@ static_assert(kGroupThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <
                   kThreads * kLaunchRegs,
               "the consumers' registers come from the producers'");
 
-// named barriers (0 is __syncthreads): both consumers (Q^T), then one a consumer
+// named barriers (0 is __syncthreads): both consumers (Q^T), then one a consumer, then both
+// consumers again (the pair merge, WgmmaParams::pair)
 constexpr int kBarQuery = 1;
 constexpr int kBarConsumer = 2;
+constexpr int kBarPair = kBarConsumer + kConsumers;
 
 template <int HD, int NT>
 struct WShape {
@@ -112,6 +114,11 @@ struct WShape {
   static constexpr int kRedOff = kPOff + kConsumers * kPBytes;
   static constexpr int kBarOff = kRedOff + kConsumers * kRedFloats * 4;  // full, then empty
   static constexpr int kSmem = kBarOff + 2 * kRing * 8;
+  // the pair merge (WgmmaParams::pair): consumer 1's O^T (a thread's MB x 4 NT floats, true
+  // units), then its columns' maxima and row sums, in the ring's buffers once both loops end
+  static constexpr int kPairOFloats = kMBlocks * 4 * NT * kGroupThreads;
+  static constexpr int kPairBytes = (kPairOFloats + 2 * kN) * 4;
+  static_assert(kPairBytes <= kRing * kStageBytes, "the pair merge fits in the ring");
   static_assert(HD == 128 || HD == 256, "head sizes 128 and 256");
   static_assert(kSRow >= kRow + 8 && (kSRow / 4) % 32 == 8 && kSRow % 16 == 0, "row layout");
   static_assert(kStageBytes % 128 == 0 && kQOff % 128 == 0 && kPOff % 128 == 0 &&
@@ -163,10 +170,15 @@ __device__ __forceinline__ void v_pairs(uint32_t w_a, uint32_t w_b, uint32_t k64
 // elements), 1 the block's slots, 2 the blocks; a box is one head's 16 slots of a tile, kSRow
 // bytes a row from the 16-byte boundary at or before the head's row (its row, the neighbours'
 // bytes around it, or zeros past the last head).
+// pair 1: the CTA's two segments leave one partial, slot blockIdx.z (consumer 0 merges consumer
+// 1's softmax state into its own through shared memory): (num_segs + 1) / 2 partials, written
+// to the output itself where that is one. Half the partials' bytes, written and read back by
+// the merge: 9.7 MB of fp32 for 6 tokens at 32K (27B layer, 66 segments a KV head).
 struct WgmmaParams {
   CUtensorMap rows;
   Int8AttnParams p;
   int tma;
+  int pair;
 };
 
 // The producer warp's loop: the stages of the CTA's two segments (w0, w1) in the ring's order
@@ -299,12 +311,79 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
   cp_async_wait<0>();
 }
 
+// The pair merge of a CTA's two segments (WgmmaParams::pair), after both consumers' stage loops
+// (so every stage has landed and been read: the ring's buffers are free). Consumer 1 writes its
+// O^T in true units (times its running V-scale maximum) thread by thread, and its columns'
+// maxima and row sums; consumer 0 (the same lane holds the same rows and columns in both)
+// rescales both to the larger maximum and adds them: its oacc, m and lsum become the pair's,
+// run_vmax 1. Returns whether this consumer goes on to write (consumer 0).
+template <int HD, int NT>
+__device__ __forceinline__ bool pair_merge(int c, int wwarp, int g, int t, int n_cols,
+                                           float (&oacc)[HD / 64][4 * NT], float (&m)[NT][2],
+                                           float (&lsum)[NT][2], float& run_vmax,
+                                           uint8_t* smem) {
+  using S = WShape<HD, NT>;
+  constexpr int MB = S::kMBlocks;
+  float* xo = reinterpret_cast<float*>(smem);
+  float* xm = xo + S::kPairOFloats;
+  float* xl = xm + S::kN;
+  const int tid = threadIdx.x % kGroupThreads;
+  named_sync<kConsumerThreads>(kBarPair);  // both loops are done: the ring is free
+  if (c == 1) {
+#pragma unroll
+    for (int b = 0; b < MB; ++b)
+#pragma unroll
+      for (int i = 0; i < 4 * NT; ++i)
+        xo[(b * 4 * NT + i) * kGroupThreads + tid] = oacc[b][i] * run_vmax;
+    if (wwarp == 0 && g == 0) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int col = 8 * n + 2 * t + e;
+          xm[col] = m[n][e];
+          xl[col] = lsum[n][e];
+        }
+    }
+    named_sync<kConsumerThreads>(kBarPair);
+    return false;
+  }
+  named_sync<kConsumerThreads>(kBarPair);  // consumer 1's state is in
+  float f0[NT][2], f1[NT][2];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * n + 2 * t + e;
+      const float m1 = col < n_cols ? xm[col] : -INFINITY;
+      const float l1 = col < n_cols ? xl[col] : 0.f;
+      const float mx = fmaxf(m[n][e], m1);
+      // an empty segment's maximum is -inf: its weight 0 (both empty: no partial)
+      const float w0 = mx == -INFINITY ? 0.f : exp2f(m[n][e] - mx);
+      const float w1 = mx == -INFINITY ? 0.f : exp2f(m1 - mx);
+      f0[n][e] = w0 * run_vmax;
+      f1[n][e] = w1;
+      m[n][e] = mx;
+      lsum[n][e] = lsum[n][e] * w0 + l1 * w1;
+    }
+#pragma unroll
+  for (int b = 0; b < MB; ++b)
+#pragma unroll
+    for (int i = 0; i < 4 * NT; ++i) {
+      const int n = i / 4, e = i % 2;  // element i of a lane's O^T: column 8n + 2t + e
+      oacc[b][i] = oacc[b][i] * f0[n][e] + xo[(b * 4 * NT + i) * kGroupThreads + tid] * f1[n][e];
+    }
+  run_vmax = 1.f;
+  return true;
+}
+
 // Consumer warpgroup c (its warp `wwarp` = the stage's tile) over its segment's stages: the
 // attention of the segment's columns, written as the segment's partial (or the output where the
 // call has one segment).
 template <int HD, int NT, bool LM>
 __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWork w, int c,
-                                        int seg, int n_max, int vshift, uint8_t* smem) {
+                                        int seg, int n_max, int vshift, bool pair,
+                                        uint8_t* smem) {
   using S = WShape<HD, NT>;
   constexpr int T = kTiles;
   constexpr int MB = S::kMBlocks;
@@ -584,9 +663,25 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
     }
   }
   named_sync<kGroupThreads>(bar);
-  auto col_sum = [&](int col) {
-    return (red[col] + red[S::kN + col]) + (red[2 * S::kN + col] + red[3 * S::kN + col]);
-  };
+  float lsum[NT][2];  // the row sums of this lane's columns 8n + 2t + e
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * n + 2 * t + e;
+      lsum[n][e] = (red[col] + red[S::kN + col]) + (red[2 * S::kN + col] + red[3 * S::kN + col]);
+    }
+
+  // ---- the pair merge: consumer 1 hands its state over, consumer 0 folds it into its own
+  int slot = seg;  // the partial this consumer writes
+  int parts = p.num_segs;  // partials of the call
+  if (pair) {
+    slot = blockIdx.z;
+    parts = (p.num_segs + 1) / 2;
+    if ((seg | 1) < p.num_segs) {  // both segments of the CTA exist
+      if (!pair_merge<HD, NT>(c, wwarp, g, t, w.n_cols, oacc, m, lsum, run_vmax, smem)) return;
+    }
+  }
 
   // f(n, e, tq, hq, ls) for this lane's columns 8n + 2t + e of the request: token tq, query
   // head hq, row sum ls
@@ -598,23 +693,23 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
         const int col = 8 * n + 2 * t + e;
         if (col >= w.n_cols) continue;
         const int tq = col / p.group;
-        f(n, e, tq, kvh * p.group + (col - tq * p.group), col_sum(col));
+        f(n, e, tq, kvh * p.group + (col - tq * p.group), lsum[n][e]);
       }
     }
   };
 
   // ---- the log2-sum-exp of each column, by the consumer's first warp
-  if (p.num_segs > 1 && wwarp == 0 && g == 0) {
+  if (parts > 1 && wwarp == 0 && g == 0) {
     for_columns([&](int n, int e, int tq, int hq, float ls) {
-      p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + seg] =
+      p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + slot] =
           ls > 0.f ? m[n][e] + log2f(ls) : -INFINITY;
     });
   }
 
   // ---- this lane's rows (dimensions) of its columns
-  const bool direct = p.num_segs == 1;
+  const bool direct = parts == 1;
   auto write = [&](int tq, int hq, int d, const float (&o)[4]) {
-    store_column(p, sel, seg, w.q_start, direct, tq, hq, d, o);
+    store_column(p, sel, slot, w.q_start, direct, tq, hq, d, o);
   };
   for_columns([&](int n, int e, int tq, int hq, float ls) {
     if (!direct && !(ls > 0.f)) return;  // an empty segment: the merge skips its partial
@@ -674,7 +769,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   fence_proxy_async();  // Q^T is read by both consumers' MMAs
   named_sync<kConsumerThreads>(kBarQuery);
   const int c = threadIdx.x / kGroupThreads;
-  consume<HD, NT, LM>(p, c ? w1 : w0, c, kConsumers * blockIdx.z + c, n_max, shift, smem);
+  consume<HD, NT, LM>(p, c ? w1 : w0, c, kConsumers * blockIdx.z + c, n_max, shift, wp.pair != 0,
+                      smem);
 }
 
 template <int HD, int NT, bool LM>
@@ -737,10 +833,11 @@ bool make_rows_map(const Int8AttnParams& p, int64_t num_blocks, CUtensorMap* map
 // num_blocks > 0: the producer on the tensor map (cudaErrorNotSupported where it cannot be
 // made); 0: on cp.async
 template <int HD>
-cudaError_t launch_with_map(const Int8AttnParams& p, int64_t num_blocks, int num_selected,
-                            cudaStream_t stream) {
+cudaError_t launch_with_map(const Int8AttnParams& p, int64_t num_blocks, bool pair,
+                            int num_selected, cudaStream_t stream) {
   WgmmaParams wp{};
   wp.p = p;
+  wp.pair = pair ? 1 : 0;
   if (num_blocks > 0) {
     if (!make_rows_map<HD>(p, num_blocks, &wp.rows)) return cudaErrorNotSupported;
     wp.tma = 1;
@@ -752,15 +849,15 @@ cudaError_t launch_with_map(const Int8AttnParams& p, int64_t num_blocks, int num
 
 bool int8_verify_wgmma_supported(int head_dim) { return head_dim == 128 || head_dim == 256; }
 
-cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int64_t num_blocks,
+cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int64_t num_blocks, bool pair,
                                      int num_selected, cudaStream_t stream) {
   if (num_selected <= 0 || p.num_kv_heads <= 0 || p.num_segs <= 0) return cudaSuccess;
   if (p.group < 1 || p.max_q < 1 || p.group * p.max_q > kInt8VerifyMaxCols ||
       p.block_size % kSlots != 0 || p.int_qk)
     return cudaErrorInvalidValue;
   switch (p.head_dim) {
-    case 128: return launch_with_map<128>(p, num_blocks, num_selected, stream);
-    case 256: return launch_with_map<256>(p, num_blocks, num_selected, stream);
+    case 128: return launch_with_map<128>(p, num_blocks, pair, num_selected, stream);
+    case 256: return launch_with_map<256>(p, num_blocks, pair, num_selected, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -378,33 +378,39 @@ def _tma_served(form: str, nkv: int, hs: int, layout: str) -> str:
 
 
 @needs_wgmma
+@pytest.mark.parametrize("pair", [False, True], ids=["segment", "pair"])
 @pytest.mark.parametrize("form", WGMMA_FORMS)
 @pytest.mark.parametrize("lazy_max", [False, True])
 @pytest.mark.parametrize("shape", [s for s in VERIFY_SHAPES if s[2] in (128, 256)],
                          ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(*s[:5]))
-def test_cuda_verify_wgmma(shape, lazy_max, form, monkeypatch):
+def test_cuda_verify_wgmma(shape, lazy_max, form, pair, monkeypatch):
     """The verification kernel's warpgroup-MMA form at every head size it has (128, 256):
     2..8 query tokens, requests of different lengths in one launch, the causal tail inside a
     tile and across tiles, contexts to 70K, many segments and one, NHD (heads at 0 or 8 mod
     16) and HND, fp16 and bf16 queries, the exact per-stage softmax and the lazy maxima; every
     launch served by that form. A CTA computes two segments (one a consumer warpgroup), so
     odd segment counts (the last CTA's second consumer past the split) are checked too. Both
-    producers: cp.async ("wgmma") and TMA boxes ("wgmma_tma", where the layout allows)."""
+    producers: cp.async ("wgmma") and TMA boxes ("wgmma_tma", where the layout allows). With
+    ``pair`` a CTA merges its two segments into one partial (VERIFY_PAIR_MERGE): 2 segments
+    write the output directly, 3 and 7 leave the last CTA's segment unpaired."""
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
+    monkeypatch.setattr(cuda_decode, "VERIFY_PAIR_MERGE", pair)
     served = _wgmma_form(monkeypatch, form)
     _check_cuda_segmentations(_verify_batch(shape), verify_attention, (None, 1, 2, 3, 7))
     assert served == [_tma_served(form, shape[0], shape[2], shape[4])] * 5
 
 
 @needs_wgmma
+@pytest.mark.parametrize("pair", [False, True], ids=["segment", "pair"])
 @pytest.mark.parametrize("form", WGMMA_FORMS)
 @pytest.mark.parametrize("lazy_max", [False, True])
 @pytest.mark.parametrize("case", VERIFY_COLUMN_CASES, ids=lambda c: f"g{c[0]}_q{c[1]}")
-def test_cuda_verify_wgmma_columns(case, lazy_max, form, monkeypatch):
+def test_cuda_verify_wgmma_columns(case, lazy_max, form, pair, monkeypatch):
     """The warpgroup-MMA form at every MMA width it is compiled for (8 to 48 columns: 1 to 6
     n-tiles), requests narrower than the widest in the same launch, at the 27B layer's shape;
-    both maxima forms, both producers."""
+    both maxima forms, both producers, a partial a segment or a CTA's pair merged."""
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
+    monkeypatch.setattr(cuda_decode, "VERIFY_PAIR_MERGE", pair)
     served = _wgmma_form(monkeypatch, form)
     _check_cuda_segmentations(_columns_batch(case), verify_attention)
     assert served == [form, form]

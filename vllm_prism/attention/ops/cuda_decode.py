@@ -68,7 +68,8 @@ __all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_COPIES", "DECO
            "cuda_decode_problem", "cuda_verify_problem", "decode_copy", "decode_dim_split",
            "launch_cuda_decode", "launch_cuda_verify", "layout_problem", "num_cuda_segments",
            "pdl_mode", "verify_form", "verify_lazy_max", "wgmma_verify_problem",
-           "served_verify_form", "VERIFY_FORM", "VERIFY_FORMS", "WGMMA_VERIFY_OP"]
+           "served_verify_form", "VERIFY_FORM", "VERIFY_FORMS", "VERIFY_PAIR_MERGE",
+           "verify_partials", "WGMMA_VERIFY_OP"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +117,11 @@ VERIFY_LAZY_MAX: bool | None = None
 # a benchmark or a test sets a form here.
 VERIFY_FORM: str | None = None
 VERIFY_FORMS = envs.CHOICES["VLLM_PRISM_ATTN_VERIFY_FORM"]
+# verification's warpgroup-MMA forms: True merges a CTA's two segments inside the CTA into one
+# partial ((num_segs + 1) / 2 partials: half the bytes written and read back by the merge,
+# 9.7 MB of fp32 for a 6-token call at 32K on the 27B layer), False leaves one a segment. API
+# only (a benchmark or a test sets it) until timed on a GPU.
+VERIFY_PAIR_MERGE = False
 MAX_SEGMENTS = 256
 # programmatic dependent launch of the kernels and their merge: None follows the switch
 # VLLM_PRISM_ATTN_PDL and the PQ2 kernels' choice (use_pdl: VLLM_PRISM_PDL on a Hopper or newer
@@ -231,7 +237,7 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
         torch.ops._C_prism.int8_verify_wgmma_attention(
             q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o,
             part_lse, float(scale), int(max_q), int(num_segs), MIN_TILES, verify_lazy_max(),
-            pdl_mode(pdl), form == "wgmma_tma")
+            pdl_mode(pdl), form == "wgmma_tma", bool(VERIFY_PAIR_MERGE))
         return form
     torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
@@ -239,6 +245,14 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                                              bool(int_qk), VERIFY_DIM_SPLIT, verify_lazy_max(),
                                              pdl_mode(pdl))
     return "mma"
+
+
+def verify_partials(form: str, num_segs: int) -> int:
+    """The partials a verification call of ``num_segs`` segments leaves for the merge, ``form``
+    the one that served it (launch_cuda_verify's return): one a CTA's pair of segments where a
+    warpgroup-MMA form merges them (VERIFY_PAIR_MERGE), else one a segment; 1 means the
+    kernel wrote the output itself."""
+    return (num_segs + 1) // 2 if form != "mma" and VERIFY_PAIR_MERGE else num_segs
 
 
 def verify_form() -> str:
