@@ -15,7 +15,8 @@
 // VLLM_PRISM_ATTN_VERIFY_FORM=wgmma_tma, 2026-12-05; its boxes land in any order, so it
 // issues a stage only once the stage kTmaLag before has landed: produce_tma), consumer
 // warpgroup c computes segment 2 blockIdx.z + c (its stages are the even / odd ones of the
-// ring's order) and writes that segment's partial. The ring's full and empty mbarriers are the
+// ring's order) and writes that segment's partial, or (WgmmaParams::pair) consumer 0 writes the
+// pair's, consumer 1's softmax state merged into its own (pair_merge). The ring's full and empty mbarriers are the
 // only synchronisation between the producer and a consumer, a consumer's own steps are ordered
 // by its named barrier (128 threads), so neither consumer waits for a copy issue or for the
 // other (FlashAttention-3's producer / consumer split; the form with one warpgroup that copied
@@ -312,7 +313,8 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
 }
 
 // The pair merge of a CTA's two segments (WgmmaParams::pair), after both consumers' stage loops
-// (so every stage has landed and been read: the ring's buffers are free). Consumer 1 writes its
+// (so every stage has landed and been read: the ring's buffers are free; with the TMA producer
+// that rests on its lag rule, produce_tma, as the ring itself does). Consumer 1 writes its
 // O^T in true units (times its running V-scale maximum) thread by thread, and its columns'
 // maxima and row sums; consumer 0 (the same lane holds the same rows and columns in both)
 // rescales both to the larger maximum and adds them: its oacc, m and lsum become the pair's,
