@@ -33,23 +33,32 @@ def _staged_repo(tmp_path: Path, tracked_bytes: int, stream: bytes, part: int) -
     return repo
 
 
+def _restage(repo: Path, budget_mib: int) -> subprocess.CompletedProcess:
+    # the call's budget scaled down (the script's default is 56 MiB), so the test writes
+    # tens of MiB, not hundreds
+    env = dict(os.environ, PRISM_STAGE_BUDGET_MIB=str(budget_mib))
+    return subprocess.run(["bash", str(SCRIPT)], cwd=repo, capture_output=True, text=True,
+                          env=env)
+
+
 def test_parts_fit_beside_the_tree(tmp_path: Path) -> None:
-    stream = os.urandom(150 * MIB)
-    repo = _staged_repo(tmp_path, 30 * MIB, stream, 60 * MIB)  # 3 parts of <= 60 MiB
-    out = subprocess.run(["bash", str(SCRIPT)], cwd=repo, check=True, capture_output=True,
-                         text=True).stdout
+    stream = os.urandom(27 * MIB)
+    repo = _staged_repo(tmp_path, 4 * MIB, stream, 12 * MIB)  # 3 parts of <= 12 MiB
+    run = _restage(repo, 14)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
     parts = sorted((repo / ".gpu-stage").iterdir())
     sizes = [(p / f"stage.tar.{p.name[-2:]}").stat().st_size for p in parts]
-    # 56 MiB less the 30 MiB tree: 26 MiB parts, so 6 of them
-    assert len(parts) == 6 and max(sizes) <= 26 * MIB
+    # 14 MiB less the 4 MiB tree (and its .gitignore): parts just under 10 MiB, so 3 of them
+    assert len(parts) == 3 and max(sizes) <= 10 * MIB
     assert b"".join((p / f"stage.tar.{p.name[-2:]}").read_bytes() for p in parts) == stream
-    assert {(p / "parts").read_text().strip() for p in parts} == {"6"}
+    assert {(p / "parts").read_text().strip() for p in parts} == {"3"}
     assert all((p / "device-stage.sh").is_file() for p in parts)
-    assert out.count("run  carry=") == 6
+    assert out.count("run  carry=") == 3
 
 
 def test_no_room_is_refused(tmp_path: Path) -> None:
-    repo = _staged_repo(tmp_path, 50 * MIB, b"y" * MIB, MIB)
-    run = subprocess.run(["bash", str(SCRIPT)], cwd=repo, capture_output=True, text=True)
+    repo = _staged_repo(tmp_path, 7 * MIB, b"y" * MIB, MIB)  # 14 - 7 MiB: below 8 MiB a part
+    run = _restage(repo, 14)
     assert run.returncode != 0 and "no room" in run.stderr
     assert (repo / ".gpu-stage" / "part-00" / "stage.tar.00").read_bytes() == b"y" * MIB
