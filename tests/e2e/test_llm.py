@@ -96,9 +96,11 @@ def _finish_run(proc: subprocess.Popen, out_path: Path, err_path: Path,
     line = next(x for x in stdout.splitlines() if x.startswith("RESULT "))
     out = json.loads(line[len("RESULT "):])
     # What the engine said about its kernel and attention-path choices (the message only:
-    # process ids and times differ between runs).
+    # process ids and times differ between runs): the PQ2 kernels, the attention routes, the
+    # INT8 verification kernel's served form.
     out["prism_log"] = [x.split("] ", 1)[-1] for x in (stdout + stderr).splitlines()
-                        if "PQ2 linear" in x or "PRISM attention" in x]
+                        if "PQ2 linear" in x or "PRISM attention" in x
+                        or "verification attention runs the" in x]
     return out
 
 

@@ -25,7 +25,9 @@ pytest.importorskip("safetensors")
 from dflash_runs import dflash_requests  # noqa: E402 (this folder is on sys.path)
 from e2e.test_llm import run_vllm_all  # noqa: E402
 
+from vllm_prism.attention.ops import cuda_decode  # noqa: E402
 from vllm_prism.engine import step_record  # noqa: E402
+from vllm_prism.gguf.tiny import TinyConfig  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -114,3 +116,10 @@ def test_drafter_accepted_and_verify_runs_in_full_graphs(runs: dict, kv: str, k:
         # Triton attention (which vLLM selects for an INT8 draft on its own)
         assert any("non-causal draft blocks run the split-KV path" in x
                    for x in res["prism_log"]), res["prism_log"]
+        # the verification kernel's form that VLLM_PRISM_ATTN_VERIFY_FORM=auto served, said
+        # once by the engine: the tiny model's head size has no warpgroup-MMA form (head
+        # sizes 128 and 256 only), so the mma form serves it on every GPU
+        assert TinyConfig().head_dim not in cuda_decode.WGMMA_HEAD_SIZES
+        served = [x for x in res["prism_log"] if "verification attention runs the" in x]
+        assert served == ["vllm-prism: the INT8 verification attention runs the mma form "
+                          "(VLLM_PRISM_ATTN_VERIFY_FORM=auto)"], res["prism_log"]
