@@ -138,6 +138,16 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+def choice(name: str, override: str | None = None) -> str:
+    """The value of switch ``name`` of CHOICES: ``override`` where given (a module setting a
+    benchmark or a test makes), else the environment's; any other value is refused by name."""
+    value = override or environment_variables[name]()
+    allowed = CHOICES[name]
+    if value not in allowed:
+        raise ValueError(f"{name}={value!r}: use one of {', '.join(allowed)}")
+    return value
+
+
 def __getattr__(name: str) -> Any:
     if name in environment_variables:
         return environment_variables[name]()

@@ -212,10 +212,8 @@ def _check_switches() -> None:
     from vllm_prism.kernels.pq2.triton_gemv import parse_gemv_tuning
 
     parse_gemv_tuning(envs.VLLM_PRISM_GEMV_TUNING)
-    for name, allowed in envs.CHOICES.items():
-        value = getattr(envs, name)
-        if value not in allowed:
-            raise ValueError(f"{name}={value!r}: use one of {', '.join(allowed)}")
+    for name in envs.CHOICES:
+        envs.choice(name)  # refuses a value outside the switch's set
 
 
 def prepare_gguf_engine_args(args: Any) -> None:

@@ -61,8 +61,8 @@ from vllm_prism.attention.ops.geometry import split_count
 from vllm_prism.attention.ops.layout import KVFormat
 from vllm_prism.kernels.common import device_capability, use_pdl
 
-__all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_COPIES", "DECODE_COPY",
-           "DECODE_DIM_SPLIT", "DECODE_SPLITS", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP",
+__all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_COPY",
+           "DECODE_DIM_SPLIT", "HEAD_SIZES", "KV_HEADS", "MAX_GROUP",
            "MAX_SEGMENTS", "MAX_VERIFY_COLUMNS", "MIN_TILES", "PARTIALS_DTYPE",
            "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "VERIFY_LAZY_MAX", "attention_pdl",
            "cuda_decode_problem", "cuda_verify_problem", "decode_copy", "decode_dim_split",
@@ -89,12 +89,10 @@ CTAS_PER_SM = 2  # resident decode CTAs a multiprocessor (about 100 KiB of share
 # None: the VLLM_PRISM_ATTN_DECODE_SPLIT switch, by default 1 with programmatic dependent
 # launch and 2 without (decode_dim_split; a benchmark or a test sets 1 or 2 here)
 DECODE_DIM_SPLIT: int | None = None
-DECODE_SPLITS = envs.CHOICES["VLLM_PRISM_ATTN_DECODE_SPLIT"]
 # How the decode kernel copies its tiles: "cp_async" (every thread's 16-byte copies), "bulk"
 # (one bulk-copy request a 16-slot tile, compute capability 9.0 and newer) or "auto"
 # (decode_copy). None: the VLLM_PRISM_ATTN_DECODE_COPY switch; a benchmark or a test sets one.
 DECODE_COPY: str | None = None
-DECODE_COPIES = envs.CHOICES["VLLM_PRISM_ATTN_DECODE_COPY"]
 # verification: resident CTAs a multiprocessor (the kernel's __launch_bounds__; up to 103 KiB of
 # shared memory each at head size 256)
 VERIFY_CTAS_PER_SM = 2
@@ -257,11 +255,7 @@ def verify_partials(form: str, num_segs: int) -> int:
 
 def verify_form() -> str:
     """The verification kernel's form asked for: VERIFY_FORM or the switch (VERIFY_FORMS)."""
-    form = VERIFY_FORM or envs.VLLM_PRISM_ATTN_VERIFY_FORM
-    if form not in VERIFY_FORMS:
-        raise ValueError(f"VLLM_PRISM_ATTN_VERIFY_FORM must be one of {VERIFY_FORMS}, not "
-                         f"{form!r}")
-    return form
+    return envs.choice("VLLM_PRISM_ATTN_VERIFY_FORM", VERIFY_FORM)
 
 
 def served_verify_form(asked: str, q: torch.Tensor, kv_cache: torch.Tensor,
@@ -367,22 +361,15 @@ def decode_dim_split(pdl: bool) -> int:
     not (attention_h200_notes.md, fortieth section)."""
     if DECODE_DIM_SPLIT:
         return DECODE_DIM_SPLIT
-    split = envs.VLLM_PRISM_ATTN_DECODE_SPLIT
-    if split not in DECODE_SPLITS:
-        raise ValueError(f"VLLM_PRISM_ATTN_DECODE_SPLIT must be one of {DECODE_SPLITS}, not "
-                         f"{split!r}")
+    split = envs.choice("VLLM_PRISM_ATTN_DECODE_SPLIT")
     return int(split) if split != "auto" else (1 if pdl else 2)
 
 
 def decode_copy(device: torch.device) -> str:
     """How the decode kernel copies its tiles on ``device``: DECODE_COPY or the switch
-    (DECODE_COPIES), "auto" read as "cp_async"; "bulk" below compute capability 9.0 falls back
+    (envs.CHOICES), "auto" read as "cp_async"; "bulk" below compute capability 9.0 falls back
     to "cp_async" with a warning (the bulk-copy engine is Hopper's)."""
-    copy = DECODE_COPY or envs.VLLM_PRISM_ATTN_DECODE_COPY
-    if copy not in DECODE_COPIES:
-        raise ValueError(f"VLLM_PRISM_ATTN_DECODE_COPY must be one of {DECODE_COPIES}, not "
-                         f"{copy!r}")
-    if copy == "bulk":
+    if envs.choice("VLLM_PRISM_ATTN_DECODE_COPY", DECODE_COPY) == "bulk":
         cap = device_capability(device)
         if cap is None or cap < (9, 0):
             _log_bulk_fallback(cap)
