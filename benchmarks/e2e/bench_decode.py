@@ -1305,8 +1305,10 @@ def main() -> None:
 
 
 # vLLM's own log lines (on the child's stdout) that say where an engine's start went: loading,
-# compiling (or the compile cache), graph capture; echoed with the others
-STARTUP_LINE = re.compile(r"\b(took|takes)\b|compil|cache", re.IGNORECASE)
+# compiling (or the compile cache), graph capture; and the kernel form the INT8 verification
+# attention served (cuda_decode: "auto" names why it fell back); echoed with the others
+STARTUP_LINE = re.compile(r"\b(took|takes)\b|compil|cache|verification attention runs the",
+                          re.IGNORECASE)
 
 
 def _run_child(cmd: list[str], env: dict[str, str], label: str,

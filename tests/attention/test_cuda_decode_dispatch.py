@@ -359,8 +359,15 @@ def test_verify_form_auto(switch, monkeypatch, caplog):
     assert calls[0][1][-2] is True  # the TMA producer
     named = [r.getMessage() for r in caplog.records if "VERIFY_FORM" in r.getMessage()]
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
-    assert named == [f"vllm-prism: the INT8 verification attention runs the {form} form "
-                     "(VLLM_PRISM_ATTN_VERIFY_FORM=auto)" for form in ("wgmma_tma", "mma")]
+    # the mma form named once per reason, each saying why auto fell back
+    line = "vllm-prism: the INT8 verification attention runs the {} form " \
+        "(VLLM_PRISM_ATTN_VERIFY_FORM=auto{})"
+    assert named == [line.format("wgmma_tma", "")] + [
+        line.format("mma", ": " + why) for why in (
+            "the cache, its slot or block stride not 16-byte aligned",  # HND: 520-byte slots
+            "int_qk runs on the mma form only",
+            "no warpgroup-MMA form for head size 64 (head sizes 128, 256 only)",
+            "the sm_90a warpgroup MMA runs on compute capability 9.0 only, not (8, 9)")]
 
 
 def test_verify_pair_merge(monkeypatch):

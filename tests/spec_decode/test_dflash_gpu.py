@@ -8,7 +8,11 @@ vLLM's counters show the tiny drafter accepted (first position far above chance)
 verify steps (k + 1 tokens for every request) ran as full CUDA graphs: vLLM's CUDA-graph
 dispatcher, recorded in the engine, chose FULL for uniform batches of k + 1 tokens a request;
 with the INT8 cache the drafter's non-causal blocks ran the PRISM backend's split-KV path
-(``VLLM_PRISM_DRAFT_ATTENTION=prism``, the default).
+(``VLLM_PRISM_DRAFT_ATTENTION=prism``, the default), and the verification calls the form of
+the CUDA kernel that ``VLLM_PRISM_ATTN_VERIFY_FORM=auto`` serves on this GPU: the target has
+the 27B's head size 256 (TARGET), so on compute capability 9.0 that is the warpgroup-MMA
+form with its TMA producer, run on vLLM's own hybrid cache pool, and the greedy equality
+checks it against the decode kernel's output.
 Which kernels a verify step runs is logged by the engine (PQ2 linear kernel by M, and the
 PRISM attention route) and printed here.
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 pytest.importorskip("vllm")
 pytest.importorskip("safetensors")
@@ -25,17 +30,20 @@ pytest.importorskip("safetensors")
 from dflash_runs import dflash_requests  # noqa: E402 (this folder is on sys.path)
 from e2e.test_llm import run_vllm_all  # noqa: E402
 
+from vllm_prism._custom_ops import has_compiled_op  # noqa: E402
 from vllm_prism.attention.ops import cuda_decode  # noqa: E402
 from vllm_prism.engine import step_record  # noqa: E402
-from vllm_prism.gguf.tiny import TinyConfig  # noqa: E402
+from vllm_prism.gguf.tiny import TinyConfig, make_tiny_gguf  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
 PROMPTS = [[5, 17, 42, 99], [300, 12, 7], [42, 43, 44, 45, 46]]
 NEW_TOKENS = 24
 KV = {"bf16": "auto", "int8": "int8_per_token_head"}
-# PRISM_DFLASH_KV=int8 starts only the INT8 engines (a short device session); the others skip
+# PRISM_DFLASH_KV=int8 starts only the INT8 engines, PRISM_DFLASH_K=3 only the k = 3 engines
+# besides the plain ones (a short device session); the tests of the others skip
 SELECTED = os.environ.get("PRISM_DFLASH_KV", ",".join(KV)).split(",")
+KS = tuple(int(k) for k in os.environ.get("PRISM_DFLASH_K", "3,7").split(","))
 
 
 def _llm(kv: str) -> dict:
@@ -48,15 +56,19 @@ def _llm(kv: str) -> dict:
 # its own process with a slice of the GPU (their compiles overlap: one after another they
 # outlived a 330 s slot on an H200).
 RUNS = [run for run in [(kv, k, None) for kv in KV for k in (0, 3, 7)] + [("bf16", 3, "fp8")]
-        if run[0] in SELECTED]
+        if run[0] in SELECTED and run[1] in (0,) + KS]
 MEMORY_SHARE = 0.1
+# The tiny model with the 27B's attention head size (256; the tiny default, 64, has no
+# warpgroup-MMA verification form, so the INT8 engines ran only the mma form in vLLM)
+TARGET = TinyConfig(head_dim=256)
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_gguf, tmp_path_factory):
+def runs(tmp_path_factory):
     """``runs(kv, k, quant=None) -> result`` of every run in RUNS (tests/e2e/vllm_runner.py)."""
     tmp = tmp_path_factory.mktemp("dflash-gpu")
-    target = tiny_gguf("pq2_0", seed=7)
+    target = tmp / "tiny-h256.gguf"
+    make_tiny_gguf(target, fmt="pq2_0", seed=7, config=TARGET)
     from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
 
     # A rotary table shorter than the requests (prompt + 24 tokens + k drafts): without patch
@@ -71,8 +83,8 @@ def runs(tiny_gguf, tmp_path_factory):
         done = dict(zip(RUNS, run_vllm_all(target, reqs, tmp)))
 
     def result(kv: str, k: int, quant: str | None = None) -> dict:
-        if kv not in SELECTED:
-            pytest.skip(f"PRISM_DFLASH_KV={','.join(SELECTED)}")
+        if kv not in SELECTED or (k and k not in KS):
+            pytest.skip(f"PRISM_DFLASH_KV={','.join(SELECTED)} PRISM_DFLASH_K={KS}")
         return done[kv, k, quant if k else None]
 
     return result
@@ -117,9 +129,16 @@ def test_drafter_accepted_and_verify_runs_in_full_graphs(runs: dict, kv: str, k:
         assert any("non-causal draft blocks run the split-KV path" in x
                    for x in res["prism_log"]), res["prism_log"]
         # the verification kernel's form that VLLM_PRISM_ATTN_VERIFY_FORM=auto served, said
-        # once by the engine: the tiny model's head size has no warpgroup-MMA form (head
-        # sizes 128 and 256 only), so the mma form serves it on every GPU
-        assert TinyConfig().head_dim not in cuda_decode.WGMMA_HEAD_SIZES
+        # once by the engine: the TMA form where the GPU has it (head size 256), on vLLM's
+        # hybrid cache pool (a layout its tensor map could not cover would fall back to mma
+        # and name why)
         served = [x for x in res["prism_log"] if "verification attention runs the" in x]
-        assert served == ["vllm-prism: the INT8 verification attention runs the mma form "
-                          "(VLLM_PRISM_ATTN_VERIFY_FORM=auto)"], res["prism_log"]
+        line = "vllm-prism: the INT8 verification attention runs the "
+        assert TARGET.head_dim in cuda_decode.WGMMA_HEAD_SIZES
+        if (torch.cuda.get_device_capability() == (9, 0)
+                and has_compiled_op(cuda_decode.WGMMA_VERIFY_OP)):
+            assert served == [line + "wgmma_tma form (VLLM_PRISM_ATTN_VERIFY_FORM=auto)"], \
+                res["prism_log"]
+        else:
+            assert len(served) == 1 and served[0].startswith(
+                line + "mma form (VLLM_PRISM_ATTN_VERIFY_FORM=auto: "), res["prism_log"]

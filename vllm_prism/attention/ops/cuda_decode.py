@@ -68,7 +68,8 @@ __all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_COPY",
            "cuda_decode_problem", "cuda_verify_problem", "decode_copy", "decode_dim_split",
            "launch_cuda_decode", "launch_cuda_verify", "layout_problem", "num_cuda_segments",
            "pdl_mode", "verify_form", "verify_lazy_max", "wgmma_verify_problem",
-           "served_verify_form", "VERIFY_FORM", "VERIFY_FORMS", "VERIFY_PAIR_MERGE",
+           "served_verify_form", "auto_fallback_reason", "VERIFY_FORM", "VERIFY_FORMS",
+           "VERIFY_PAIR_MERGE",
            "verify_partials", "WGMMA_VERIFY_OP"]
 
 logger = logging.getLogger(__name__)
@@ -118,7 +119,8 @@ VERIFY_FORMS = envs.CHOICES["VLLM_PRISM_ATTN_VERIFY_FORM"]
 # verification's warpgroup-MMA forms: True merges a CTA's two segments inside the CTA into one
 # partial ((num_segs + 1) / 2 partials: half the bytes written and read back by the merge,
 # 9.7 MB of fp32 for a 6-token call at 32K on the 27B layer), False leaves one a segment. API
-# only (a benchmark or a test sets it) until timed on a GPU.
+# only (a benchmark or a test sets it): on the H100 it was 1.00-1.09x the time of the form
+# without it at 32K and 0.98-1.03x at 128K (docs/attention.md), so it stays off.
 VERIFY_PAIR_MERGE = False
 MAX_SEGMENTS = 256
 # programmatic dependent launch of the kernels and their merge: None follows the switch
@@ -230,7 +232,7 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     (:func:`verify_form` as :func:`served_verify_form` resolves it for this call)."""
     asked = verify_form()
     form = served_verify_form(asked, q, kv_cache, int_qk)
-    _log_served_form(asked, form)
+    _log_served_form(asked, form, auto_fallback_reason(asked, form, q, kv_cache, int_qk))
     if form != "mma":
         torch.ops._C_prism.int8_verify_wgmma_attention(
             q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o,
@@ -293,7 +295,8 @@ def wgmma_verify_problem(q: torch.Tensor, int_qk: bool = False) -> str | None:
     if cap != (9, 0):
         return f"the sm_90a warpgroup MMA runs on compute capability 9.0 only, not {cap}"
     if q.shape[-1] not in WGMMA_HEAD_SIZES:
-        return f"no warpgroup-MMA form for head size {q.shape[-1]} ({WGMMA_HEAD_SIZES})"
+        sizes = ", ".join(map(str, WGMMA_HEAD_SIZES))
+        return f"no warpgroup-MMA form for head size {q.shape[-1]} (head sizes {sizes} only)"
     if int_qk:
         return "int_qk runs on the mma form only"
     return None
@@ -313,10 +316,22 @@ def tma_layout_problem(kv_cache: torch.Tensor, head_size: int) -> str | None:
     return None
 
 
+def auto_fallback_reason(asked: str, form: str, q: torch.Tensor, kv_cache: torch.Tensor,
+                         int_qk: bool = False) -> str | None:
+    """Why "auto" served the mma form (the warpgroup-MMA form's or its tensor map's problem),
+    None where it did not fall back (an explicit form's fallback is warned about instead)."""
+    if asked != "auto" or form != "mma":
+        return None
+    return wgmma_verify_problem(q, int_qk) or tma_layout_problem(kv_cache, q.shape[-1])
+
+
 @functools.cache
-def _log_served_form(asked: str, form: str) -> None:
+def _log_served_form(asked: str, form: str, why: str | None = None) -> None:
+    """Say once per (switch, form, reason) which form serves the verification calls; "auto"
+    says why it fell back to the mma form, so an engine's log tells a layout that keeps the
+    faster form out from a GPU or head size that has none."""
     logger.info("vllm-prism: the INT8 verification attention runs the %s form "
-                "(VLLM_PRISM_ATTN_VERIFY_FORM=%s)", form, asked)
+                "(VLLM_PRISM_ATTN_VERIFY_FORM=%s%s)", form, asked, f": {why}" if why else "")
 
 
 @functools.cache
