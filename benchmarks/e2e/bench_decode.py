@@ -126,7 +126,9 @@ prefilled. Prompts are random token ids, distinct per request.
 the KV cache read for every request's context, plus each request's Gated DeltaNet state read
 and written) over the read bandwidth measured in the same run, divided by the step time.
 Results: ``<out-dir>/e2e_<gpu>.json`` and ``.md`` (records of earlier runs with other modes or
-KV dtypes are kept; the same (mode, kv, batch, context) is replaced).
+KV dtypes are kept; the same (mode, kv, batch, context, drafter) run with the same explicit
+value of every engine switch, kept in the record's ``switches``, is replaced; each row gives
+its run's date).
 """
 
 from __future__ import annotations
@@ -930,6 +932,21 @@ def _kernel_label(drafter: bool) -> str:
     return label if gdn == "auto" else f"{label} [gdn {gdn}]"
 
 
+def engine_switches(env: dict[str, str]) -> dict[str, str]:
+    """The value of every ENGINE_SWITCHES variable an engine ran with, as its environment gave
+    it (an empty value: unset); kept in each record, because the labels of _kernel_label name
+    only what differs from the defaults of the tree that ran."""
+    return {name: env.get(name, "") for _, name, _ in ENGINE_SWITCHES}
+
+
+def _switches_key(r: dict) -> tuple | None:
+    """The merge key's part for the switches: a record replaces an earlier one only where
+    both ran with the same explicit values. Records written before the switches were kept
+    (None) are never replaced by new ones: a label without a switch meant the default of
+    its own day (VLLM_PRISM_ATTN_VERIFY_FORM's was mma, now auto)."""
+    return tuple(sorted(r["switches"].items())) if "switches" in r else None
+
+
 def _variant(r: dict) -> tuple:
     """What distinguishes runs of one measurement: KV dtype, mode, TP size, PDL, PQ2 kernel,
     attention kernel."""
@@ -964,7 +981,7 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
     path = out_dir / f"e2e_{gpu}.json"
     old = json.loads(path.read_text())["records"] if path.is_file() else []
     key = lambda r: (r["kind"], r["batch"], r["context"], r.get("q_tokens", 1),  # noqa: E731
-                     *_variant(r), r.get("drafter", ""))
+                     *_variant(r), r.get("drafter", ""), _switches_key(r))
     new_keys = {key(r) for r in records}
     merged = [r for r in old if key(r) not in new_keys] + records
     doc = {"gpu": gpu, "date": datetime.date.today().isoformat(), "command": command,
@@ -980,11 +997,12 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
     lines += [f"- {d}: `{c}` ({g:.0f} GB/s; decode step from {t or 'request timestamps'})"
               for c, (d, g, t) in runs.items()]
     lines += ["", "| kind | mode | kv | tp | pdl | pq2 kernel | attn | batch | q_tokens | "
-              "context | tok/s | ms/step | ceiling_frac | gpu_busy_frac | verify / plain step |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "context | tok/s | ms/step | ceiling_frac | gpu_busy_frac | verify / plain step | "
+              "date |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for r in sorted(merged, key=lambda r: (r["kind"], *_variant(r), r["context"], r["batch"],
-                                           r.get("q_tokens", 1))):
+                                           r.get("q_tokens", 1), r.get("date", ""))):
         mark = ""
         if r.get("unreliable"):
             notes.append(r["unreliable"])
@@ -996,7 +1014,8 @@ def write_results(out_dir: Path, gpu: str, command: str, read_gbps: float,
                      f"{r['context']} | {r['tok_s']:.1f}{mark} | {r['ms_per_step']:.2f} | "
                      f"{r.get('ceiling_frac', float('nan')):.3f} | "
                      f"{r.get('gpu_busy_frac', float('nan')):.3f} | "
-                     f"{r.get('ratio_to_plain', float('nan')):.3f} |")
+                     f"{r.get('ratio_to_plain', float('nan')):.3f} | "
+                     f"{r.get('date', doc['date'])} |")
     for note in dict.fromkeys(notes):
         lines += ["", f"\\* Not a measurement to rely on: {note}."]
     plans = (f"{r['kind'].capitalize()} engine (context {r['context']}"
@@ -1281,10 +1300,10 @@ def main() -> None:
     children = engine_runs(args, sys.argv[1:], drafter, lock)
     path = None
     with ThreadPoolExecutor(max_workers=len(children) if lock else 1) as pool:
-        futures = {pool.submit(_run_child, cmd, env, label, lock, args.rounds): label
+        futures = {pool.submit(_run_child, cmd, env, label, lock, args.rounds): (label, env)
                    for cmd, env, label in children}
         for fut in as_completed(futures):
-            label = futures[fut]
+            label, env = futures[fut]
             returncode, lines = fut.result()
             if returncode or not lines:
                 print(f"engine for {label} failed (exit {returncode})", file=sys.stderr)
@@ -1295,7 +1314,7 @@ def main() -> None:
                     r["ceiling_frac"] = need / (read_gbps * 1e9) / (r["ms_per_step"] * 1e-3)
                 r.update(read_gbps=read_gbps, command=command,
                          date=datetime.date.today().isoformat(),
-                         step_timing="request timestamps")
+                         step_timing="request timestamps", switches=engine_switches(env))
                 records.append(r)
             # written after every engine: a run cut off by a time limit keeps what it measured
             _add_verify_ratios(records)

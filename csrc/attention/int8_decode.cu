@@ -55,7 +55,8 @@ using namespace attn;
 constexpr int kSlots = kTileSlots;  // slots of a tile (the MMA's M)
 constexpr int kTileWarps = 4;  // (tile, head) pairs a stage holds: one per warp, or per warp pair
 constexpr int kHeads = 8;  // the MMA's N: query heads of a group, zero padded
-// The bulk-copy path's pieces (sm_90+; the host launches p.bulk only there).
+// The bulk-copy path's pieces (sm_90+; the host launches p.bulk only there): each traps below
+// sm_90, so a launch that reached them there would fail by name instead of reading stale tiles.
 __device__ __forceinline__ void stage_bars_init(uint64_t* bars, int n) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   for (int i = 0; i < n; ++i) mbar_init(bars + i, 1);
@@ -67,17 +68,23 @@ __device__ __forceinline__ void stage_bars_init(uint64_t* bars, int n) {
 __device__ __forceinline__ void stage_expect(uint64_t* bar, uint32_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   mbar_expect_tx(bar, bytes);
+#else
+  __trap();
 #endif
 }
 __device__ __forceinline__ void tile_bulk_copy(void* dst, const void* src, uint32_t bytes,
                                                uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   bulk_copy(dst, src, bytes, bar);
+#else
+  __trap();
 #endif
 }
 __device__ __forceinline__ void stage_wait(uint64_t* bar, uint32_t parity) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   mbar_wait(bar, parity);
+#else
+  __trap();
 #endif
 }
 

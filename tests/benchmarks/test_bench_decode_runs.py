@@ -786,3 +786,29 @@ def test_verify_records_of_two_drafters_are_kept_apart(tmp_path) -> None:
     assert "verify (drafter 5 layers, window 2048)" in page
     assert "65 KV-cache groups, at most 1 layers each" in page
     assert "15 KV-cache groups, at most 5 layers each" in page
+
+
+def test_records_carry_their_switches_and_replace_only_the_same(tmp_path) -> None:
+    """A record keeps the explicit value of every engine switch it ran with, and a new run
+    replaces an earlier record only where both ran with the same values: a run with every
+    default once replaced a record of VLLM_PRISM_ATTN_VERIFY_FORM=mma written when mma was
+    the default (both unlabelled). Records written before the switches were kept stay."""
+    env = {name: "" for _, name, _ in bench_decode.ENGINE_SWITCHES}
+    mma = bench_decode.engine_switches({**env, "VLLM_PRISM_ATTN_VERIFY_FORM": "mma"})
+    auto = bench_decode.engine_switches({**env, "VLLM_PRISM_ATTN_VERIFY_FORM": "auto"})
+    assert mma["VLLM_PRISM_ATTN_VERIFY_FORM"] == "mma" and set(mma) == set(env)
+    base = {"kind": "verify", "batch": 1, "context": 32768, "q_tokens": 6, "mode": "default",
+            "kv": "k", "tp": 1, "pdl": 1, "attn_kernel": "auto", "pq2_kernel": "auto",
+            "tok_s": 100.0, "drafter": "5 layers, window 2048"}
+    legacy = {**base, "ms_per_step": 9.29, "date": "2026-12-05"}
+    bench_decode.write_results(tmp_path, "gpu", "cmd", 4000.0, [legacy])
+    bench_decode.write_results(tmp_path, "gpu", "cmd", 4000.0,
+                               [{**base, "ms_per_step": 9.30, "switches": mma}])
+    bench_decode.write_results(tmp_path, "gpu", "cmd", 4000.0,
+                               [{**base, "ms_per_step": 9.36, "switches": auto}])
+    bench_decode.write_results(tmp_path, "gpu", "cmd", 4000.0,
+                               [{**base, "ms_per_step": 9.40, "switches": auto}])
+    kept = json.loads((tmp_path / "e2e_gpu.json").read_text())["records"]
+    assert sorted(r["ms_per_step"] for r in kept) == [9.29, 9.30, 9.40]
+    page = (tmp_path / "e2e_gpu.md").read_text()
+    assert "| 9.29 |" in page and "| 2026-12-05 |" in page and "| 9.36 |" not in page
