@@ -121,11 +121,12 @@ def _fake_verify_ops(monkeypatch) -> list:
     return calls
 
 
-def _launch(kv_cache: torch.Tensor, head_size: int = 256, int_qk: bool = False) -> str:
+def _launch(kv_cache: torch.Tensor, head_size: int = 256, int_qk: bool = False,
+            pair: bool | None = None) -> str:
     """A 6-token verification call of 24 query heads on ``kv_cache``; the form that ran."""
     q = torch.empty(6, 24, head_size, dtype=torch.bfloat16)
     return cuda_decode.launch_cuda_verify(q, kv_cache, *(None,) * 7, 0.0625, 6, 4,
-                                          int_qk=int_qk)
+                                          int_qk=int_qk, pair=pair)
 
 
 def test_verify_form_switch(monkeypatch):
@@ -387,6 +388,9 @@ def test_verify_pair_merge(monkeypatch):
     assert cuda_decode.verify_partials("mma", 66) == 66
     monkeypatch.setattr(cuda_decode, "VERIFY_PAIR_MERGE", False)
     assert cuda_decode.verify_partials("wgmma_tma", 66) == 66
+    # an explicit pair (what _cuda_split_kv reads once for the launch and the merge) wins
+    assert cuda_decode.verify_partials("wgmma_tma", 66, pair=True) == 33
+    assert _launch(nhd, pair=True) == "wgmma_tma" and calls[-1][1][-1] is True
 
     merged = []
     monkeypatch.setattr(split_mod, "launch_cuda_verify", lambda *a, **k: "wgmma_tma")

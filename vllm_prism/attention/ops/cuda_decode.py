@@ -225,11 +225,14 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                        req_ids: torch.Tensor | None, out: torch.Tensor, part_o: torch.Tensor,
                        part_lse: torch.Tensor, scale: float, max_q: int, num_segs: int,
-                       int_qk: bool = False, pdl: bool = False) -> str:
+                       int_qk: bool = False, pdl: bool = False,
+                       pair: bool | None = None) -> str:
     """One launch of the verification kernel: ``out`` directly or the partials; ``int_qk``
     runs Q.K on the int8 tensor cores with the query quantised per column (opt-in); ``pdl``
-    (causal calls only): programmatic dependent launch. Returns the form that ran
-    (:func:`verify_form` as :func:`served_verify_form` resolves it for this call)."""
+    (causal calls only): programmatic dependent launch; ``pair``: the warpgroup-MMA forms'
+    pair merge (None: VERIFY_PAIR_MERGE; pass the value :func:`verify_partials` gets). Returns
+    the form that ran (:func:`verify_form` as :func:`served_verify_form` resolves it)."""
+    pair = VERIFY_PAIR_MERGE if pair is None else pair
     asked = verify_form()
     form = served_verify_form(asked, q, kv_cache, int_qk)
     _log_served_form(asked, form, auto_fallback_reason(asked, form, q, kv_cache, int_qk))
@@ -237,7 +240,7 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
         torch.ops._C_prism.int8_verify_wgmma_attention(
             q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o,
             part_lse, float(scale), int(max_q), int(num_segs), MIN_TILES, verify_lazy_max(),
-            pdl_mode(pdl), form == "wgmma_tma", bool(VERIFY_PAIR_MERGE))
+            pdl_mode(pdl), form == "wgmma_tma", bool(pair))
         return form
     torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
@@ -247,12 +250,13 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     return "mma"
 
 
-def verify_partials(form: str, num_segs: int) -> int:
+def verify_partials(form: str, num_segs: int, pair: bool | None = None) -> int:
     """The partials a verification call of ``num_segs`` segments leaves for the merge, ``form``
     the one that served it (launch_cuda_verify's return): one a CTA's pair of segments where a
-    warpgroup-MMA form merges them (VERIFY_PAIR_MERGE), else one a segment; 1 means the
-    kernel wrote the output itself."""
-    return (num_segs + 1) // 2 if form != "mma" and VERIFY_PAIR_MERGE else num_segs
+    warpgroup-MMA form merges them (``pair``, the launch's; None: VERIFY_PAIR_MERGE), else
+    one a segment; 1 means the kernel wrote the output itself."""
+    pair = VERIFY_PAIR_MERGE if pair is None else pair
+    return (num_segs + 1) // 2 if form != "mma" and pair else num_segs
 
 
 def verify_form() -> str:

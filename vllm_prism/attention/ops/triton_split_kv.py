@@ -546,7 +546,9 @@ def _cuda_split_kv(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadat
             part_lse, scale)
     parts = segs  # the partials the kernel leaves (1: it wrote out3)
     if verify:
-        parts = verify_partials(launch_cuda_verify(*args, max_q, segs, int_qk, pdl), segs)
+        pair = bool(cuda_decode.VERIFY_PAIR_MERGE)  # read once: the launch and the merge agree
+        parts = verify_partials(launch_cuda_verify(*args, max_q, segs, int_qk, pdl, pair=pair),
+                                segs, pair)
     else:
         launch_cuda_decode(*args, segs, pdl)
     if parts > 1:
