@@ -43,17 +43,21 @@ def folders(tmp_path_factory) -> dict[str, str]:
             "long": _folder(tmp / "long", max_position_embeddings=4 * TARGET_LEN, **dflash)}
 
 
-def _draft_positions(folders: dict[str, str], drafter: str) -> tuple[int, int]:
+def _draft_positions(folders: dict[str, str], drafter: str,
+                     speculative_len: int | None = None) -> tuple[int, int, int]:
     """(max_position_embeddings of the draft config the drafter is built from, of the
-    checkpoint config inside it) after vLLM's SpeculativeConfig has set the draft up."""
+    checkpoint config inside it, the draft's max_model_len) after vLLM's SpeculativeConfig
+    has set the draft up; ``speculative_len``: the speculative config's own max_model_len."""
     from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 
     target = ModelConfig(model=folders["target"], max_model_len=TARGET_LEN,
                          skip_tokenizer_init=True, dtype="bfloat16")
     spec = SpeculativeConfig(method="dflash", model=folders[drafter], num_speculative_tokens=3,
-                             target_model_config=target, target_parallel_config=ParallelConfig())
+                             target_model_config=target, target_parallel_config=ParallelConfig(),
+                             max_model_len=speculative_len)
     hf = spec.draft_model_config.hf_config
-    return hf.max_position_embeddings, hf.model.max_position_embeddings
+    return (hf.max_position_embeddings, hf.model.max_position_embeddings,
+            spec.draft_model_config.max_model_len)
 
 
 def test_vllm_alone_keeps_the_drafters_short_table(folders, monkeypatch) -> None:
@@ -64,14 +68,23 @@ def test_vllm_alone_keeps_the_drafters_short_table(folders, monkeypatch) -> None
     dflash_draft_positions.apply()
     monkeypatch.setattr(SpeculativeConfig, "__post_init__",
                         SpeculativeConfig.__post_init__.__wrapped__)
-    assert _draft_positions(folders, "short") == (DRAFT_POSITIONS, DRAFT_POSITIONS)
+    assert _draft_positions(folders, "short") == (DRAFT_POSITIONS,) * 3
 
 
 def test_the_patch_raises_the_table_to_the_targets_length(folders) -> None:
+    """The table and the draft's max_model_len (derived from the drafter's own positions
+    before the table was raised: left there, the drafter's attention covered only that much
+    context on vLLM's CPU build, tests/spec_decode/test_dflash_cpu.py)."""
     dflash_draft_positions.apply()
-    assert _draft_positions(folders, "short") == (TARGET_LEN, TARGET_LEN)
+    assert _draft_positions(folders, "short") == (TARGET_LEN,) * 3
+
+
+def test_a_speculative_max_model_len_set_by_the_user_stays(folders) -> None:
+    dflash_draft_positions.apply()
+    assert _draft_positions(folders, "short", speculative_len=2048) == (TARGET_LEN,
+                                                                        TARGET_LEN, 2048)
 
 
 def test_a_drafter_that_covers_the_target_keeps_its_own_table(folders) -> None:
     dflash_draft_positions.apply()
-    assert _draft_positions(folders, "long") == (4 * TARGET_LEN, 4 * TARGET_LEN)
+    assert _draft_positions(folders, "long") == (4 * TARGET_LEN, 4 * TARGET_LEN, TARGET_LEN)

@@ -79,3 +79,21 @@ def test_the_kv_cache_groups_hold_every_layer_once(runs: dict, tiny_gguf) -> Non
         groups = runs[k]["kv_cache_groups"]
         print(f"k={k}: {layers} target layers + 1 drafter layer in groups of {groups}")
         assert sum(groups) == layers + 1, (groups, layers)
+
+
+def test_a_drafter_with_fewer_positions_than_the_requests_still_drafts(runs: dict, tiny_gguf,
+                                                                     tmp_path) -> None:
+    """A drafter whose checkpoint says 8 positions, next to requests that pass 20 (patch
+    dflash_draft_positions raises its rotary table and its max_model_len to the target's):
+    greedy output equals the plain run's and the drafts are still accepted. Without the
+    max_model_len part every draft past position 8 was garbage on vLLM's CPU build (0 of 45
+    accepted, against 24 of 24)."""
+    from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
+
+    target = tiny_gguf("pq2_0", seed=7)
+    drafter = make_tiny_drafter(tmp_path / "drafter", target, max_positions=8)["path"]
+    request = {"prompts": PROMPTS, "max_tokens": NEW_TOKENS, "score": []}
+    res = dflash_runs(target, drafter, request, tmp_path, ks=(3,), plain=False)[3]
+    assert res["greedy"] == runs[0]["greedy"]
+    stats = res["spec_decode"]
+    assert stats["num_accepted_tokens_per_pos"][0] / stats["num_drafts"] > 0.5, stats

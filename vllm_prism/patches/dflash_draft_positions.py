@@ -13,14 +13,22 @@ positional space, as EAGLE drafts do), but the drafter sizes its ``cos_sin_cache
 for ``eagle`` and ``eagle3`` drafts only (``SpeculativeConfig.
 _maybe_override_draft_max_position_embeddings``, vLLM #48894); ``dflash`` is left out.
 
-The fix (upstream): call the same override for ``dflash``. Here, at load time,
-``SpeculativeConfig.__post_init__`` is wrapped: after it, a ``dflash`` draft's config (the
-``EAGLEConfig`` wrapper and the checkpoint config inside it) gets the target's
-``max_model_len`` as ``max_position_embeddings`` where its own is smaller, through vLLM's own
-override, before any model is built. Other methods and drafters that already cover the
-target's length are untouched.
+The draft's ``max_model_len`` has the same fault: the draft ``ModelConfig`` derived it from the
+checkpoint's positions before any override, so raising the table alone left it at 8 for an
+8-position drafter, and on vLLM's CPU build every draft past that position was garbage (0 of
+45 accepted against 24 of 24).
+
+The fix (upstream): call the same override for ``dflash``, and let the draft's
+``max_model_len`` follow. Here, at load time, ``SpeculativeConfig.__post_init__`` is wrapped:
+after it, a ``dflash`` draft's config (the ``EAGLEConfig`` wrapper and the checkpoint config
+inside it) gets the target's ``max_model_len`` as ``max_position_embeddings`` where its own is
+smaller, through vLLM's own override, and where that raised it the draft's ``max_model_len``
+becomes the target's (unless the speculative config names its own ``max_model_len``), before
+any model is built. Other methods and drafters that already cover the target's length are
+untouched.
 
 Applies to: vLLM 0.32.x. Tests: tests/patches/test_dflash_draft_positions.py (configs, CPU);
+tests/spec_decode/test_dflash_cpu.py (an 8-position drafter through vLLM's CPU build);
 tests/spec_decode/test_dflash_gpu.py (a 16-position drafter through vLLM on a GPU). PR text:
 docs/upstream/dflash-draft-positions.md.
 """
@@ -42,10 +50,20 @@ def _raise_dflash_positions(config: Any) -> None:
     if config.method != "dflash" or draft is None or target is None:
         return
     hf_config = draft.hf_config
+    raised = False
     for cfg in (getattr(hf_config, "model", None), hf_config):
         if cfg is not None:
+            before = getattr(cfg, "max_position_embeddings", None)
             SpeculativeConfig._maybe_override_draft_max_position_embeddings(
                 cfg, target.max_model_len)
+            raised |= getattr(cfg, "max_position_embeddings", None) != before
+    # The draft's max_model_len was derived from its own positions before the table was
+    # raised; left there, the drafter's attention covers only that many tokens of context
+    # (on vLLM's CPU build every draft past it is garbage). A speculative max_model_len the
+    # user set stays.
+    if raised and config.max_model_len is None and draft.max_model_len < target.max_model_len:
+        draft.max_model_len = SpeculativeConfig._maybe_override_draft_max_model_len(
+            None, target.max_model_len, target.max_model_len)
 
 
 def apply() -> bool:
