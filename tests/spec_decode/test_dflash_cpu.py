@@ -86,8 +86,8 @@ def test_a_drafter_with_fewer_positions_than_the_requests_still_drafts(runs: dic
     """A drafter whose checkpoint says 8 positions, next to requests that pass 20 (patch
     dflash_draft_positions raises its rotary table and its max_model_len to the target's):
     greedy output equals the plain run's and the drafts are still accepted. Without the
-    max_model_len part every draft past position 8 was garbage on vLLM's CPU build (0 of 45
-    accepted, against 24 of 24)."""
+    max_model_len part vLLM's runner skipped the drafter past position 8 and no draft was
+    accepted (0 of 45, against 24 of 24)."""
     from vllm_prism.spec_decode.tiny_drafter import make_tiny_drafter
 
     target = tiny_gguf("pq2_0", seed=7)

@@ -15,8 +15,9 @@ _maybe_override_draft_max_position_embeddings``, vLLM #48894); ``dflash`` is lef
 
 The draft's ``max_model_len`` has the same fault: the draft ``ModelConfig`` derived it from the
 checkpoint's positions before any override, so raising the table alone left it at 8 for an
-8-position drafter, and on vLLM's CPU build every draft past that position was garbage (0 of
-45 accepted against 24 of 24).
+8-position drafter; vLLM's V1 model runner (which the CPU build runs) skips the drafter once a
+sequence plus its draft tokens pass the draft's max_model_len (``_input_fits_in_drafter``),
+and no draft past that point was accepted (0 of 45 on the CPU build, 24 of 24 with the fix).
 
 The fix (upstream): call the same override for ``dflash``, and let the draft's
 ``max_model_len`` follow. Here, at load time, ``SpeculativeConfig.__post_init__`` is wrapped:
