@@ -90,6 +90,6 @@ PATCH = VllmPatch(
     upstream_doc="docs/upstream/dflash-draft-positions.md",
     upstream="not yet filed (PR text in docs/upstream/dflash-draft-positions.md)",
     remove_when="SpeculativeConfig calls _maybe_override_draft_max_position_embeddings for "
-                "dflash drafts",
+                "dflash drafts and the draft's max_model_len follows the raised value",
     test="tests/patches/test_dflash_draft_positions.py",
 )
