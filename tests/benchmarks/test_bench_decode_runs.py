@@ -812,3 +812,14 @@ def test_records_carry_their_switches_and_replace_only_the_same(tmp_path) -> Non
     assert sorted(r["ms_per_step"] for r in kept) == [9.29, 9.30, 9.40]
     page = (tmp_path / "e2e_gpu.md").read_text()
     assert "| 9.29 |" in page and "| 2026-12-05 |" in page and "| 9.36 |" not in page
+
+
+def test_engine_log_echo_keeps_the_served_verification_form() -> None:
+    """The child-output filter echoes the line that names the INT8 verification form an
+    engine served (it once dropped it, so a 27B-shaped run could not tell which form ran),
+    with and without the fallback reason, and still drops ordinary lines."""
+    line = ("(EngineCore pid=1) INFO [cuda_decode.py:331] vllm-prism: the INT8 verification "
+            "attention runs the {} form (VLLM_PRISM_ATTN_VERIFY_FORM=auto{})")
+    assert bench_decode.STARTUP_LINE.search(line.format("wgmma_tma", ""))
+    assert bench_decode.STARTUP_LINE.search(line.format("mma", ": no warpgroup-MMA form"))
+    assert not bench_decode.STARTUP_LINE.search("INFO [core.py:1] engine step 12 done")
