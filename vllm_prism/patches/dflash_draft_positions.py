@@ -59,12 +59,10 @@ def _raise_dflash_positions(config: Any) -> None:
                 cfg, target.max_model_len)
             raised |= getattr(cfg, "max_position_embeddings", None) != before
     # The draft's max_model_len was derived from its own positions before the table was
-    # raised; left there, the drafter's attention covers only that many tokens of context
-    # (on vLLM's CPU build every draft past it is garbage). A speculative max_model_len the
-    # user set stays.
-    if raised and config.max_model_len is None and draft.max_model_len < target.max_model_len:
-        draft.max_model_len = SpeculativeConfig._maybe_override_draft_max_model_len(
-            None, target.max_model_len, target.max_model_len)
+    # raised; left there, vLLM's V1 runner skips the drafter past it. A speculative
+    # max_model_len the user set stays.
+    if raised and config.max_model_len is None:
+        draft.max_model_len = target.max_model_len  # vLLM capped it at the target's
 
 
 def apply() -> bool:

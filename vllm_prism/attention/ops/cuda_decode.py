@@ -68,7 +68,7 @@ __all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_COPY",
            "cuda_decode_problem", "cuda_verify_problem", "decode_copy", "decode_dim_split",
            "launch_cuda_decode", "launch_cuda_verify", "layout_problem", "num_cuda_segments",
            "pdl_mode", "verify_form", "verify_lazy_max", "wgmma_verify_problem",
-           "served_verify_form", "auto_fallback_reason", "VERIFY_FORM", "VERIFY_FORMS",
+           "served_verify_form", "VERIFY_FORM", "VERIFY_FORMS",
            "VERIFY_PAIR_MERGE",
            "verify_partials", "WGMMA_VERIFY_OP"]
 
@@ -234,8 +234,8 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
     the form that ran (:func:`verify_form` as :func:`served_verify_form` resolves it)."""
     pair = VERIFY_PAIR_MERGE if pair is None else pair
     asked = verify_form()
-    form = served_verify_form(asked, q, kv_cache, int_qk)
-    _log_served_form(asked, form, auto_fallback_reason(asked, form, q, kv_cache, int_qk))
+    form, why = _resolve_verify_form(asked, q, kv_cache, int_qk)
+    _log_served_form(asked, form, why)
     if form != "mma":
         torch.ops._C_prism.int8_verify_wgmma_attention(
             q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o,
@@ -272,22 +272,30 @@ def served_verify_form(asked: str, q: torch.Tensor, kv_cache: torch.Tensor,
     (tma_layout_problem), each fallback warned once. "auto" takes "wgmma_tma" where it can
     serve the call, else "mma", without a warning: the cp.async producer ("wgmma") is no
     faster than the mma form (0.96-1.15x its time on the H100), so "auto" never picks it."""
+    return _resolve_verify_form(asked, q, kv_cache, int_qk)[0]
+
+
+def _resolve_verify_form(asked: str, q: torch.Tensor, kv_cache: torch.Tensor,
+                         int_qk: bool = False) -> tuple[str, str | None]:
+    """:func:`served_verify_form` and, where "auto" fell back to the mma form, why (the
+    launch's log line names it; an explicit form's fallback is warned about here)."""
     if asked == "mma":
-        return "mma"
+        return "mma", None
     why = wgmma_verify_problem(q, int_qk)
     if why is not None:
         if asked != "auto":
             _log_wgmma_fallback(asked, why)
-        return "mma"
+            return "mma", None
+        return "mma", why
     if asked == "wgmma":
-        return "wgmma"
+        return "wgmma", None
     why_tma = tma_layout_problem(kv_cache, q.shape[-1])
     if why_tma is None:
-        return "wgmma_tma"
+        return "wgmma_tma", None
     if asked == "auto":
-        return "mma"
+        return "mma", why_tma
     _log_tma_fallback(why_tma)
-    return "wgmma"
+    return "wgmma", None
 
 
 def wgmma_verify_problem(q: torch.Tensor, int_qk: bool = False) -> str | None:
@@ -318,15 +326,6 @@ def tma_layout_problem(kv_cache: torch.Tensor, head_size: int) -> str | None:
     if s_head < row or (kv_cache.shape[1] - 1) * s_head + row > s_slot:
         return "a slot's KV heads not side by side (the cache is not in vLLM's NHD layout)"
     return None
-
-
-def auto_fallback_reason(asked: str, form: str, q: torch.Tensor, kv_cache: torch.Tensor,
-                         int_qk: bool = False) -> str | None:
-    """Why "auto" served the mma form (the warpgroup-MMA form's or its tensor map's problem),
-    None where it did not fall back (an explicit form's fallback is warned about instead)."""
-    if asked != "auto" or form != "mma":
-        return None
-    return wgmma_verify_problem(q, int_qk) or tma_layout_problem(kv_cache, q.shape[-1])
 
 
 @functools.cache
