@@ -186,7 +186,8 @@ case $stage in
     cp benchmarks/results/pq2_ncu_*.json benchmarks/results/pq2_ncu_*.md "$OUT"/ 2>/dev/null
     ;;
   sass)  # per-instruction counts and stall samples of the CUDA INT8 attention kernels at
-    # context ${2:-32768} (Nsight Compute's source page, SASS): $OUT/attn_sass.csv, details
+    # context ${2:-32768} (Nsight Compute's source page, SASS): $OUT/attn_sass.csv, details,
+    # and its summary (benchmarks/kernels/sass_summary.py) $OUT/attn_sass_summary.md
     shift
     ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | tail -1)
     timeout $(limit 300) "$ncu_bin" --clock-control none --profile-from-start off \
@@ -198,6 +199,8 @@ case $stage in
       >"$OUT/attn_sass.csv" 2>"$OUT/sass-err.log"
     "$ncu_bin" -i "$OUT/attn.ncu-rep" --page details --csv >"$OUT/attn_details.csv" \
       2>>"$OUT/sass-err.log"
+    python3 benchmarks/kernels/sass_summary.py "$OUT/attn_sass.csv" --kernel int8_ \
+      >"$OUT/attn_sass_summary.md" 2>>"$OUT/sass-err.log"
     ls -la "$OUT"; tail -n 5 "$OUT/sass-run.log" "$OUT/sass-err.log"
     ;;
   quality)
