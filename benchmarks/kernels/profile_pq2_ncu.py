@@ -36,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from sass_summary import ncu_number  # noqa: E402 (this directory)
 from vllm_prism.kernels.common import HAS_TRITON  # noqa: E402
 
 if HAS_TRITON:
@@ -219,18 +220,11 @@ def parse_raw_csv(text: str, metrics: dict[str, str]) -> list[dict]:
         rec = {"ncu_kernel": r[col["Kernel Name"]] if "Kernel Name" in col else ""}
         for key, metric in metrics.items():
             if metric in col:
-                rec[key] = _number(r[col[metric]])
+                rec[key] = ncu_number(r[col[metric]])
         if "us" in rec and rec["us"] is not None:
             rec["us"] = rec["us"] / 1e3  # ncu reports gpu__time_duration in ns
         out.append(rec)
     return out
-
-
-def _number(s: str) -> float | None:
-    try:
-        return float(s.replace(",", ""))
-    except ValueError:
-        return None
 
 
 def verdict(rec: dict, sms: int) -> str:

@@ -28,11 +28,17 @@ class Kernel:
     rows: list[dict[str, str]] = field(default_factory=list)
 
 
-def _num(text: str) -> float:
+def ncu_number(text: str) -> float | None:
+    """A number as Nsight Compute's CSV pages print it (thousands separated by commas), None
+    where the cell holds none."""
     try:
         return float(text.replace(",", ""))
     except ValueError:
-        return 0.0
+        return None
+
+
+def _num(text: str) -> float:
+    return ncu_number(text) or 0.0
 
 
 def read_kernels(path: str) -> list[Kernel]:

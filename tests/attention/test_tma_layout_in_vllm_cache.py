@@ -3,14 +3,14 @@
 VLLM_PRISM_ATTN_VERIFY_FORM=auto serves the warpgroup-MMA form fed by TMA only where
 ``cuda_decode.tma_layout_problem`` accepts the cache (a slot's KV heads side by side, 16-byte
 aligned slots, blocks and base), and falls back to the slower mma form elsewhere (an info
-line saying why, no warning). Here vLLM's own functions plan the 27B's hybrid cache on the CPU: the layer specs
-(48 Gated DeltaNet layers, 16 full-attention layers with the per-token-head INT8 content the
-PRISM backend's customize_spec gives), the layout vLLM resolves for the backends' declared
-preferences, the KV-cache groups and tensors, and each attention layer's view over the shared
-pool, on meta tensors; also with the DFlash2 drafter's layers, whose larger page pads the
-target's. Every view must pass the check; a vLLM upgrade that changes the layout
-or the page padding fails here instead of silently costing the TMA form (the GPU DFlash test
-checks the same inside a running engine, on the tiny model's cache).
+line saying why, no warning). Here vLLM's own functions plan the 27B's hybrid cache on the
+CPU: the layer specs (48 Gated DeltaNet layers, 16 full-attention layers with the
+per-token-head INT8 content the PRISM backend's customize_spec gives), the layout vLLM
+resolves for the backends' declared preferences, the KV-cache groups and tensors, and each
+attention layer's view over the shared pool, on meta tensors; also with the DFlash2 drafter's
+layers, whose larger page pads the target's. Every view must pass the check; a vLLM upgrade
+that changes the layout or the page padding fails here instead of silently costing the TMA
+form (the GPU DFlash test checks the same inside a running engine, on the tiny model's cache).
 """
 
 from __future__ import annotations
