@@ -224,7 +224,7 @@ def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
         us = time_graph([lambda i=i: F.linear(xt, dense[i % len(dense)])
                          for i in range(max(len(dense), 20))])
         record(family="bf16_linear", M=m, us=us)
-        del dense, wd
+        dense = wd = None  # freed (a del would unbind the names the lambdas above read)
     if not m_filter or 1 in m_filter:
         wd = w0.dequantize(torch.bfloat16)
         dense = [wd] + [wd.clone() for _ in range(copies_for(wd.numel() * 2) - 1)]
@@ -232,7 +232,7 @@ def sweep_shape(n: int, k: int, gen: torch.Generator, results: list[dict],
         us = time_graph([lambda i=i: F.linear(x1, dense[i % len(dense)])
                          for i in range(max(len(dense), 20))])
         record(family="bf16_linear", M=1, us=us)
-    del ws, wf
+    ws = wf = None
     torch.cuda.empty_cache()
 
 
@@ -293,7 +293,7 @@ def bench_shape(n: int, k: int, m_list: list[int], gen: torch.Generator, read_gb
         }
         records.append(rec)
         print(json.dumps(rec), flush=True)
-    del ws, dense, wd, wf
+    ws = dense = wd = wf = None
     torch.cuda.empty_cache()
 
 

@@ -122,7 +122,7 @@ def child_cases(shapes: list[tuple[int, int]], m_list: list[int],
                 _profiled(cudart, lambda: kern.run(act, w, None, x.dtype))
                 cases.append({"shape": f"{n}x{k}", "M": m, "kernel": name,
                               "auto": name == auto.name})
-        del w
+        w = None  # freed (a del would unbind the name the lambdas above read)
         torch.cuda.empty_cache()
     return cases
 
@@ -164,7 +164,7 @@ def attention_cases(contexts: list[int], verify_q: int) -> list[dict]:
                 _profiled(cudart, lambda: fn(q, cache, md, out=out))
                 cases.append({"shape": f"attention {kv_name} ctx {ctx}", "M": q_len,
                               "kernel": "decode" if q_len == 1 else "verify", "auto": True})
-            del cache
+            cache = None
             torch.cuda.empty_cache()
     return cases
 

@@ -39,8 +39,8 @@ def results(model, reference: dict, tmp_path_factory: pytest.TempPathFactory) ->
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 @pytest.mark.parametrize("kv", list(KV))
-def test_parallel_matches_transformers_and_one_gpu(  # noqa: F811 (reference: a fixture)
-        kv: str, layout: str, reference: dict, results: dict) -> None:
+def test_parallel_matches_transformers_and_one_gpu(
+        kv: str, layout: str, reference: dict, results: dict) -> None:  # noqa: F811 (a fixture)
     res = results[kv, layout]
     assert res["greedy"] == reference["greedy"] == results[kv, "tp1"]["greedy"]
     got = torch.tensor([x for row in res["score"] for x in row])
