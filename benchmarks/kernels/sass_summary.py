@@ -6,7 +6,11 @@ executed count, its warp stall samples and their reasons). This script reads tha
 machine and prints, for each kernel whose name contains ``--kernel``, the stall reasons' shares,
 the opcodes' shares of instructions and samples, and the code's straight runs (consecutive
 instructions executed the same number of times: a loop body, a branch's side, a prologue)
-with the most samples, which is where to look first.
+with the most samples, which is where to look first; and the samples by executed count (every
+instruction executed N times together, wherever it lies: a kernel's prologue and end run once
+a warp, its loop body once a warp and iteration, so the rows of the smallest counts against
+those of the loop's count split fixed cost from per-iteration cost even where branches cut
+the code into many short runs).
 
     python benchmarks/kernels/sass_summary.py attn_sass.csv --kernel verify --top 15
 """
@@ -90,6 +94,19 @@ def runs(rows: list[dict[str, str]]) -> list[tuple[int, int, float, float]]:
     return out
 
 
+def by_count(rows: list[dict[str, str]]) -> list[tuple[float, int, float]]:
+    """(executed count, instructions, samples) for each executed count, most samples first
+    (rows never executed left out)."""
+    ins: collections.Counter = collections.Counter()
+    smp: collections.Counter = collections.Counter()
+    for r in rows:
+        n = _num(r[EXECUTED])
+        if n > 0:
+            ins[n] += 1
+            smp[n] += _num(r[SAMPLES])
+    return sorted(((n, ins[n], smp[n]) for n in ins), key=lambda x: (-x[2], x[0]))
+
+
 def summarize(kernel: Kernel, top: int) -> list[str]:
     rows = kernel.rows
     samples = sum(_num(r[SAMPLES]) for r in rows) or 1.0
@@ -111,6 +128,9 @@ def summarize(kernel: Kernel, top: int) -> list[str]:
     for first, last, n, s in sorted(runs(rows), key=lambda x: -x[3])[:top]:
         lines.append(f"| {first}-{last} | {n:,.0f} | {last - first + 1} | {s / samples:.3f} | "
                      f"`{rows[first]['Source'][:48]}` |")
+    lines.append("| executed count | instructions | samples |")
+    lines.append("|---|---|---|")
+    lines += [f"| {n:,.0f} | {k} | {s / samples:.3f} |" for n, k, s in by_count(rows)[:top]]
     return lines
 
 

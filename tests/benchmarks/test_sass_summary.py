@@ -1,6 +1,7 @@
 """benchmarks/kernels/sass_summary.py on a hand-written source-page CSV of two kernels: the
-kernel filter, the stall shares, the opcodes' shares and the straight runs (instructions
-executed equally often, merged, ranked by their samples), each worked out by hand below."""
+kernel filter, the stall shares, the opcodes' shares, the straight runs (instructions executed
+equally often, merged, ranked by their samples) and the samples by executed count, each worked
+out by hand below."""
 
 from __future__ import annotations
 
@@ -51,6 +52,9 @@ def test_opcodes_stalls_and_runs(tmp_path):
     # equal executed counts next to each other merge; a later equal count is a new run
     assert sass_summary.runs(verify.rows) == [(0, 1, 4.0, 7.0), (2, 3, 8.0, 3.0),
                                               (4, 4, 4.0, 0.0)]
+    # by executed count, wherever the rows lie: count 4 (rows 0, 1, 4) 7 samples, 8 (rows 2,
+    # 3) 3
+    assert sass_summary.by_count(verify.rows) == [(4.0, 3, 7.0), (8.0, 2, 3.0)]
 
 
 def test_command_line_filters_kernels(tmp_path):
@@ -64,3 +68,4 @@ def test_command_line_filters_kernels(tmp_path):
     # HGMMA: 16 of 28 instructions, 3 of 10 samples; the top run holds 0.7 of the samples
     assert "| HGMMA | 0.571 | 0.300 |" in out
     assert "| 0-1 | 4 | 2 | 0.700 | `S2R R0, SR_TID.X` |" in out
+    assert "| 4 | 3 | 0.700 |" in out and "| 8 | 2 | 0.300 |" in out
