@@ -158,6 +158,19 @@ class Ring:
     def done(self) -> bool:
         return self.k_prod >= 2 * self.n_max and self.st == [self.n_max, self.n_max]
 
+    # ---- after the loops: a consumer may write its output through the ring's buffers
+    # (write_output, docs/pending/verify-end-prefetch.patch) once both loops are done, or
+    # alone where the other consumer's segment has no stage; no stage's copy may still land
+    def check_output_space(self) -> None:
+        for c in (0, 1):
+            done = self.st[c] >= self.n_max and c not in self.held
+            alone = done and self.stages[1 - c] == 0
+            both = self.st == [self.n_max, self.n_max] and not self.held
+            late = [k for k, _ in self.flying if self.has_data(k)]
+            if (alone or both) and late:
+                self.errors.append(f"consumer {c} past its loop ({'alone' if alone else 'both'})"
+                                   f" while stage {late[0]} is still in flight")
+
 
 def run_ring(ring: int, lag: int | None, in_order: bool, seed: int) -> list[str]:
     """One random schedule; the protocol violations it met (empty: none)."""
@@ -182,6 +195,7 @@ def run_ring(ring: int, lag: int | None, in_order: bool, seed: int) -> list[str]
                 break
         else:
             m.errors.append(f"deadlock: producer at {m.k_prod}, consumers at {m.st}")
+        m.check_output_space()
     return m.errors
 
 
@@ -220,3 +234,21 @@ def test_lag_one_more_than_the_rule_breaks():
     """kTmaLag = kRing - 2 is the largest safe lag on the odd ring: one more already lets a
     consumer pass on the wrong phase."""
     assert _violations(5, 4, in_order=False) != []
+
+
+def test_output_space_check_can_fail():
+    """The check behind writing the output through the ring (run by every schedule above): a
+    copy with data still in flight once both loops are done, or once a consumer whose partner
+    has no stage is done, is a violation."""
+    m = Ring(5, (2, 2), 2, in_order=False, lag=3)
+    m.st, m.flying = [2, 2], [(3, 3)]
+    m.check_output_space()
+    assert m.errors and "both" in m.errors[0]
+    alone = Ring(5, (2, 0), 2, in_order=False, lag=3)
+    alone.st, alone.flying = [2, 0], [(2, 2)]
+    alone.check_output_space()
+    assert alone.errors and "alone" in alone.errors[0]
+    clear = Ring(5, (2, 0), 2, in_order=False, lag=3)
+    clear.st, clear.flying = [2, 0], [(3, 3)]  # consumer 1's stage: no data, nothing lands
+    clear.check_output_space()
+    assert clear.errors == []
