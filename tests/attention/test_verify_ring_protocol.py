@@ -162,12 +162,14 @@ class Ring:
     # (write_output, docs/pending/verify-end-prefetch.patch) once both loops are done, or
     # alone where the other consumer's segment has no stage; no stage's copy may still land
     def check_output_space(self) -> None:
+        late = [k for k, _ in self.flying if self.has_data(k)]
+        if not late:
+            return
+        both = self.st == [self.n_max, self.n_max] and not self.held
         for c in (0, 1):
-            done = self.st[c] >= self.n_max and c not in self.held
-            alone = done and self.stages[1 - c] == 0
-            both = self.st == [self.n_max, self.n_max] and not self.held
-            late = [k for k, _ in self.flying if self.has_data(k)]
-            if (alone or both) and late:
+            alone = (self.st[c] >= self.n_max and c not in self.held
+                     and self.stages[1 - c] == 0)
+            if alone or both:
                 self.errors.append(f"consumer {c} past its loop ({'alone' if alone else 'both'})"
                                    f" while stage {late[0]} is still in flight")
 
