@@ -65,16 +65,14 @@ void int8_verify_attention(const torch::Tensor& q, const torch::Tensor& kv_cache
 // The same on Hopper's warpgroup MMA (csrc/attention/int8_verify_wgmma.cu; registered where the
 // extension was built with sm_90 among its architectures, runs on compute capability 9.0):
 // head sizes 128 and 256, exact Q.K; lazy_max as for int8_verify_attention; tma: the stage
-// copies as TMA boxes of a tensor map over the cache (vLLM's NHD layout, else an error); pair:
-// a CTA's two segments leave one partial, so the merge reads (num_segs + 1) / 2 of them (one:
-// the output is written directly).
+// copies as TMA boxes of a tensor map over the cache (vLLM's NHD layout, else an error).
 void int8_verify_wgmma_attention(const torch::Tensor& q, const torch::Tensor& kv_cache,
                                  const torch::Tensor& block_table, const torch::Tensor& seq_lens,
                                  const torch::Tensor& query_start_loc,
                                  const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
                                  torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
                                  int64_t max_q, int64_t num_segs, int64_t min_tiles,
-                                 bool lazy_max, int64_t pdl, bool tma, bool pair);
+                                 bool lazy_max, int64_t pdl, bool tma);
 
 // y [M, N] = W_st @ x for a bf16 / fp16 prefill activation (M >= 128) on Hopper's warpgroup
 // MMA (csrc/pq2/wgmma_prefill.cu): x quantized to int8 per token and 128-group, then the

@@ -66,7 +66,7 @@ TORCH_LIBRARY(_C_prism, m) {
       "int8_verify_wgmma_attention(Tensor q, Tensor kv_cache, Tensor block_table, "
       "Tensor seq_lens, Tensor query_start_loc, Tensor? req_ids, Tensor(a!) out, "
       "Tensor(b!) part_o, Tensor(c!) part_lse, float scale, int max_q, int num_segs, "
-      "int min_tiles, bool lazy_max=False, int pdl=0, bool tma=False, bool pair=False) -> ()");
+      "int min_tiles, bool lazy_max=False, int pdl=0, bool tma=False) -> ()");
   m.impl("int8_verify_wgmma_attention", c10::kCUDA, &int8_verify_wgmma_attention);
 #endif
 }

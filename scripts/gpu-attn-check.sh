@@ -27,4 +27,4 @@ timeout "${PRISM_BENCH_TIMEOUT:-170}" python3 benchmarks/kernels/bench_attention
   --contexts "${2:-32768,131072}" --deadline 30 --out "$OUT" > "$OUT/bench.log" 2>&1
 echo "bench rc $?"
 # the INT8 CUDA rows: decode and every verification form
-grep -hE '^\| (decode|verify) \| cuda( wgmma)?( tma)?( pair)?( bf16)?( bulk copy)? \| int8' "$OUT"/attention_*.md
+grep -hE '^\| (decode|verify) \| cuda( wgmma)?( tma)?( bf16)?( bulk copy)? \| int8' "$OUT"/attention_*.md

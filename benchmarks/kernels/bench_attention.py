@@ -13,8 +13,7 @@ request, vLLM's NHD paged cache with block size 16 and a shuffled block table.
   or ``cuda cp.async copy``; compute capability 9.0), the other maxima form and, where it can
   run (sm_90a build, compute capability 9.0), the verification kernel's warpgroup-MMA forms
   (``cuda wgmma``, its producer on cp.async, ``cuda wgmma tma``, on a TMA tensor map over
-  the cache, ``cuda wgmma tma pair``, a CTA's two segments merged into one partial, and
-  ``cuda wgmma tma bf16``, its partials in bf16; with ``vs_decode``).
+  the cache, and ``cuda wgmma tma bf16``, its partials in bf16; with ``vs_decode``).
   The ``cuda`` verification rows are its mma form (int8_verify.cu), whatever the library's
   default (``auto``: ``cuda wgmma tma`` where it can serve the call).
 * noncausal: a DFlash drafter's 6-token block against the whole context (no mask), split,
@@ -371,20 +370,16 @@ def main() -> None:
                             print(json.dumps(rec), flush=True)
                         # the warpgroup-MMA forms (opt-in: its producer on cp.async, or on a
                         # TMA tensor map), against the default
-                        # (and the TMA form with a CTA's two segments merged in the CTA, and
-                        # with bf16 partials)
-                        for form, pair, bf16 in ((("wgmma", False, False),
-                                                  ("wgmma_tma", False, False),
-                                                  ("wgmma_tma", True, False),
-                                                  ("wgmma_tma", False, True))
-                                                 if wgmma_ready() else ()):
-                            label = (f"cuda {form.replace('_', ' ')}{' pair' if pair else ''}"
-                                     f"{' bf16' if bf16 else ''}")
+                        # (and the TMA form with bf16 partials)
+                        for form, bf16 in ((("wgmma", False), ("wgmma_tma", False),
+                                            ("wgmma_tma", True))
+                                           if wgmma_ready() else ()):
+                            label = f"cuda {form.replace('_', ' ')}{' bf16' if bf16 else ''}"
                             rec = cuda_variant_record(
                                 cache, ctx, ql, us, bytes_, read_bw, label,
-                                {"VERIFY_FORM": form, "VERIFY_PAIR_MERGE": pair,
+                                {"VERIFY_FORM": form,
                                  "PARTIALS_DTYPE": torch.bfloat16 if bf16 else torch.float32},
-                                dict(form=form, pair_merge=pair))
+                                dict(form=form))
                             rec["vs_decode"] = round(rec["us"] / dec, 3)
                             res["records"].append(rec)
                             print(json.dumps(rec), flush=True)

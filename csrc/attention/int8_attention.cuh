@@ -94,9 +94,7 @@ inline bool int8_verify_tma_layout(const Int8AttnParams& p, int64_t row) {
          p.stride_cn % 16 == 0 && p.stride_ch % 8 == 0 && p.stride_ch >= row &&
          (p.num_kv_heads - 1) * p.stride_ch + row <= p.stride_cn;
 }
-// pair: a CTA's two segments merged in the CTA into one partial, (num_segs + 1) / 2 of them
-// (the output itself where that is one).
-cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int64_t num_blocks, bool pair,
+cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int64_t num_blocks,
                                      int num_selected, cudaStream_t stream);
 
 }  // namespace vllm_prism

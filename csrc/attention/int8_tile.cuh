@@ -144,10 +144,8 @@ __device__ __forceinline__ uint32_t ld_u32(const uint8_t* p) {
   return *reinterpret_cast<const uint32_t*>(p);
 }
 
-// 8 query values from `q` (fp16 or bf16), scaled, as floats.
-__device__ __forceinline__ void load_q8_f32(const void* q, int dtype, float scale,
-                                            float (&v)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(q);
+// 8 query values (fp16 or bf16, as loaded: `raw`), scaled, as floats.
+__device__ __forceinline__ void q8_f32(const uint4& raw, int dtype, float scale, float (&v)[8]) {
   const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -157,6 +155,12 @@ __device__ __forceinline__ void load_q8_f32(const void* q, int dtype, float scal
     v[2 * i] = f.x * scale;
     v[2 * i + 1] = f.y * scale;
   }
+}
+
+// 8 query values from `q` (fp16 or bf16), scaled, as floats.
+__device__ __forceinline__ void load_q8_f32(const void* q, int dtype, float scale,
+                                            float (&v)[8]) {
+  q8_f32(*reinterpret_cast<const uint4*>(q), dtype, scale, v);
 }
 
 // 8 query values from `q` (fp16 or bf16) scaled into fp16 pairs.

@@ -30,11 +30,11 @@
 // builds its P^T against its columns' running maxima and the running V-scale maximum as they
 // stand (no tile maxima, no stage V-scale maximum) and checks its own values against them: a
 // score more than kLazyHeadroom (log2) above its column's maximum, a column without one yet, or
-// a V scale above the running maximum is out of bounds. One barrier that ORs the verdicts
-// (bar.red.or) then publishes P^T: none out of bounds, and O^T += V^T . P^T follows at once
-// with nothing rescaled (P <= 2^8 in fp16); any, and every warp redoes the stage the exact way
-// above. Two barriers a stage instead of three while the maxima hold (0.89-0.97x the time at
-// 128K on the H200, attention_h200_notes.md).
+// a V scale more than kLazyVScaleHeadroom (64) times the running maximum is out of bounds.
+// One barrier that ORs the verdicts (bar.red.or) then publishes P^T: none out of bounds, and
+// O^T += V^T . P^T follows at once with nothing rescaled (P <= 2^14 in fp16); any, and every
+// warp redoes the stage the exact way above. Two barriers a stage instead of three while the
+// maxima hold (0.89-0.97x the time at 128K on the H200, attention_h200_notes.md).
 //
 // The head's rows (2 hd + 8 bytes) go into shared memory rows padded to a stride of 8 words mod
 // 32 by cp.async, two stages (the next one copied while the current one is computed): with
@@ -405,11 +405,12 @@ __global__ void __launch_bounds__(VShape<HD, NT, IQK, DS>::kThreads, 2)
         // The lazy path (after the first stage): P against the running maxima and the running
         // V-scale maximum as they are, no tile maxima exchanged; valid where no score of the
         // stage exceeds its column's maximum by more than kLazyHeadroom (P <= 2^8 in fp16) and
-        // no V scale the running maximum. One barrier that also ORs the lanes' verdicts: if
-        // any lane's values leave those bounds the stage is redone on the exact path below.
+        // no V scale the running maximum by kLazyVScaleHeadroom. One barrier that also ORs the
+        // lanes' verdicts: if any lane's values leave those bounds the stage is redone on the
+        // exact path below.
         if (st > 0) {
           const float inv_ref = 1.f / run_vmax;
-          bool over = tr.vs_g > run_vmax || tr.vs_g8 > run_vmax;
+          bool over = lazy_vscale_over(tr, run_vmax);
           float linc[NH][2];
 #pragma unroll
           for (int n = 0; n < NN; ++n) {

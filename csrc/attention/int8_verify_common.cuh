@@ -124,6 +124,12 @@ __device__ __forceinline__ void copy_stage_rows(const Int8AttnParams& p, const V
 
 // Lazy maxima: how far (log2) a score may exceed its column's running maximum (P <= 2^8 in fp16).
 constexpr float kLazyHeadroom = 8.f;
+// and how far a row's V scale may exceed the running V-scale maximum the lazy P is scaled by:
+// P times the ratio stays <= 2^14 in fp16 (its largest finite value is 65504). A stage whose
+// V scales pass the running maximum by less stays lazy (before, the 2026-12-06 profile: about
+// a fifth of the stages were redone exactly on a V-scale record, most of them a few percent
+// past it).
+constexpr float kLazyVScaleHeadroom = 64.f;
 
 // A lane's two rows of a tile: their positions, K and V scales (a V scale past the context is
 // 0: those slots hold garbage), and whether the tile reaches the causal tail.
@@ -179,6 +185,12 @@ __device__ __forceinline__ float tile_rows_sum(float ls) {
 #pragma unroll
   for (int o = 4; o < 32; o <<= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
   return ls;
+}
+
+// Whether a lane's two rows leave the lazy path's V-scale bound (kLazyVScaleHeadroom) against
+// the running V-scale maximum run_vmax.
+__device__ __forceinline__ bool lazy_vscale_over(const TileRows& r, float run_vmax) {
+  return fmaxf(r.vs_g, r.vs_g8) > run_vmax * kLazyVScaleHeadroom;
 }
 
 // The lazy path's P of one column: the scores against the running maximum mo as it stands
@@ -254,6 +266,13 @@ __device__ __forceinline__ void start_first_stage(const Int8AttnParams& p, const
   pdl_wait();
   if (!early && w.n_stages > 0) issue(0);
   cp_async_commit();
+}
+
+// The query token of column `col` (= token x group + head), inv_group = 1 / group: a float
+// product instead of an integer division (a column is below 64, so (col + 0.5) / group stays
+// at least 1 / (2 group) away from an integer, far past the product's rounding).
+__device__ __forceinline__ int column_token(int col, float inv_group) {
+  return static_cast<int>((static_cast<float>(col) + 0.5f) * inv_group);
 }
 
 // Four consecutive dimensions from `d` of query token `tq`, query head `hq`: into the output

@@ -71,7 +71,7 @@ void int8_verify_wgmma_attention(const torch::Tensor& q, const torch::Tensor& kv
                                  const std::optional<torch::Tensor>& req_ids, torch::Tensor& out,
                                  torch::Tensor& part_o, torch::Tensor& part_lse, double scale,
                                  int64_t max_q, int64_t num_segs, int64_t min_tiles,
-                                 bool lazy_max, int64_t pdl, bool tma, bool pair) {
+                                 bool lazy_max, int64_t pdl, bool tma) {
   const char* op = "int8_verify_wgmma_attention";
   int64_t n_sel = 0;
   vllm_prism::Int8AttnParams p =
@@ -91,7 +91,7 @@ void int8_verify_wgmma_attention(const torch::Tensor& q, const torch::Tensor& kv
               "cache, slot and block stride (vLLM's NHD layout); this kv_cache has strides ",
               kv_cache.strides());
   const cudaError_t err = vllm_prism::int8_verify_wgmma_launch(
-      p, tma ? kv_cache.size(0) : 0, pair, static_cast<int>(n_sel),
+      p, tma ? kv_cache.size(0) : 0, static_cast<int>(n_sel),
       at::cuda::getCurrentCUDAStream().stream());
   TORCH_CHECK(err == cudaSuccess, op, ": launch failed: ", cudaGetErrorString(err));
 }

@@ -15,9 +15,8 @@
 // VLLM_PRISM_ATTN_VERIFY_FORM=wgmma_tma, 2026-12-05; its boxes land in any order, so it
 // issues a stage only once the stage kTmaLag before has landed: produce_tma), consumer
 // warpgroup c computes segment 2 blockIdx.z + c (its stages are the even / odd ones of the
-// ring's order) and writes that segment's partial, or (WgmmaParams::pair) consumer 0 writes the
-// pair's, consumer 1's softmax state merged into its own (pair_merge). The ring's full and empty mbarriers are the
-// only synchronisation between the producer and a consumer, a consumer's own steps are ordered
+// ring's order) and writes that segment's partial (through the ring's buffers once both loops
+// are done: write_output). The ring's full and empty mbarriers are the only synchronisation between the producer and a consumer, a consumer's own steps are ordered
 // by its named barrier (128 threads), so neither consumer waits for a copy issue or for the
 // other (FlashAttention-3's producer / consumer split; the form with one warpgroup that copied
 // its own stages behind CTA barriers, the thirty-second session's, spent about a sixth of its
@@ -45,9 +44,10 @@
 // Three barriers a stage as the exact form of int8_verify.cu, two with its lazy maxima
 // (p.lazy_max, LM: from the second stage on P against the running maxima as they stand, one
 // barrier that publishes P^T and ORs the lanes' verdicts, the stage redone exactly where a
-// score passes its maximum by 2^8 or a V scale the running maximum). The instructions a stage
-// are the point: 16 + 16 MMA instructions a warp where the mma.sync form issues 160 a tile and
-// builds K twice (attention_h200_notes.md, tenth session). Head sizes 128 and 256, exact Q.K.
+// score passes its maximum by 2^8 or a V scale the running maximum by 64x). The instructions
+// a stage are the point: 16 + 16 MMA instructions a warp where the mma.sync form issues 160 a
+// tile and builds K twice (attention_h200_notes.md, tenth session). Head sizes 128 and 256,
+// exact Q.K.
 // scripts/emulate_verify_wgmma.py runs this index mapping lane by lane on the CPU against a
 // float reference: a change to it goes there too, and is checked there before a GPU.
 #include <cuda.h>
@@ -88,10 +88,10 @@ static_assert(kGroupThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <
               "the consumers' registers come from the producers'");
 
 // named barriers (0 is __syncthreads): both consumers (Q^T), then one a consumer, then both
-// consumers again (the pair merge, WgmmaParams::pair)
+// consumers again (after both loops: the output through the ring's buffers, write_output)
 constexpr int kBarQuery = 1;
 constexpr int kBarConsumer = 2;
-constexpr int kBarPair = kBarConsumer + kConsumers;
+constexpr int kBarBoth = kBarConsumer + kConsumers;
 
 template <int HD, int NT>
 struct WShape {
@@ -115,11 +115,13 @@ struct WShape {
   static constexpr int kRedOff = kPOff + kConsumers * kPBytes;
   static constexpr int kBarOff = kRedOff + kConsumers * kRedFloats * 4;  // full, then empty
   static constexpr int kSmem = kBarOff + 2 * kRing * 8;
-  // the pair merge (WgmmaParams::pair): consumer 1's O^T (a thread's MB x 4 NT floats, true
-  // units), then its columns' maxima and row sums, in the ring's buffers once both loops end
-  static constexpr int kPairOFloats = kMBlocks * 4 * NT * kGroupThreads;
-  static constexpr int kPairBytes = (kPairOFloats + 2 * kN) * 4;
-  static_assert(kPairBytes <= kRing * kStageBytes, "the pair merge fits in the ring");
+  // the output through shared memory (write_output): a consumer's columns' O, fp32, a column
+  // kOStride floats (4 past HD: a warp's stores of its 4 t lanes' columns land on distinct
+  // banks), then a factor a column; consumer c's in the ring's bytes from c kOutBytes
+  static constexpr int kOStride = HD + 4;
+  static constexpr int kOutBytes = (kN * kOStride + kN) * 4;
+  static_assert(kConsumers * kOutBytes <= kRing * kStageBytes && kOutBytes % 16 == 0,
+                "both consumers' outputs fit in the ring");
   static_assert(HD == 128 || HD == 256, "head sizes 128 and 256");
   static_assert(kSRow >= kRow + 8 && (kSRow / 4) % 32 == 8 && kSRow % 16 == 0, "row layout");
   static_assert(kStageBytes % 128 == 0 && kQOff % 128 == 0 && kPOff % 128 == 0 &&
@@ -130,28 +132,53 @@ struct WShape {
 // Q^T into shared memory as the S^T MMAs' B operand: column c = token * group + head (zero past
 // the request's columns), scaled by qk_scale, fp16. Dimension 32 kk + 8 t + j is k index
 // 32 kk + 8 (j / 2) + 2 t + j % 2 (the order of the K fragments, above); element (c, k) at byte
-// (c / 8) kQSbo + (k / 8) 128 + (c % 8) 16 + (k % 8) 2.
-template <int HD, int NT>
+// (c / 8) kQSbo + (k / 8) 128 + (c % 8) 16 + (k % 8) 2. With kAllLoads a thread issues all its
+// 16-byte loads before it converts and stores any (else one load in flight at a time: they
+// were a tenth of the stall samples at 32K, Nsight Compute, 2026-12-06); the kernel asks for
+// it in its lazy form only, since the exact form at head size 256 and 5 n-tiles spills 8
+// bytes with it.
+template <int HD, int NT, bool kAllLoads>
 __device__ __forceinline__ void stage_query_t(const Int8AttnParams& p, int kvh, int q_start,
                                               int n_cols, uint8_t* qs) {
   using S = WShape<HD, NT>;
   constexpr int kChunks = HD / 8;
-  for (int i = threadIdx.x; i < S::kN * kChunks; i += kConsumerThreads) {
+  constexpr int kItems = S::kN * kChunks;
+  constexpr int kIters = (kItems + kConsumerThreads - 1) / kConsumerThreads;
+  // the query's 16 bytes of item i (c, d), zeros past the request's columns
+  auto load = [&](int i) {
     const int c = i / kChunks;
-    const int d = (i - c * kChunks) * 8;
-    float v[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-    if (c < n_cols) {
+    uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+    if (i < kItems && c < n_cols) {
       const int tq = c / p.group;
       const int hq = kvh * p.group + (c - tq * p.group);
       const int64_t elem = static_cast<int64_t>(q_start + tq) * p.stride_qt +
-                           static_cast<int64_t>(hq) * p.stride_qh + d;
-      load_q8_f32(reinterpret_cast<const uint8_t*>(p.q) + elem * 2, p.q_dtype, p.qk_scale, v);
+                           static_cast<int64_t>(hq) * p.stride_qh + (i - c * kChunks) * 8;
+      raw = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint8_t*>(p.q) + elem * 2);
     }
+    return raw;
+  };
+  auto store = [&](int i, const uint4& raw) {
+    const int c = i / kChunks;
+    const int d = (i - c * kChunks) * 8;
+    float v[8];
+    q8_f32(raw, p.q_dtype, p.qk_scale, v);  // zeros stay zeros
     const int kk = d / 32, t = (d % 32) / 8;
     uint8_t* dst = qs + (c >> 3) * S::kQSbo + (c & 7) * 16 + 4 * t + 4 * kk * 128;
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       *reinterpret_cast<uint32_t*>(dst + j * 128) = pack_f16x2(v[2 * j], v[2 * j + 1]);
+  };
+  if constexpr (kAllLoads) {
+    uint4 raw[kIters];
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) raw[it] = load(threadIdx.x + it * kConsumerThreads);
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int i = threadIdx.x + it * kConsumerThreads;
+      if (i < kItems) store(i, raw[it]);
+    }
+  } else {
+    for (int i = threadIdx.x; i < kItems; i += kConsumerThreads) store(i, load(i));
   }
 }
 
@@ -171,15 +198,10 @@ __device__ __forceinline__ void v_pairs(uint32_t w_a, uint32_t w_b, uint32_t k64
 // elements), 1 the block's slots, 2 the blocks; a box is one head's 16 slots of a tile, kSRow
 // bytes a row from the 16-byte boundary at or before the head's row (its row, the neighbours'
 // bytes around it, or zeros past the last head).
-// pair 1: the CTA's two segments leave one partial, slot blockIdx.z (consumer 0 merges consumer
-// 1's softmax state into its own through shared memory): (num_segs + 1) / 2 partials, written
-// to the output itself where that is one. Half the partials' bytes, written and read back by
-// the merge: 9.7 MB of fp32 for 6 tokens at 32K (27B layer, 66 segments a KV head).
 struct WgmmaParams {
   CUtensorMap rows;
   Int8AttnParams p;
   int tma;
-  int pair;
 };
 
 // The producer warp's loop: the stages of the CTA's two segments (w0, w1) in the ring's order
@@ -224,7 +246,13 @@ __device__ __forceinline__ void produce_ring(const Int8AttnParams& p, const Veri
 
 // The producer warp with the tensor map: lane l < kTiles copies tile l of each stage (its block
 // and slot read a stage ahead) in one TMA box; lane 0's arrival sets the stage's bytes on the
-// full mbarrier, the other lanes arrive at once (the stage is in when the bytes are).
+// full mbarrier, the other lanes arrive at once (the stage is in when the bytes are). Lanes
+// kTiles .. 2 kTiles - 1 prefetch the same segment's stage kPrefetch ahead into L2 as they go:
+// the lag rule (produce_tma's fill) keeps at most kRing - 2 stages in flight, and the loop
+// waited on them for 27-30 % of its stall samples (Nsight Compute, 2026-12-06), so the
+// boxes issued later find their rows in L2.
+constexpr int kPrefetch = 2;
+
 template <int HD, int NT>
 __device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUtensorMap* rows,
                                             int kvh, int shift, const VerifyWork& w0,
@@ -237,12 +265,15 @@ __device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUten
   // the cp.async producer's
   const int c0 = static_cast<int>((kvh * p.stride_ch - shift) / 8);
   struct Tile {
-    int slot, blk;  // blk -1: no tile
+    int slot, blk;  // blk -1: no tile (this lane's box, or its prefetch)
   };
+  // the lane's tile of stage j (lanes below kTiles) or of stage j + kPrefetch (the next
+  // kTiles lanes)
   auto tile_of = [&](const VerifyWork& wc, int j) {
     Tile t{0, -1};
-    const int tl = wc.t0 + j * kTiles + lane;
-    if (lane < kTiles && j < wc.n_stages && tl < wc.n_tiles) {
+    const int sj = lane < kTiles ? j : j + kPrefetch;
+    const int tl = wc.t0 + sj * kTiles + lane % kTiles;
+    if (lane < 2 * kTiles && sj < wc.n_stages && tl < wc.n_tiles) {
       const int pos = tl * kTileSlots;
       t.slot = pos % p.block_size;
       t.blk = wc.bt[pos / p.block_size];
@@ -261,12 +292,16 @@ __device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUten
       const int done = k - S::kTmaLag;
       mbar_wait(&full[done % S::kRing], (done / S::kRing) & 1);
     }
-    const int tiles = __popc(__ballot_sync(~0u, t.blk >= 0));
+    const int tiles = __popc(__ballot_sync(~0u, t.blk >= 0) & ((1u << kTiles) - 1));
     if (lane == 0) mbar_expect_tx(&full[buf], tiles * kSlots * S::kSRow);
     else mbar_arrive(&full[buf]);
-    if (t.blk >= 0)
-      tma_load_3d(smem + buf * S::kStageBytes + lane * kSlots * S::kSRow, rows, c0, t.slot,
-                  t.blk, &full[buf]);
+    if (t.blk >= 0) {
+      if (lane < kTiles)
+        tma_load_3d(smem + buf * S::kStageBytes + lane * kSlots * S::kSRow, rows, c0, t.slot,
+                    t.blk, &full[buf]);
+      else
+        tma_prefetch_3d(rows, c0, t.slot, t.blk);
+    }
   };
   produce_ring<S::kRing>(p, w0, w1, n_max, full + S::kRing, tile_of, fill);
 }
@@ -312,71 +347,61 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
   cp_async_wait<0>();
 }
 
-// The pair merge of a CTA's two segments (WgmmaParams::pair), after both consumers' stage loops
-// (so every stage has landed and been read: the ring's buffers are free; with the TMA producer
-// that rests on its lag rule, produce_tma, as the ring itself does). Consumer 1 writes its
-// O^T in true units (times its running V-scale maximum) thread by thread, and its columns'
-// maxima and row sums; consumer 0 (the same lane holds the same rows and columns in both)
-// rescales both to the larger maximum and adds them: its oacc, m and lsum become the pair's,
-// run_vmax 1. Returns whether this consumer goes on to write (consumer 0).
+// A consumer's output (its segment's partial, or the output where `direct`): each lane puts
+// its O^T elements (raw accumulators) as four consecutive dimensions of a column into `ob`
+// (S::kOutBytes of the free ring), the first warp's g = 0 lanes each column's factor (run_vmax
+// over its row sum; -1 where an empty segment leaves no partial), then the warpgroup stores
+// 16-byte pieces in order, a warp's 32 pieces consecutive dimensions of one column. One short
+// loop instead of the lanes' unrolled stores, a division and the output's 64-bit address a
+// store each (the end was a sixth of the stall samples at 32K, mostly instruction-cache misses
+// and the divisions: Nsight Compute, 2026-12-06).
 template <int HD, int NT>
-__device__ __forceinline__ bool pair_merge(int c, int wwarp, int g, int t, int n_cols,
-                                           float (&oacc)[HD / 64][4 * NT], float (&m)[NT][2],
-                                           float (&lsum)[NT][2], float& run_vmax,
-                                           uint8_t* smem) {
+__device__ __forceinline__ void write_output(const Int8AttnParams& p, const VerifyWork& w, int kvh,
+                                             int sel, int slot, bool direct, float inv_group,
+                                             int wwarp, int g, int t,
+                                             const float (&oacc)[HD / 64][4 * NT],
+                                             const float (&lsum)[NT][2], float run_vmax,
+                                             uint8_t* ob_bytes, int bar) {
   using S = WShape<HD, NT>;
-  constexpr int MB = S::kMBlocks;
-  float* xo = reinterpret_cast<float*>(smem);
-  float* xm = xo + S::kPairOFloats;
-  float* xl = xm + S::kN;
-  const int tid = threadIdx.x % kGroupThreads;
-  named_sync<kConsumerThreads>(kBarPair);  // both loops are done: the ring is free
-  if (c == 1) {
+  float* ob = reinterpret_cast<float*>(ob_bytes);
+  float* fac = ob + S::kN * S::kOStride;
 #pragma unroll
-    for (int b = 0; b < MB; ++b)
-#pragma unroll
-      for (int i = 0; i < 4 * NT; ++i)
-        xo[(b * 4 * NT + i) * kGroupThreads + tid] = oacc[b][i] * run_vmax;
-    if (wwarp == 0 && g == 0) {
-#pragma unroll
-      for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int col = 8 * n + 2 * t + e;
-          xm[col] = m[n][e];
-          xl[col] = lsum[n][e];
-        }
-    }
-    named_sync<kConsumerThreads>(kBarPair);
-    return false;
-  }
-  named_sync<kConsumerThreads>(kBarPair);  // consumer 1's state is in
-  float f0[NT][2], f1[NT][2];
-#pragma unroll
-  for (int n = 0; n < NT; ++n)
+  for (int n = 0; n < NT; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int col = 8 * n + 2 * t + e;
-      const float m1 = col < n_cols ? xm[col] : -INFINITY;
-      const float l1 = col < n_cols ? xl[col] : 0.f;
-      const float mx = fmaxf(m[n][e], m1);
-      // an empty segment's maximum is -inf: its weight 0 (both empty: no partial)
-      const float w0 = mx == -INFINITY ? 0.f : exp2f(m[n][e] - mx);
-      const float w1 = mx == -INFINITY ? 0.f : exp2f(m1 - mx);
-      f0[n][e] = w0 * run_vmax;
-      f1[n][e] = w1;
-      m[n][e] = mx;
-      lsum[n][e] = lsum[n][e] * w0 + l1 * w1;
-    }
+      float* oc = ob + col * S::kOStride;
+      if constexpr (HD == 256) {
 #pragma unroll
-  for (int b = 0; b < MB; ++b)
-#pragma unroll
-    for (int i = 0; i < 4 * NT; ++i) {
-      const int n = i / 4, e = i % 2;  // element i of a lane's O^T: column 8n + 2t + e
-      oacc[b][i] = oacc[b][i] * f0[n][e] + xo[(b * 4 * NT + i) * kGroupThreads + tid] * f1[n][e];
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<float4*>(oc + 4 * (16 * wwarp + g + 8 * h)) =
+              make_float4(oacc[0][4 * n + 2 * h + e], oacc[1][4 * n + 2 * h + e],
+                          oacc[2][4 * n + 2 * h + e], oacc[3][4 * n + 2 * h + e]);
+      } else {
+        *reinterpret_cast<float4*>(oc + 4 * (8 * wwarp + g)) =
+            make_float4(oacc[0][4 * n + e], oacc[0][4 * n + 2 + e], oacc[1][4 * n + e],
+                        oacc[1][4 * n + 2 + e]);
+      }
+      if (wwarp == 0 && g == 0) {
+        const float ls = lsum[n][e];
+        fac[col] = ls > 0.f ? run_vmax / ls : (direct ? 0.f : -1.f);
+      }
     }
-  run_vmax = 1.f;
-  return true;
+  }
+  named_sync<kGroupThreads>(bar);
+  constexpr int kPieces = HD / 4;
+  const int items = w.n_cols * kPieces;
+  for (int i = threadIdx.x % kGroupThreads; i < items; i += kGroupThreads) {
+    const int col = i / kPieces;
+    const int d = (i - col * kPieces) * 4;
+    const float f = fac[col];
+    if (f < 0.f) continue;  // an empty segment: the merge skips its partial
+    const float4 v = *reinterpret_cast<const float4*>(ob + col * S::kOStride + d);
+    const float o[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
+    const int tq = column_token(col, inv_group);
+    store_column(p, sel, slot, w.q_start, direct, tq, kvh * p.group + (col - tq * p.group), d,
+                 o);
+  }
 }
 
 // Consumer warpgroup c (its warp `wwarp` = the stage's tile) over its segment's stages: the
@@ -384,8 +409,7 @@ __device__ __forceinline__ bool pair_merge(int c, int wwarp, int g, int t, int n
 // call has one segment).
 template <int HD, int NT, bool LM>
 __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWork w, int c,
-                                        int seg, int n_max, int vshift, bool pair,
-                                        uint8_t* smem) {
+                                        int seg, int n_max, int vshift, uint8_t* smem) {
   using S = WShape<HD, NT>;
   constexpr int T = kTiles;
   constexpr int MB = S::kMBlocks;
@@ -507,11 +531,11 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
       // The lazy path (after the first stage; int8_verify.cu's): P against the running maxima
       // and the running V-scale maximum as they stand, valid where no score exceeds its
       // column's maximum by more than kLazyHeadroom (P <= 2^8 in fp16) and no V scale the
-      // running maximum; one barrier publishes P^T and ORs the verdicts, and a stage out of
-      // those bounds is redone exactly.
+      // running maximum by kLazyVScaleHeadroom; one barrier publishes P^T and ORs the
+      // verdicts, and a stage out of those bounds is redone exactly.
       if (st > 0) {
         const float inv_ref = 1.f / run_vmax;
-        bool over = tr.vs_g > run_vmax || tr.vs_g8 > run_vmax;
+        bool over = lazy_vscale_over(tr, run_vmax);
         float linc[NT][2];
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
@@ -674,19 +698,12 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
       lsum[n][e] = (red[col] + red[S::kN + col]) + (red[2 * S::kN + col] + red[3 * S::kN + col]);
     }
 
-  // ---- the pair merge: consumer 1 hands its state over, consumer 0 folds it into its own
-  int slot = seg;  // the partial this consumer writes
-  int parts = p.num_segs;  // partials of the call
-  if (pair) {
-    slot = blockIdx.z;
-    parts = (p.num_segs + 1) / 2;
-    if ((seg | 1) < p.num_segs) {  // both segments of the CTA exist
-      if (!pair_merge<HD, NT>(c, wwarp, g, t, w.n_cols, oacc, m, lsum, run_vmax, smem)) return;
-    }
-  }
+  const int slot = seg;  // the partial this consumer writes
+  const int parts = p.num_segs;  // partials of the call
 
   // f(n, e, tq, hq, ls) for this lane's columns 8n + 2t + e of the request: token tq, query
   // head hq, row sum ls
+  const float inv_group = 1.f / static_cast<float>(p.group);
   auto for_columns = [&](auto&& f) {
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
@@ -694,7 +711,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
       for (int e = 0; e < 2; ++e) {
         const int col = 8 * n + 2 * t + e;
         if (col >= w.n_cols) continue;
-        const int tq = col / p.group;
+        const int tq = column_token(col, inv_group);
         f(n, e, tq, kvh * p.group + (col - tq * p.group), lsum[n][e]);
       }
     }
@@ -708,27 +725,13 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
     });
   }
 
-  // ---- this lane's rows (dimensions) of its columns
-  const bool direct = parts == 1;
-  auto write = [&](int tq, int hq, int d, const float (&o)[4]) {
-    store_column(p, sel, slot, w.q_start, direct, tq, hq, d, o);
-  };
-  for_columns([&](int n, int e, int tq, int hq, float ls) {
-    if (!direct && !(ls > 0.f)) return;  // an empty segment: the merge skips its partial
-    const float inv = ls > 0.f ? run_vmax / ls : 0.f;
-    if constexpr (HD == 256) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const float o[4] = {oacc[0][4 * n + 2 * h + e] * inv, oacc[1][4 * n + 2 * h + e] * inv,
-                            oacc[2][4 * n + 2 * h + e] * inv, oacc[3][4 * n + 2 * h + e] * inv};
-        write(tq, hq, 4 * (16 * wwarp + g + 8 * h), o);
-      }
-    } else {
-      const float o[4] = {oacc[0][4 * n + e] * inv, oacc[0][4 * n + 2 + e] * inv,
-                          oacc[1][4 * n + e] * inv, oacc[1][4 * n + 2 + e] * inv};
-      write(tq, hq, 4 * (8 * wwarp + g), o);
-    }
-  });
+  // ---- O through shared memory: the ring's buffers are free once both loops are done. Where
+  // both consumers go on, a barrier of both, then each its own part; else this one is alone
+  // past the loops (every stage of the CTA landed and read)
+  const bool both = (seg | 1) < p.num_segs;
+  if (both) named_sync<kConsumerThreads>(kBarBoth);
+  write_output<HD, NT>(p, w, kvh, sel, slot, parts == 1, inv_group, wwarp, g, t, oacc, lsum,
+                       run_vmax, smem + (both ? c : 0) * S::kOutBytes, bar);
 }
 
 template <int HD, int NT, bool LM>
@@ -767,12 +770,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   setmaxnreg_inc<kConsumerRegs>();
   pdl_wait();  // the query is the kernel before's
-  stage_query_t<HD, NT>(p, kvh, w0.q_start, w0.n_cols, smem + S::kQOff);
+  stage_query_t<HD, NT, LM>(p, kvh, w0.q_start, w0.n_cols, smem + S::kQOff);
   fence_proxy_async();  // Q^T is read by both consumers' MMAs
   named_sync<kConsumerThreads>(kBarQuery);
   const int c = threadIdx.x / kGroupThreads;
-  consume<HD, NT, LM>(p, c ? w1 : w0, c, kConsumers * blockIdx.z + c, n_max, shift, wp.pair != 0,
-                      smem);
+  consume<HD, NT, LM>(p, c ? w1 : w0, c, kConsumers * blockIdx.z + c, n_max, shift, smem);
 }
 
 template <int HD, int NT, bool LM>
@@ -835,11 +837,10 @@ bool make_rows_map(const Int8AttnParams& p, int64_t num_blocks, CUtensorMap* map
 // num_blocks > 0: the producer on the tensor map (cudaErrorNotSupported where it cannot be
 // made); 0: on cp.async
 template <int HD>
-cudaError_t launch_with_map(const Int8AttnParams& p, int64_t num_blocks, bool pair,
-                            int num_selected, cudaStream_t stream) {
+cudaError_t launch_with_map(const Int8AttnParams& p, int64_t num_blocks, int num_selected,
+                            cudaStream_t stream) {
   WgmmaParams wp{};
   wp.p = p;
-  wp.pair = pair ? 1 : 0;
   if (num_blocks > 0) {
     if (!make_rows_map<HD>(p, num_blocks, &wp.rows)) return cudaErrorNotSupported;
     wp.tma = 1;
@@ -851,15 +852,15 @@ cudaError_t launch_with_map(const Int8AttnParams& p, int64_t num_blocks, bool pa
 
 bool int8_verify_wgmma_supported(int head_dim) { return head_dim == 128 || head_dim == 256; }
 
-cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int64_t num_blocks, bool pair,
+cudaError_t int8_verify_wgmma_launch(const Int8AttnParams& p, int64_t num_blocks,
                                      int num_selected, cudaStream_t stream) {
   if (num_selected <= 0 || p.num_kv_heads <= 0 || p.num_segs <= 0) return cudaSuccess;
   if (p.group < 1 || p.max_q < 1 || p.group * p.max_q > kInt8VerifyMaxCols ||
       p.block_size % kSlots != 0 || p.int_qk)
     return cudaErrorInvalidValue;
   switch (p.head_dim) {
-    case 128: return launch_with_map<128>(p, num_blocks, pair, num_selected, stream);
-    case 256: return launch_with_map<256>(p, num_blocks, pair, num_selected, stream);
+    case 128: return launch_with_map<128>(p, num_blocks, num_selected, stream);
+    case 256: return launch_with_map<256>(p, num_blocks, num_selected, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -378,39 +378,35 @@ def _tma_served(form: str, nkv: int, hs: int, layout: str) -> str:
 
 
 @needs_wgmma
-@pytest.mark.parametrize("pair", [False, True], ids=["segment", "pair"])
 @pytest.mark.parametrize("form", WGMMA_FORMS)
 @pytest.mark.parametrize("lazy_max", [False, True])
 @pytest.mark.parametrize("shape", [s for s in VERIFY_SHAPES if s[2] in (128, 256)],
                          ids=lambda s: "kv{}_g{}_hs{}_bs{}_{}".format(*s[:5]))
-def test_cuda_verify_wgmma(shape, lazy_max, form, pair, monkeypatch):
+def test_cuda_verify_wgmma(shape, lazy_max, form, monkeypatch):
     """The verification kernel's warpgroup-MMA form at every head size it has (128, 256):
     2..8 query tokens, requests of different lengths in one launch, the causal tail inside a
     tile and across tiles, contexts to 70K, many segments and one, NHD (heads at 0 or 8 mod
     16) and HND, fp16 and bf16 queries, the exact per-stage softmax and the lazy maxima; every
     launch served by that form. A CTA computes two segments (one a consumer warpgroup), so
     odd segment counts (the last CTA's second consumer past the split) are checked too. Both
-    producers: cp.async ("wgmma") and TMA boxes ("wgmma_tma", where the layout allows). With
-    ``pair`` a CTA merges its two segments into one partial (VERIFY_PAIR_MERGE): 2 segments
-    write the output directly, 3 and 7 leave the last CTA's segment unpaired."""
+    producers: cp.async ("wgmma") and TMA boxes ("wgmma_tma", where the layout allows). Each
+    consumer writes its output through the ring's buffers once both loops are done (a
+    barrier of both; alone where the CTA's second segment is past the split: 3 and 7)."""
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
-    monkeypatch.setattr(cuda_decode, "VERIFY_PAIR_MERGE", pair)
     served = _wgmma_form(monkeypatch, form)
     _check_cuda_segmentations(_verify_batch(shape), verify_attention, (None, 1, 2, 3, 7))
     assert served == [_tma_served(form, shape[0], shape[2], shape[4])] * 5
 
 
 @needs_wgmma
-@pytest.mark.parametrize("pair", [False, True], ids=["segment", "pair"])
 @pytest.mark.parametrize("form", WGMMA_FORMS)
 @pytest.mark.parametrize("lazy_max", [False, True])
 @pytest.mark.parametrize("case", VERIFY_COLUMN_CASES, ids=lambda c: f"g{c[0]}_q{c[1]}")
-def test_cuda_verify_wgmma_columns(case, lazy_max, form, pair, monkeypatch):
+def test_cuda_verify_wgmma_columns(case, lazy_max, form, monkeypatch):
     """The warpgroup-MMA form at every MMA width it is compiled for (8 to 48 columns: 1 to 6
     n-tiles), requests narrower than the widest in the same launch, at the 27B layer's shape;
-    both maxima forms, both producers, a partial a segment or a CTA's pair merged."""
+    both maxima forms, both producers."""
     monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", lazy_max)
-    monkeypatch.setattr(cuda_decode, "VERIFY_PAIR_MERGE", pair)
     served = _wgmma_form(monkeypatch, form)
     _check_cuda_segmentations(_columns_batch(case), verify_attention)
     assert served == [form, form]
@@ -498,6 +494,33 @@ def test_cuda_verify_lazy_max_spikes(q_len, form, monkeypatch):
         write_kv(b.cache, k, v, blocks * bs + pos % bs)
     ref = _ref(b)
     assert rel_err(ref_before, ref) > 0.5  # the spikes dominate the output
+    _check_cuda_segmentations(b, verify_attention)
+    assert served is None or served == [form, form]
+
+
+@needs_c
+@pytest.mark.parametrize("form", ["mma"] + [pytest.param(f, marks=needs_wgmma)
+                                             for f in WGMMA_FORMS])
+@pytest.mark.parametrize("v_gain", [8.0, 1e8])
+def test_cuda_verify_lazy_vscale_headroom(v_gain, form, monkeypatch):
+    """The lazy maxima's V-scale bound (kLazyVScaleHeadroom, 64x the running V-scale maximum):
+    values every 97th position from a fifth of the context on, ``v_gain`` times the others.
+    8x stays on the lazy path (P times 8 in fp16) and must still match the fp32 reference;
+    1e8x is past the bound and must be redone exactly: a lazy P scaled by it overflows fp16,
+    so a kernel without the bound fails here. Both change the output (a kernel that skipped
+    those rows would fail too)."""
+    monkeypatch.setattr(cuda_decode, "VERIFY_LAZY_MAX", True)
+    served = _wgmma_form(monkeypatch, form) if form != "mma" else None
+    b = make_batch([5000, 70001], [6, 6], torch.int8, device="cuda", seed=33)
+    ref_before = _ref(b)
+    gen = torch.Generator(device="cuda").manual_seed(34)
+    for r, n in enumerate(b.seq_lens):
+        pos = torch.arange(n // 5, n - 6, 97, device="cuda")
+        v = torch.randn(len(pos), HKV, b.q.shape[-1], device="cuda", generator=gen) * v_gain
+        k = torch.randn(len(pos), HKV, b.q.shape[-1], device="cuda", generator=gen)
+        blocks = b.block_table[r][pos // 16].long()  # make_batch's block size
+        write_kv(b.cache, k, v, blocks * 16 + pos % 16)
+    assert rel_err(ref_before, _ref(b)) > 0.1
     _check_cuda_segmentations(b, verify_attention)
     assert served is None or served == [form, form]
 

@@ -121,12 +121,11 @@ def _fake_verify_ops(monkeypatch) -> list:
     return calls
 
 
-def _launch(kv_cache: torch.Tensor, head_size: int = 256, int_qk: bool = False,
-            pair: bool | None = None) -> str:
+def _launch(kv_cache: torch.Tensor, head_size: int = 256, int_qk: bool = False) -> str:
     """A 6-token verification call of 24 query heads on ``kv_cache``; the form that ran."""
     q = torch.empty(6, 24, head_size, dtype=torch.bfloat16)
     return cuda_decode.launch_cuda_verify(q, kv_cache, *(None,) * 7, 0.0625, 6, 4,
-                                          int_qk=int_qk, pair=pair)
+                                          int_qk=int_qk)
 
 
 def test_verify_form_switch(monkeypatch):
@@ -162,11 +161,11 @@ def test_verify_form_switch(monkeypatch):
                                      "wgmma"]
     wg = [a for form, a in calls if form == "wgmma"]
     # the wgmma op: the call's tensors, scale, max_q, segments, MIN_TILES, lazy maxima, pdl,
-    # tma (off: the "wgmma" form's cp.async producer), pair merge (off by default)
+    # tma (off: the "wgmma" form's cp.async producer)
     assert all(a is b for a, b in zip(wg[0][:9], args[:9], strict=True))
     assert wg[0][9:] == (0.0625, 6, 4, cuda_decode.MIN_TILES, cuda_decode.verify_lazy_max(),
-                         cuda_decode.pdl_mode(True), False, False)
-    assert wg[1][0] is q128 and wg[2][-3] == 0
+                         cuda_decode.pdl_mode(True), False)
+    assert wg[1][0] is q128 and wg[2][-2] == 0
     mma = [a for form, a in calls if form == "mma"]
     assert all(len(a) == 17 for a in mma) and mma[1][-4] is True  # int_qk kept
     monkeypatch.setattr(cuda_decode, "VERIFY_FORM", None)
@@ -197,7 +196,7 @@ def test_verify_form_wgmma_tma(monkeypatch):
     assert _launch(shifted) == "wgmma"
     assert _launch(nhd, int_qk=True) == "mma"
     assert [c[0] for c in calls] == ["wgmma"] * 5 + ["mma"]
-    assert [c[1][-2] for c in calls[:5]] == [True, True, False, False, False]
+    assert [c[1][-1] for c in calls[:5]] == [True, True, False, False, False]
     assert calls[0][1][1] is nhd
     assert cuda_decode.tma_layout_problem(nhd, 256) is None
     # HND with 16-byte aligned (padded) slot rows: aligned, but a slot's heads apart
@@ -357,7 +356,7 @@ def test_verify_form_auto(switch, monkeypatch, caplog):
         cap["v"] = (8, 9)
         assert _launch(nhd) == "mma"
     assert [c[0] for c in calls] == ["wgmma", "wgmma", "mma", "mma", "mma", "mma"]
-    assert calls[0][1][-2] is True  # the TMA producer
+    assert calls[0][1][-1] is True  # the TMA producer
     named = [r.getMessage() for r in caplog.records if "VERIFY_FORM" in r.getMessage()]
     assert not [r for r in caplog.records if r.levelname == "WARNING"]
     # the mma form named once per reason, each saying why auto fell back
@@ -371,34 +370,3 @@ def test_verify_form_auto(switch, monkeypatch, caplog):
             "the sm_90a warpgroup MMA runs on compute capability 9.0 only, not (8, 9)")]
 
 
-def test_verify_pair_merge(monkeypatch):
-    """VERIFY_PAIR_MERGE: the warpgroup-MMA op is told to merge a CTA's two segments (its last
-    argument), and the merge then reads (segments + 1) // 2 partials, none where that is one
-    (the kernel wrote the output); the mma form keeps a partial a segment either way."""
-    calls = _fake_verify_ops(monkeypatch)
-    monkeypatch.setattr(cuda_decode, "device_capability", lambda device: (9, 0))
-    monkeypatch.setenv("VLLM_PRISM_ATTN_VERIFY_FORM", "wgmma_tma")
-    nhd = make_kv_cache(3, 4, 16, 256, torch.int8, "NHD", "cpu")
-    assert _launch(nhd) == "wgmma_tma" and calls[-1][1][-1] is False
-    monkeypatch.setattr(cuda_decode, "VERIFY_PAIR_MERGE", True)
-    assert _launch(nhd) == "wgmma_tma" and calls[-1][1][-1] is True
-    assert [cuda_decode.verify_partials("wgmma_tma", n) for n in (1, 2, 3, 66, 67)] == \
-        [1, 1, 2, 33, 34]
-    assert cuda_decode.verify_partials("wgmma", 66) == 33
-    assert cuda_decode.verify_partials("mma", 66) == 66
-    monkeypatch.setattr(cuda_decode, "VERIFY_PAIR_MERGE", False)
-    assert cuda_decode.verify_partials("wgmma_tma", 66) == 66
-    # an explicit pair (what _cuda_split_kv reads once for the launch and the merge) wins
-    assert cuda_decode.verify_partials("wgmma_tma", 66, pair=True) == 33
-    assert _launch(nhd, pair=True) == "wgmma_tma" and calls[-1][1][-1] is True
-
-    merged = []
-    monkeypatch.setattr(split_mod, "launch_cuda_verify", lambda *a, **k: "wgmma_tma")
-    monkeypatch.setattr(split_mod, "_merge", lambda *a, **k: merged.append(a[7]))
-    b = make_batch([40, 300], [6, 6], torch.int8, block_size=16)
-    monkeypatch.setattr(cuda_decode, "VERIFY_PAIR_MERGE", True)
-    for segs in (2, 3, 66):
-        split_mod._cuda_split_kv(b.q, b.cache, b.md, b.q, None, 2, 0.0625, 6, segs)
-    monkeypatch.setattr(cuda_decode, "VERIFY_PAIR_MERGE", False)
-    split_mod._cuda_split_kv(b.q, b.cache, b.md, b.q, None, 2, 0.0625, 6, 66)
-    assert merged == [2, 33, 66]  # segments 2: no merge, the kernel wrote the output

@@ -158,9 +158,9 @@ class Ring:
     def done(self) -> bool:
         return self.k_prod >= 2 * self.n_max and self.st == [self.n_max, self.n_max]
 
-    # ---- after the loops: a consumer may write its output through the ring's buffers
-    # (write_output, docs/pending/verify-end-prefetch.patch) once both loops are done, or
-    # alone where the other consumer's segment has no stage; no stage's copy may still land
+    # ---- after the loops: a consumer writes its output through the ring's buffers
+    # (int8_verify_wgmma.cu's write_output) once both loops are done, or alone where the other
+    # consumer's segment has no stage; no stage's copy may still land
     def check_output_space(self) -> None:
         late = [k for k, _ in self.flying if self.has_data(k)]
         if not late:

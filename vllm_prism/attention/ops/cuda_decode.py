@@ -68,9 +68,7 @@ __all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_COPY",
            "cuda_decode_problem", "cuda_verify_problem", "decode_copy", "decode_dim_split",
            "launch_cuda_decode", "launch_cuda_verify", "layout_problem", "num_cuda_segments",
            "pdl_mode", "verify_form", "verify_lazy_max", "wgmma_verify_problem",
-           "served_verify_form", "VERIFY_FORM", "VERIFY_FORMS",
-           "VERIFY_PAIR_MERGE",
-           "verify_partials", "WGMMA_VERIFY_OP"]
+           "served_verify_form", "VERIFY_FORM", "VERIFY_FORMS", "WGMMA_VERIFY_OP"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,12 +114,6 @@ VERIFY_LAZY_MAX: bool | None = None
 # a benchmark or a test sets a form here.
 VERIFY_FORM: str | None = None
 VERIFY_FORMS = envs.CHOICES["VLLM_PRISM_ATTN_VERIFY_FORM"]
-# verification's warpgroup-MMA forms: True merges a CTA's two segments inside the CTA into one
-# partial ((num_segs + 1) / 2 partials: half the bytes written and read back by the merge,
-# 9.7 MB of fp32 for a 6-token call at 32K on the 27B layer), False leaves one a segment. API
-# only (a benchmark or a test sets it): on the H100 it was 1.00-1.09x the time of the form
-# without it at 32K and 0.98-1.03x at 128K (docs/attention.md), so it stays off.
-VERIFY_PAIR_MERGE = False
 MAX_SEGMENTS = 256
 # programmatic dependent launch of the kernels and their merge: None follows the switch
 # VLLM_PRISM_ATTN_PDL and the PQ2 kernels' choice (use_pdl: VLLM_PRISM_PDL on a Hopper or newer
@@ -225,14 +217,11 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                        seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                        req_ids: torch.Tensor | None, out: torch.Tensor, part_o: torch.Tensor,
                        part_lse: torch.Tensor, scale: float, max_q: int, num_segs: int,
-                       int_qk: bool = False, pdl: bool = False,
-                       pair: bool | None = None) -> str:
-    """One launch of the verification kernel: ``out`` directly or the partials; ``int_qk``
-    runs Q.K on the int8 tensor cores with the query quantised per column (opt-in); ``pdl``
-    (causal calls only): programmatic dependent launch; ``pair``: the warpgroup-MMA forms'
-    pair merge (None: VERIFY_PAIR_MERGE; pass the value :func:`verify_partials` gets). Returns
+                       int_qk: bool = False, pdl: bool = False) -> str:
+    """One launch of the verification kernel: ``out`` directly (one segment) or the
+    segments' partials; ``int_qk`` runs Q.K on the int8 tensor cores with the query quantised
+    per column (opt-in); ``pdl`` (causal calls only): programmatic dependent launch. Returns
     the form that ran (:func:`verify_form` as :func:`served_verify_form` resolves it)."""
-    pair = VERIFY_PAIR_MERGE if pair is None else pair
     asked = verify_form()
     form, why = _resolve_verify_form(asked, q, kv_cache, int_qk)
     _log_served_form(asked, form, why)
@@ -240,7 +229,7 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
         torch.ops._C_prism.int8_verify_wgmma_attention(
             q, kv_cache, block_table, seq_lens, query_start_loc, req_ids, out, part_o,
             part_lse, float(scale), int(max_q), int(num_segs), MIN_TILES, verify_lazy_max(),
-            pdl_mode(pdl), form == "wgmma_tma", bool(pair))
+            pdl_mode(pdl), form == "wgmma_tma")
         return form
     torch.ops._C_prism.int8_verify_attention(q, kv_cache, block_table, seq_lens,
                                              query_start_loc, req_ids, out, part_o, part_lse,
@@ -248,15 +237,6 @@ def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: tor
                                              bool(int_qk), VERIFY_DIM_SPLIT, verify_lazy_max(),
                                              pdl_mode(pdl))
     return "mma"
-
-
-def verify_partials(form: str, num_segs: int, pair: bool | None = None) -> int:
-    """The partials a verification call of ``num_segs`` segments leaves for the merge, ``form``
-    the one that served it (launch_cuda_verify's return): one a CTA's pair of segments where a
-    warpgroup-MMA form merges them (``pair``, the launch's; None: VERIFY_PAIR_MERGE), else
-    one a segment; 1 means the kernel wrote the output itself."""
-    pair = VERIFY_PAIR_MERGE if pair is None else pair
-    return (num_segs + 1) // 2 if form != "mma" and pair else num_segs
 
 
 def verify_form() -> str:

@@ -53,8 +53,7 @@ from vllm_prism import envs
 from vllm_prism.attention.ops import cuda_decode
 from vllm_prism.attention.ops.cuda_decode import (cuda_decode_problem, cuda_verify_problem,
                                                   attention_pdl, launch_cuda_decode,
-                                                  launch_cuda_verify, num_cuda_segments,
-                                                  verify_partials)
+                                                  launch_cuda_verify, num_cuda_segments)
 from vllm_prism.attention.ops.geometry import (SplitGeometry, gpu_geometry, num_segments,
                                                sm_count)
 from vllm_prism.attention.ops.layout import KVFormat, kv_format
@@ -544,16 +543,13 @@ def _cuda_split_kv(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadat
         part_o = part_lse = torch.empty(0, dtype=torch.float32, device=q.device)
     args = (q, kv_cache, md.block_table, md.seq_lens, md.query_start_loc, req_ids, out3, part_o,
             part_lse, scale)
-    parts = segs  # the partials the kernel leaves (1: it wrote out3)
     if verify:
-        pair = bool(cuda_decode.VERIFY_PAIR_MERGE)  # read once: the launch and the merge agree
-        parts = verify_partials(launch_cuda_verify(*args, max_q, segs, int_qk, pdl, pair=pair),
-                                segs, pair)
+        launch_cuda_verify(*args, max_q, segs, int_qk, pdl)
     else:
         launch_cuda_decode(*args, segs, pdl)
-    if parts > 1:
+    if segs > 1:
         ids = md.query_start_loc if req_ids is None else req_ids
-        _merge(part_o, part_lse, out3, ids, md, n_sel, max_q, parts, req_ids is not None, pdl)
+        _merge(part_o, part_lse, out3, ids, md, n_sel, max_q, segs, req_ids is not None, pdl)
 
 
 def decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata, *,
