@@ -63,14 +63,6 @@ __device__ __forceinline__ void tma_load_3d(void* dst, const void* map, int c0, 
       : "memory");
 }
 
-// The same box into L2 only (no shared memory, no barrier): a later tma_load_3d of it reads L2.
-__device__ __forceinline__ void tma_prefetch_3d(const void* map, int c0, int c1, int c2) {
-  asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global [%0, {%1, %2, %3}];\n" ::"l"(
-                   reinterpret_cast<uint64_t>(map)),
-               "r"(c0), "r"(c1), "r"(c2)
-               : "memory");
-}
-
 // The register hand-over of a warpgroup (every thread of it, at the same point): a producer
 // gives back down to N registers a thread, a consumer waits until the CTA's pool has N for it
 // (so the consumers must not ask for more than the producers give back: else it waits forever).

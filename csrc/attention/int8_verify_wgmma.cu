@@ -246,13 +246,7 @@ __device__ __forceinline__ void produce_ring(const Int8AttnParams& p, const Veri
 
 // The producer warp with the tensor map: lane l < kTiles copies tile l of each stage (its block
 // and slot read a stage ahead) in one TMA box; lane 0's arrival sets the stage's bytes on the
-// full mbarrier, the other lanes arrive at once (the stage is in when the bytes are). Lanes
-// kTiles .. 2 kTiles - 1 prefetch the same segment's stage kPrefetch ahead into L2 as they go:
-// the lag rule (produce_tma's fill) keeps at most kRing - 2 stages in flight, and the loop
-// waited on them for 27-30 % of its stall samples (Nsight Compute, 2026-12-06), so the
-// boxes issued later find their rows in L2.
-constexpr int kPrefetch = 2;
-
+// full mbarrier, the other lanes arrive at once (the stage is in when the bytes are).
 template <int HD, int NT>
 __device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUtensorMap* rows,
                                             int kvh, int shift, const VerifyWork& w0,
@@ -265,15 +259,12 @@ __device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUten
   // the cp.async producer's
   const int c0 = static_cast<int>((kvh * p.stride_ch - shift) / 8);
   struct Tile {
-    int slot, blk;  // blk -1: no tile (this lane's box, or its prefetch)
+    int slot, blk;  // blk -1: no tile
   };
-  // the lane's tile of stage j (lanes below kTiles) or of stage j + kPrefetch (the next
-  // kTiles lanes)
   auto tile_of = [&](const VerifyWork& wc, int j) {
     Tile t{0, -1};
-    const int sj = lane < kTiles ? j : j + kPrefetch;
-    const int tl = wc.t0 + sj * kTiles + lane % kTiles;
-    if (lane < 2 * kTiles && sj < wc.n_stages && tl < wc.n_tiles) {
+    const int tl = wc.t0 + j * kTiles + lane;
+    if (lane < kTiles && j < wc.n_stages && tl < wc.n_tiles) {
       const int pos = tl * kTileSlots;
       t.slot = pos % p.block_size;
       t.blk = wc.bt[pos / p.block_size];
@@ -292,16 +283,12 @@ __device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUten
       const int done = k - S::kTmaLag;
       mbar_wait(&full[done % S::kRing], (done / S::kRing) & 1);
     }
-    const int tiles = __popc(__ballot_sync(~0u, t.blk >= 0) & ((1u << kTiles) - 1));
+    const int tiles = __popc(__ballot_sync(~0u, t.blk >= 0));
     if (lane == 0) mbar_expect_tx(&full[buf], tiles * kSlots * S::kSRow);
     else mbar_arrive(&full[buf]);
-    if (t.blk >= 0) {
-      if (lane < kTiles)
-        tma_load_3d(smem + buf * S::kStageBytes + lane * kSlots * S::kSRow, rows, c0, t.slot,
-                    t.blk, &full[buf]);
-      else
-        tma_prefetch_3d(rows, c0, t.slot, t.blk);
-    }
+    if (t.blk >= 0)
+      tma_load_3d(smem + buf * S::kStageBytes + lane * kSlots * S::kSRow, rows, c0, t.slot,
+                  t.blk, &full[buf]);
   };
   produce_ring<S::kRing>(p, w0, w1, n_max, full + S::kRing, tile_of, fill);
 }
