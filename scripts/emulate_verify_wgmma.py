@@ -535,7 +535,7 @@ def emulate(
     for i in range(n_cols * pieces):  # thread i % 128's piece i
         col, d = i // pieces, (i % pieces) * 4
         f = ob[fac_at + col]
-        tq = int((np.float32(col) + np.float32(0.5)) * inv_group)  # column_token
+        tq = int((np.float32(col) + np.float32(0.5)) * inv_group)  # column_query
         hq = col - tq * group
         out[tq, hq, d : d + 4] = ob[col * kOStride + d : col * kOStride + d + 4] * f
 

@@ -268,11 +268,16 @@ __device__ __forceinline__ void start_first_stage(const Int8AttnParams& p, const
   cp_async_commit();
 }
 
-// The query token of column `col` (= token x group + head), inv_group = 1 / group: a float
-// product instead of an integer division (a column is below 64, so (col + 0.5) / group stays
-// at least 1 / (2 group) away from an integer, far past the product's rounding).
-__device__ __forceinline__ int column_token(int col, float inv_group) {
-  return static_cast<int>((static_cast<float>(col) + 0.5f) * inv_group);
+// Column `col` (= token x group + head) of KV head kvh's GQA group: its query token tq and
+// query head hq. inv_group = 1 / group: the token by a float product instead of an integer
+// division (a column is below 64, so (col + 0.5) / group stays at least 1 / (2 group) away from
+// an integer, far past the product's rounding).
+struct ColumnQuery {
+  int tq, hq;
+};
+__device__ __forceinline__ ColumnQuery column_query(int col, int kvh, int group, float inv_group) {
+  const int tq = static_cast<int>((static_cast<float>(col) + 0.5f) * inv_group);
+  return {tq, kvh * group + (col - tq * group)};
 }
 
 // Four consecutive dimensions from `d` of query token `tq`, query head `hq`: into the output

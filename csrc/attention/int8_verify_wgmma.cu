@@ -385,9 +385,8 @@ __device__ __forceinline__ void write_output(const Int8AttnParams& p, const Veri
     if (f < 0.f) continue;  // an empty segment: the merge skips its partial
     const float4 v = *reinterpret_cast<const float4*>(ob + col * S::kOStride + d);
     const float o[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
-    const int tq = column_token(col, inv_group);
-    store_column(p, sel, slot, w.q_start, direct, tq, kvh * p.group + (col - tq * p.group), d,
-                 o);
+    const ColumnQuery cq = column_query(col, kvh, p.group, inv_group);
+    store_column(p, sel, slot, w.q_start, direct, cq.tq, cq.hq, d, o);
   }
 }
 
@@ -685,9 +684,6 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
       lsum[n][e] = (red[col] + red[S::kN + col]) + (red[2 * S::kN + col] + red[3 * S::kN + col]);
     }
 
-  const int slot = seg;  // the partial this consumer writes
-  const int parts = p.num_segs;  // partials of the call
-
   // f(n, e, tq, hq, ls) for this lane's columns 8n + 2t + e of the request: token tq, query
   // head hq, row sum ls
   const float inv_group = 1.f / static_cast<float>(p.group);
@@ -698,16 +694,17 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
       for (int e = 0; e < 2; ++e) {
         const int col = 8 * n + 2 * t + e;
         if (col >= w.n_cols) continue;
-        const int tq = column_token(col, inv_group);
-        f(n, e, tq, kvh * p.group + (col - tq * p.group), lsum[n][e]);
+        const ColumnQuery cq = column_query(col, kvh, p.group, inv_group);
+        f(n, e, cq.tq, cq.hq, lsum[n][e]);
       }
     }
   };
 
   // ---- the log2-sum-exp of each column, by the consumer's first warp
-  if (parts > 1 && wwarp == 0 && g == 0) {
+  const bool direct = p.num_segs == 1;  // else this consumer's partial is segment seg
+  if (!direct && wwarp == 0 && g == 0) {
     for_columns([&](int n, int e, int tq, int hq, float ls) {
-      p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + slot] =
+      p.part_lse[sel * p.stride_lr + tq * p.stride_lt + hq * p.stride_lh + seg] =
           ls > 0.f ? m[n][e] + log2f(ls) : -INFINITY;
     });
   }
@@ -717,7 +714,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
   // past the loops (every stage of the CTA landed and read)
   const bool both = (seg | 1) < p.num_segs;
   if (both) named_sync<kConsumerThreads>(kBarBoth);
-  write_output<HD, NT>(p, w, kvh, sel, slot, parts == 1, inv_group, wwarp, g, t, oacc, lsum,
+  write_output<HD, NT>(p, w, kvh, sel, seg, direct, inv_group, wwarp, g, t, oacc, lsum,
                        run_vmax, smem + (both ? c : 0) * S::kOutBytes, bar);
 }
 
