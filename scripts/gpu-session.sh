@@ -20,6 +20,10 @@
 #        $OUT/chain-*/
 #   bash scripts/gpu-session.sh small-sweep [SHAPES [MS [default]]]  mma_lean geometries against the
 #        small-batch kernels and the GEMV (benchmarks/kernels/pq2_small_sweep.cu, no torch)
+#   bash scripts/gpu-session.sh kv-probe [CONTEXTS [CONSUME_NS]]  how fast the INT8 cache's rows
+#        reach shared memory in the attention kernels' copy patterns, nothing computed
+#        (benchmarks/kernels/kv_copy_probe.cu, no torch; needs no vLLM: touch
+#        /tmp/vllm-gpu/env.sh first on a machine without it)
 #   bash scripts/gpu-session.sh gemv-sweep [SHAPES [MS]]  configurations of the CUDA C++ GEMV against a
 #        same-size streaming-read probe (benchmarks/kernels/pq2_gemv_sweep.cu, no torch)
 #   bash scripts/gpu-session.sh ptq1mem      weight memory of the 27B-shaped PQ2_0 and PTQ1_0 files
@@ -121,7 +125,12 @@ small_sweep_build() {
 }
 case $stage in
   build)  # the install above is all: PRISM_BUILD=cuda bash scripts/gpu-session.sh build
-    cat "$OUT/install.log" 2>/dev/null | tail -20
+    # (an install found in place, e.g. scripts/gpu-attn-check.sh's earlier on this machine,
+    # is kept: no install.log then)
+    if [ -f "$OUT/install.log" ]; then tail -20 "$OUT/install.log"; else
+      python3 -c "$has_c" 2>/dev/null && echo "vllm_prism installed already, with vllm_prism._C" \
+        || echo "vllm_prism installed already, without vllm_prism._C"
+    fi
     ;;
   tests)
     shift
@@ -165,6 +174,12 @@ case $stage in
     nvcc -O3 -std=c++17 -arch=sm_90 -Icsrc benchmarks/kernels/pq2_gemv_sweep.cu -o /tmp/gemv-sweep \
       && timeout $(limit 560) /tmp/gemv-sweep "${2:-12288x5120,34816x5120,5120x6144,5120x17408}" "${3:-1,2,3,4}" \
       | tee "$OUT/gemv_sweep.jsonl" | grep summary
+    ;;
+  kv-probe)  # the INT8 KV cache's copy patterns without attention (no torch, no vLLM)
+    nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Icsrc \
+      benchmarks/kernels/kv_copy_probe.cu -o /tmp/kv-probe \
+      && timeout $(limit 120) /tmp/kv-probe "${2:-32768,131072}" "${3:-0,1000,2000,3000}" \
+      | tee "$OUT/kv_probe.jsonl" | grep summary
     ;;
   chain)  # bench_pq2_chain.py ARGS once per VLLM_PRISM_PQ2_KERNEL of $CHAIN_KERNELS
     shift

@@ -132,6 +132,27 @@ def test_every_symbol_of_ours_is_defined(op_objects) -> None:
 
 
 @pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
+def test_kv_copy_probe_compiles(tmp_path: Path) -> None:
+    """The KV cache's copy-pattern probe (benchmarks/kernels/kv_copy_probe.cu, sm_90a) builds
+    as scripts/gpu-session.sh kv-probe builds it, and its row layout is the verification
+    kernel's: the same padded shared row (kSRow) for head size 256."""
+    probe = ROOT / "benchmarks/kernels/kv_copy_probe.cu"
+    res = subprocess.run([NVCC, "-std=c++17", "-O3", *SM90A_FLAGS, f"-I{ROOT / 'csrc'}",
+                          str(probe), "-o", str(tmp_path / "probe")],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert (tmp_path / "probe").is_file()
+    probe_row = re.search(r"constexpr int kSRow = (\d+);", probe.read_text())
+    assert probe_row is not None, "kSRow not found in the probe"
+    # the kernel's formula: 4 * (((kRow / 4 - 8 + 31) / 32) * 32 + 8), kRow = 2 * 256 + 8
+    kernel = (ROOT / "csrc/attention/int8_verify_wgmma.cu").read_text()
+    assert "kSRow = 4 * (((kRow / 4 - 8 + 31) / 32) * 32 + 8)" in kernel, \
+        "the verification kernel's row formula changed: update the probe's kSRow"
+    k_row = 2 * 256 + 8
+    assert int(probe_row.group(1)) == 4 * (((k_row // 4 - 8 + 31) // 32) * 32 + 8)
+
+
+@pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
 def test_gemv_sweep_compiles(tmp_path: Path) -> None:
     """The GEMV's configuration sweep (benchmarks/kernels/pq2_gemv_sweep.cu) still builds
     against the kernel it includes (its quick form, the library's configurations only)."""
