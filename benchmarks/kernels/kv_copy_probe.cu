@@ -26,10 +26,8 @@
 // Output: one JSON object per line (context, pattern, consume_ns, us, useful GB/s and their
 // fraction of the sustained read bandwidth, the same-size probe's fraction), then a summary
 // line per context. Useful bytes: 4 x 520 a slot (bench_attention.py's bw_frac numerator).
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
 #include "async_pipeline.cuh"
+#include "attention/cache_rows_map.h"
 #include "pq2_sweep_common.cuh"
 
 using namespace pq2_sweep;
@@ -170,32 +168,14 @@ __global__ void __launch_bounds__(96, 1)
   if (acc == 0x9E3779B9u) *p.sink = acc;
 }
 
-PFN_cuTensorMapEncodeTiled_v12000 encoder() {
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                         cudaEnableDefault, &found));
-  if (found != cudaDriverEntryPointSuccess) {
-    std::fprintf(stderr, "no cuTensorMapEncodeTiled in this driver\n");
-    std::exit(1);
-  }
-  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-}
-
-// The cache as 8-byte elements (a slot's heads, the block's slots, the blocks), boxes of
-// `box0` elements x 16 slots x 1 block (as the verification kernel's make_rows_map).
+// The cache's rows in boxes of `box0` 8-byte elements x 16 slots x 1 block (the
+// verification kernel's map, csrc/attention/cache_rows_map.h).
 CUtensorMap rows_map(const uint8_t* cache, int64_t blocks, int box0) {
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = encoder();
   CUtensorMap map;
-  const cuuint64_t dims[3] = {kSlotBytes / 8, kSlots, static_cast<cuuint64_t>(blocks)};
-  const cuuint64_t strides[2] = {kSlotBytes, kTileBytes};
-  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box0), kSlots, 1};
-  const cuuint32_t elem[3] = {1, 1, 1};
-  if (encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3, const_cast<uint8_t*>(cache), dims,
-             strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) !=
-      CUDA_SUCCESS) {
-    std::fprintf(stderr, "cuTensorMapEncodeTiled failed (box %d)\n", box0);
+  if (!vllm_prism::encode_cache_rows_map(&map, cache, kSlotBytes, kSlots, blocks, kTileBytes,
+                                         box0, kSlots)) {
+    std::fprintf(stderr, "no tensor map over the cache (box %d): a driver without "
+                         "cuTensorMapEncodeTiled, or a geometry it refuses\n", box0);
     std::exit(1);
   }
   return map;

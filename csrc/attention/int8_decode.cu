@@ -383,10 +383,13 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   const int d = (threadIdx.x % kPerHead) * 4;
   const int pairs = NKV * p.group;
   int h = 0, j = threadIdx.x / kPerHead;
-  while (j >= p.group) {
-    j -= p.group;
-    ++h;
-  }
+  auto carry = [&] {  // j back below the group, h up by as many groups
+    while (j >= p.group) {
+      j -= p.group;
+      ++h;
+    }
+  };
+  carry();
   for (int hq = threadIdx.x / kPerHead; hq < pairs; hq += kStep) {
     float mmax = -INFINITY;
 #pragma unroll
@@ -426,10 +429,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
             lsum > 0.f ? mmax + log2f(lsum) : -INFINITY;
     }
     j += kStep;
-    while (j >= p.group) {
-      j -= p.group;
-      ++h;
-    }
+    carry();
   }
 }
 

@@ -53,11 +53,11 @@
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <cudaTypedefs.h>
 
 #include <cmath>
 
 #include "../async_pipeline.cuh"
+#include "cache_rows_map.h"
 #include "int8_attention.cuh"
 #include "int8_tile.cuh"
 #include "int8_verify_common.cuh"
@@ -781,41 +781,13 @@ cudaError_t launch_hd(const WgmmaParams& wp, int num_selected, cudaStream_t stre
   });
 }
 
-// cuTensorMapEncodeTiled from the driver (no link to libcuda), nullptr where it has none
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-#if CUDART_VERSION < 12050
-  return nullptr;
-#else
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found;
-  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
-                                       &found) != cudaSuccess ||
-      found != cudaDriverEntryPointSuccess)
-    return nullptr;
-  return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-#endif
-}
-
 // The cache's rows as WgmmaParams::rows (int8_verify_tma_layout): true where made.
 template <int HD>
 bool make_rows_map(const Int8AttnParams& p, int64_t num_blocks, CUtensorMap* map) {
-  constexpr int kSRow = WShape<HD, 1>::kSRow;
   const int64_t row = 2 * HD + 8;
   if (num_blocks <= 0 || !int8_verify_tma_layout(p, row)) return false;
-  static const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.stride_cn / 8),
-                              static_cast<cuuint64_t>(p.block_size),
-                              static_cast<cuuint64_t>(num_blocks)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.stride_cn),
-                                 static_cast<cuuint64_t>(p.stride_cb)};
-  const cuuint32_t box[3] = {kSRow / 8, kSlots, 1};
-  const cuuint32_t elem[3] = {1, 1, 1};
-  return encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT64, 3,
-                const_cast<void*>(static_cast<const void*>(p.cache)), dims, strides, box, elem,
-                CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+  return encode_cache_rows_map(map, p.cache, p.stride_cn, p.block_size, num_blocks, p.stride_cb,
+                               WShape<HD, 1>::kSRow / 8, kSlots);
 }
 
 // num_blocks > 0: the producer on the tensor map (cudaErrorNotSupported where it cannot be
