@@ -104,13 +104,22 @@ if ls .gpu-cache/compile-cache.tgz.part-* >/dev/null 2>&1 && [ ! -f /tmp/compile
     && echo "compile cache unpacked ($(cat .gpu-cache/compile-cache.tgz.part-* | wc -c) bytes)"
 fi
 B27=/tmp/b27.gguf
-if [ ! -f $B27 ] && [ ! -f /tmp/b27.lock ]; then
-  touch /tmp/b27.lock
-  (python3 -m vllm_prism.entrypoints.cli make-tiny --shape bonsai-2-27b $B27.tmp \
-     >/tmp/b27.log 2>&1 && mv $B27.tmp $B27) &
+# the 27B-shaped file, written in the background from the first call that can import vLLM; the
+# lock holds the writer's pid, so a writer that died (a call's end can take its background
+# jobs with it, as the kv-probe call before staging did on 2026-12-07) is started again
+b27_writer_alive() { [ -f /tmp/b27.lock ] && kill -0 "$(cat /tmp/b27.lock)" 2>/dev/null; }
+if [ ! -f $B27 ] && ! b27_writer_alive && python3 -c "import vllm" 2>/dev/null; then
+  setsid bash -c "python3 -m vllm_prism.entrypoints.cli make-tiny --shape bonsai-2-27b $B27.tmp \
+     >/tmp/b27.log 2>&1 && mv $B27.tmp $B27" </dev/null >/dev/null 2>&1 &
+  echo $! >/tmp/b27.lock
 fi
-wait_b27() {  # until the file is written, or PRISM_DEADLINE is near
-  while [ ! -f $B27 ]; do sleep 2; [ "$(limit 560)" -gt 1 ] || { tail -3 /tmp/b27.log; return 1; }; done
+wait_b27() {  # until the file is written; fails at once when no writer is running, or near
+  # PRISM_DEADLINE
+  while [ ! -f $B27 ]; do
+    b27_writer_alive || [ -f $B27 ] || { echo "no writer of $B27 (vLLM not staged?):" >&2;
+                          tail -3 /tmp/b27.log 2>/dev/null >&2; return 1; }
+    sleep 2; [ "$(limit 560)" -gt 1 ] || { tail -3 /tmp/b27.log; return 1; }
+  done
 }
 # benchmarks/kernels/pq2_small_sweep.cu and the kernels it links, compiled side by side
 small_sweep_build() {
@@ -224,10 +233,22 @@ case $stage in
     timeout $(limit 560) python3 benchmarks/quality/compare_kv_dtypes.py $B27 "$@" 2>&1 \
       | tee "$OUT/quality.log"
     ;;
-  cache)  # at most 16 MiB comes back from $OUT per file, 8 files a call: 15 MiB pieces
-    dirs=$(cd "$HOME" && ls -d .cache/vllm/torch_compile_cache .triton/cache 2>/dev/null)
-    [ -n "$dirs" ] && tar czf - -C "$HOME" $dirs | split -b 15M - "$OUT/compile-cache.tgz.part-"
-    echo "compile cache: $(cat "$OUT"/compile-cache.tgz.part-* 2>/dev/null | wc -c) bytes in" \
+  cache)  # at most 16 MiB comes back from $OUT per file, 8 files and about 64 MiB a call, and
+    # carry takes 64 MiB: the newest entries of vLLM's compile cache and Triton's cache that
+    # pack into ${CACHE_MIB:-60} MiB (the cache after the DFlash tests was 134 MB on 2026-12-07;
+    # an entry left out only recompiles), in 15 MiB pieces
+    entries=$(cd "$HOME" && ls -dt .cache/vllm/torch_compile_cache/* .triton/cache/* 2>/dev/null)
+    raw=$((4 * ${CACHE_MIB:-60} * 1048576))  # uncompressed budget, halved until the pack fits
+    while [ -n "$entries" ]; do
+      rm -f "$OUT"/compile-cache.tgz.part-*
+      pick=$(cd "$HOME" && du -sb $entries | awk -v b=$raw '(t += $1) <= b {print $2}')
+      [ -n "$pick" ] && tar czf - -C "$HOME" $pick | split -b 15M - "$OUT/compile-cache.tgz.part-"
+      [ "$(cat "$OUT"/compile-cache.tgz.part-* 2>/dev/null | wc -c)" -le \
+        $((${CACHE_MIB:-60} * 1048576)) ] && break
+      raw=$((raw / 2))
+    done
+    echo "compile cache: $(echo $pick | wc -w) of $(echo $entries | wc -w) entries," \
+      "$(cat "$OUT"/compile-cache.tgz.part-* 2>/dev/null | wc -c) bytes in" \
       "$(ls "$OUT"/compile-cache.tgz.part-* 2>/dev/null | wc -l) pieces"
     ;;
   ptq1mem)
