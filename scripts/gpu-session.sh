@@ -24,6 +24,9 @@
 #        reach shared memory in the attention kernels' copy patterns, nothing computed
 #        (benchmarks/kernels/kv_copy_probe.cu, no torch; needs no vLLM: touch
 #        /tmp/vllm-gpu/env.sh first on a machine without it)
+#   bash scripts/gpu-session.sh verify-trace [CONTEXTS [QS]]  the INT8 verification kernel's
+#        timeline from inside it: each stage's copy wait, S^T, softmax and O^T steps, the
+#        producer's waits (benchmarks/kernels/verify_trace.cu, no torch; needs no vLLM)
 #   bash scripts/gpu-session.sh gemv-sweep [SHAPES [MS]]  configurations of the CUDA C++ GEMV against a
 #        same-size streaming-read probe (benchmarks/kernels/pq2_gemv_sweep.cu, no torch)
 #   bash scripts/gpu-session.sh ptq1mem      weight memory of the 27B-shaped PQ2_0 and PTQ1_0 files
@@ -189,6 +192,13 @@ case $stage in
       benchmarks/kernels/kv_copy_probe.cu -o /tmp/kv-probe \
       && timeout $(limit 120) /tmp/kv-probe "${2:-32768,131072}" "${3:-0,1000,2000,3000}" \
       | tee "$OUT/kv_probe.jsonl" | grep summary
+    ;;
+  verify-trace)  # the verification kernel's own timeline (no torch, no vLLM): its stage steps,
+    # copy waits and the producer's, per (context, query tokens)
+    nvcc -O3 -std=c++17 --use_fast_math -gencode arch=compute_90a,code=sm_90a -Icsrc \
+      benchmarks/kernels/verify_trace.cu -o /tmp/verify-trace \
+      && timeout $(limit 200) /tmp/verify-trace "${2:-32768,131072}" "${3:-4,6,8}" \
+      | tee "$OUT/verify_trace.jsonl"
     ;;
   chain)  # bench_pq2_chain.py ARGS once per VLLM_PRISM_PQ2_KERNEL of $CHAIN_KERNELS
     shift

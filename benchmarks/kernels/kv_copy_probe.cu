@@ -225,15 +225,7 @@ int main(int argc, char** argv) {
       slot_maps[c] = rows_map(caches[c], n_tiles, kHalfBox);
     }
     // a random block order, as a paged cache's
-    std::vector<int32_t> order(n_tiles);
-    for (int i = 0; i < n_tiles; ++i) order[i] = i;
-    uint64_t st = 0x2545F4914F6CDD1Dull;
-    for (int i = n_tiles - 1; i > 0; --i) {
-      st ^= st << 13;
-      st ^= st >> 7;
-      st ^= st << 17;
-      std::swap(order[i], order[static_cast<int>(st % static_cast<uint64_t>(i + 1))]);
-    }
+    const std::vector<int32_t> order = shuffled_blocks(n_tiles);
     int32_t* table;
     CHECK(cudaMalloc(&table, n_tiles * 4));
     CHECK(cudaMemcpy(table, order.data(), n_tiles * 4, cudaMemcpyHostToDevice));

@@ -101,6 +101,27 @@ inline std::vector<Shape> parse_shapes(const char* s) {
   return out;
 }
 
+// xorshift64: the host's random stream of the sweeps and probes
+struct XorShift {
+  uint64_t s;
+  uint64_t next() {
+    s ^= s << 13;
+    s ^= s >> 7;
+    s ^= s << 17;
+    return s;
+  }
+};
+
+// 0 .. n - 1 in a random order (a paged cache's block table)
+inline std::vector<int32_t> shuffled_blocks(int n, uint64_t seed = 0x2545F4914F6CDD1Dull) {
+  std::vector<int32_t> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  XorShift r{seed};
+  for (int i = n - 1; i > 0; --i)
+    std::swap(order[i], order[static_cast<int>(r.next() % static_cast<uint64_t>(i + 1))]);
+  return order;
+}
+
 inline std::vector<int> parse_ints(const char* s) {
   std::vector<int> out;
   for (const char* q = s; *q;) {

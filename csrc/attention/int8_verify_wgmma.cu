@@ -93,6 +93,49 @@ constexpr int kBarQuery = 1;
 constexpr int kBarConsumer = 2;
 constexpr int kBarBoth = kBarConsumer + kConsumers;
 
+// A timeline of each CTA in clock64 cycles, only where the translation unit defines
+// PRISM_VERIFY_TRACE (benchmarks/kernels/verify_trace.cu: the kernel's own copy, never the
+// extension's, whose trace_at calls compile to nothing): the consumers' stage steps, the
+// producer's waits and issues. Slot layout a CTA (kTraceStride words):
+//   0 kernel entry (thread 0), 1 its %globaltimer (ns), 2 + c consumer c starts its loop
+//   (Q^T staged), 4 + c consumer c has written its output, 6 the %globaltimer then of
+//   consumer 0 (slots 1 and 6 give the clock's rate and line the CTAs up);
+//   kTraceStage + (c kTraceMaxStages + st) kTraceSteps + e consumer c's stage st, event e:
+//   0 waits for the stage, 1 the stage is in, 2 S^T is done, 3 P^T is published, 4 O^T done;
+//   kTraceProd + 2 k (+ 1) the producer before the empty wait of the ring's stage k (its
+//   copy issued).
+#ifndef PRISM_VERIFY_TRACE
+#define PRISM_VERIFY_TRACE 0
+#endif
+constexpr bool kTrace = PRISM_VERIFY_TRACE != 0;
+constexpr int kTraceMaxStages = 64;  // a consumer's stages traced (more: not recorded)
+constexpr int kTraceSteps = 5;
+constexpr int kTraceStage = 8;
+constexpr int kTraceProd = kTraceStage + kConsumers * kTraceMaxStages * kTraceSteps;
+constexpr int kTraceStride = kTraceProd + 2 * kConsumers * kTraceMaxStages;
+#if PRISM_VERIFY_TRACE
+__device__ unsigned long long* g_verify_trace;  // [CTAs][kTraceStride], set by the harness
+#endif
+
+// Records the SM's clock (slots 1 and 6: %globaltimer) at `slot` of this CTA's timeline where
+// the trace is compiled in and `who` is the recording thread.
+__device__ __forceinline__ void trace_at(bool who, int slot) {
+  if (!kTrace || !who || slot >= kTraceStride) return;
+#if PRISM_VERIFY_TRACE
+  const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  unsigned long long v;
+  if (slot == 1 || slot == 6) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
+  else v = clock64();
+  g_verify_trace[static_cast<int64_t>(cta) * kTraceStride + slot] = v;
+#endif
+}
+// consumer c's stage st, event e (past kTraceMaxStages: nothing)
+__device__ __forceinline__ void trace_stage(bool who, int c, int st, int e) {
+  if constexpr (kTrace)
+    trace_at(who && st < kTraceMaxStages,
+             kTraceStage + (c * kTraceMaxStages + st) * kTraceSteps + e);
+}
+
 template <int HD, int NT>
 struct WShape {
   static constexpr int kN = 8 * NT;        // columns: the MMA's N
@@ -221,6 +264,7 @@ __device__ __forceinline__ void produce_ring(const Int8AttnParams& p, const Veri
   auto stage = [&](int k, const VerifyWork& wc, const auto& fetched) {
     const int j = k >> 1;
     const int buf = k % kRing, round = k / kRing;
+    if constexpr (kTrace) trace_at((threadIdx.x & 31) == 0, kTraceProd + 2 * k);
     if (round > 0) mbar_wait(&empty[buf], (round - 1) & 1);
     if (j < wc.n_stages) {
       // a stage wholly before the request's first query token holds no row the kernel
@@ -284,6 +328,7 @@ __device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUten
       mbar_wait(&full[done % S::kRing], (done / S::kRing) & 1);
     }
     const int tiles = __popc(__ballot_sync(~0u, t.blk >= 0));
+    if constexpr (kTrace) trace_at(lane == 0, kTraceProd + 2 * k + 1);
     if (lane == 0) mbar_expect_tx(&full[buf], tiles * kSlots * S::kSRow);
     else mbar_arrive(&full[buf]);
     if (t.blk >= 0)
@@ -440,10 +485,14 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
   const int r2 = r0 + 8;
   const int r3 = r1 + 8;
 
+  const bool tracer = threadIdx.x % kGroupThreads == 0;  // the consumer's trace_stage thread
+  if constexpr (kTrace) trace_at(tracer, 2 + c);
   for (int st = 0; st < n_max; ++st) {
     const int k = 2 * st + c;
     const int buf = k % S::kRing;
+    trace_stage(tracer, c, st, 0);
     mbar_wait(&full[buf], (k / S::kRing) & 1);
+    trace_stage(tracer, c, st, 1);
     if (st >= w.n_stages) {  // past the segment's end: the buffer goes straight back
       mbar_arrive(&empty[buf]);
       continue;
@@ -496,6 +545,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
         for (int i = 0; i < 4; ++i) reg_fence(ka[s][i]);
     }
 
+    trace_stage(tracer, c, st, 2);
     // ---- scores: K scales, the causal mask; the warp's column maxima
     const TileRows tr = tile_rows<HD>(w, row_g, row_g8, stage_pos + wwarp * kSlots, rg, rg8);
 #pragma unroll
@@ -593,6 +643,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
       named_sync<kGroupThreads>(bar);  // the stage's P^T is in
     }
 
+    trace_stage(tracer, c, st, 3);
     // ---- O^T += V^T . P^T: k-step ks is tile ks (k position j: the slot of S^T row j), in
     // batches of VB tiles (two at 6 n-tiles, as S^T's)
 #pragma unroll
@@ -661,6 +712,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
 #pragma unroll
           for (int i = 0; i < 4; ++i) reg_fence(va[ks][b][i]);
     }
+    trace_stage(tracer, c, st, 4);
   }
   pdl_trigger(p.pdl, 2);
   if (seg >= p.num_segs) return;  // the grid's last CTA past an odd segment count
@@ -716,6 +768,10 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
   if (both) named_sync<kConsumerThreads>(kBarBoth);
   write_output<HD, NT>(p, w, kvh, sel, seg, direct, inv_group, wwarp, g, t, oacc, lsum,
                        run_vmax, smem + (both ? c : 0) * S::kOutBytes, bar);
+  if constexpr (kTrace) {
+    trace_at(tracer, 4 + c);
+    trace_at(tracer && c == 0, 6);
+  }
 }
 
 template <int HD, int NT, bool LM>
@@ -733,6 +789,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool vec16 = verify_vec16(p);
   const int shift = verify_shift(p, kvh, vec16);
 
+  if constexpr (kTrace) {
+    trace_at(threadIdx.x == 0, 0);
+    trace_at(threadIdx.x == 0, 1);
+  }
   if (threadIdx.x == 0) {
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBarOff);
     for (int b = 0; b < S::kRing; ++b) {
