@@ -8,10 +8,10 @@
 // tokens, 24 query / 4 KV heads, head size 256, vLLM's int8_per_token_head NHD cache (blocks of
 // 16 slots in a random order, random codes, scales in [2^-8, 2^-6)), the op's segmentation
 // (cuda_decode.num_cuda_segments: about 2 CTAs of segments a multiprocessor, so 66 segments a
-// KV head on 132 SMs, a CTA two of them). Each (context, q) is first checked: the partials,
-// merged here, against a double-precision reference of two columns (relative error < 1e-2),
-// then timed in a CUDA graph over cache copies that exceed three times the L2, then traced
-// once on a cold copy.
+// KV head on 132 SMs, a CTA two of them), with each producer: TMA boxes (the default) and
+// cp.async. Each (context, q, producer) is first checked: the partials, merged here, against a
+// double-precision reference of two columns (relative error < 1e-2), then timed in a CUDA graph
+// over cache copies that exceed three times the L2, then traced once on a cold copy.
 //
 // Per consumer stage (the cycles converted to us by the clock's rate between %globaltimer
 // stamps): `wait` for the stage's copies, `s` its S^T (K fragments and the MMAs), `p` scores,
@@ -26,7 +26,8 @@
 //   nvcc -O3 -std=c++17 --use_fast_math -gencode arch=compute_90a,code=sm_90a -Icsrc \
 //        benchmarks/kernels/verify_trace.cu -o trace
 //   ./trace 32768,131072 4,6,8 > trace.jsonl
-// Output: one JSON object per (context, q tokens), then the device line's bandwidth first.
+// Output: the device's line (its read bandwidth), then one JSON object per (context, q tokens,
+// producer).
 #define PRISM_VERIFY_TRACE 1
 #include "attention/int8_verify_wgmma.cu"
 #include "pq2_sweep_common.cuh"
@@ -138,12 +139,205 @@ struct Stat {
     for (double x : v) s += x;
     return v.empty() ? 0 : s / v.size();
   }
-  double pct(double f) {
+  double pct(double f) const {
     if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    return v[std::min(v.size() - 1, static_cast<size_t>(f * v.size()))];
+    std::vector<double> w = v;
+    std::sort(w.begin(), w.end());
+    return w[std::min(w.size() - 1, static_cast<size_t>(f * w.size()))];
   }
 };
+
+// The cache of one context: `copies` copies (together past three times the L2), the block
+// table, and copy 0 on the host for the reference.
+struct Cache {
+  int n_blocks = 0;
+  int64_t bytes = 0;
+  std::vector<int8_t*> copies;
+  std::vector<int32_t> table;
+  int32_t* d_table = nullptr;
+  std::vector<uint8_t> host0;
+
+  Cache(int ctx, const SweepDevice& dev) {
+    n_blocks = (ctx + kBlock - 1) / kBlock;
+    bytes = static_cast<int64_t>(n_blocks) * kBlockBytes;
+    copies.resize(static_cast<size_t>(std::max<int64_t>(2, 3 * kL2Bytes / bytes + 1)));
+    for (size_t c = 0; c < copies.size(); ++c) {
+      CHECK(cudaMalloc(&copies[c], bytes));
+      fill_words<<<4 * dev.sms, 256, 0, dev.s>>>(reinterpret_cast<uint32_t*>(copies[c]),
+                                                 bytes / 4, 23 + c);
+      fix_scales<<<4 * dev.sms, 256, 0, dev.s>>>(reinterpret_cast<uint8_t*>(copies[c]),
+                                                 bytes / kRowBytes, 101 + c);
+    }
+    table = shuffled_blocks(n_blocks);
+    CHECK(cudaMalloc(&d_table, n_blocks * 4));
+    CHECK(cudaMemcpy(d_table, table.data(), n_blocks * 4, cudaMemcpyHostToDevice));
+    // the fills ran on the harness's non-blocking stream, the copies on the legacy one
+    CHECK(cudaDeviceSynchronize());
+    host0.resize(bytes);
+    CHECK(cudaMemcpy(host0.data(), copies[0], bytes, cudaMemcpyDeviceToHost));
+  }
+  ~Cache() {
+    CHECK(cudaFree(d_table));
+    for (int8_t* c : copies) CHECK(cudaFree(c));
+  }
+};
+
+// One request of `ctx` tokens whose last nq are the query: its query, partials and the
+// kernel's parameters (the op's: fill_int8_attn_params with lazy maxima, no PDL).
+struct Request {
+  int ctx, nq, segs;
+  size_t n_part;
+  std::vector<__nv_bfloat16> q;
+  __nv_bfloat16 *d_q = nullptr, *d_out = nullptr;
+  int32_t* d_meta = nullptr;
+  float *d_po = nullptr, *d_pl = nullptr;
+  vllm_prism::Int8AttnParams p{};
+
+  Request(int ctx_, int nq_, int segs_, const Cache& cache, float qk_scale)
+      : ctx(ctx_), nq(nq_), segs(segs_), n_part(static_cast<size_t>(nq_) * kQHeads * segs_) {
+    q.resize(static_cast<size_t>(nq) * kQHeads * kHD);
+    XorShift r{0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(ctx * 131 + nq)};
+    for (auto& x : q)
+      x = __float2bfloat16(static_cast<float>((r.next() >> 11) % 4001) / 1000.f - 2.f);
+    CHECK(cudaMalloc(&d_q, q.size() * 2));
+    CHECK(cudaMalloc(&d_out, q.size() * 2));
+    CHECK(cudaMemcpy(d_q, q.data(), q.size() * 2, cudaMemcpyHostToDevice));
+    const int32_t meta[3] = {ctx, 0, nq};  // seq_lens[0], query_start_loc[0..1]
+    CHECK(cudaMalloc(&d_meta, sizeof(meta)));
+    CHECK(cudaMemcpy(d_meta, meta, sizeof(meta), cudaMemcpyHostToDevice));
+    CHECK(cudaMalloc(&d_po, n_part * kHD * 4));
+    CHECK(cudaMalloc(&d_pl, n_part * 4));
+    p.q = d_q;
+    p.stride_qt = kQHeads * kHD;
+    p.stride_qh = kHD;
+    p.q_dtype = 2;
+    p.stride_cb = kBlockBytes;
+    p.stride_ch = kRowBytes;
+    p.stride_cn = kSlotBytes;
+    p.block_table = cache.d_table;
+    p.stride_bt = cache.n_blocks;
+    p.seq_lens = d_meta;
+    p.qsl = d_meta + 1;
+    p.out = d_out;
+    p.stride_ot = kQHeads * kHD;
+    p.stride_oh = kHD;
+    p.out_dtype = 2;
+    p.part_o = d_po;
+    p.part_lse = d_pl;
+    p.stride_pr = static_cast<int64_t>(n_part) * kHD;
+    p.stride_pt = static_cast<int64_t>(kQHeads) * segs * kHD;
+    p.stride_ph = static_cast<int64_t>(segs) * kHD;
+    p.stride_ps = kHD;
+    p.stride_lr = static_cast<int64_t>(n_part);
+    p.stride_lt = static_cast<int64_t>(kQHeads) * segs;
+    p.stride_lh = segs;
+    p.qk_scale = qk_scale;
+    p.group = kGroup;
+    p.num_kv_heads = kKvHeads;
+    p.head_dim = kHD;
+    p.max_q = nq;
+    p.block_size = kBlock;
+    p.num_segs = segs;
+    p.min_tiles = kMinTiles;
+    p.dim_split = 1;
+    p.lazy_max = 1;
+    CHECK(cudaDeviceSynchronize());  // the copies are in before the stream's launches
+  }
+  ~Request() {
+    CHECK(cudaFree(d_q));
+    CHECK(cudaFree(d_out));
+    CHECK(cudaFree(d_meta));
+    CHECK(cudaFree(d_po));
+    CHECK(cudaFree(d_pl));
+  }
+
+  // The largest relative L2 error of two columns' merged partials (the first token's first
+  // head, the last token's last head) against the double-precision reference.
+  double error(const Cache& cache, float qk_scale) const {
+    std::vector<float> po(n_part * kHD), pl(n_part);
+    CHECK(cudaMemcpy(po.data(), d_po, po.size() * 4, cudaMemcpyDeviceToHost));
+    CHECK(cudaMemcpy(pl.data(), d_pl, pl.size() * 4, cudaMemcpyDeviceToHost));
+    double err = 0;
+    const int cols[2][2] = {{0, 0}, {nq - 1, kQHeads - 1}};
+    for (const auto& col : cols) {
+      const std::vector<double> want =
+          reference(cache.host0, cache.table, q, ctx - nq, col[0], col[1], qk_scale);
+      const std::vector<double> got = merged(po, pl, segs, col[0], col[1]);
+      double num = 0, den = 0;
+      for (int d = 0; d < kHD; ++d) {
+        num += (got[d] - want[d]) * (got[d] - want[d]);
+        den += want[d] * want[d];
+      }
+      err = std::max(err, std::sqrt(num / den));
+    }
+    return err;
+  }
+};
+
+// What a launch's timeline (`tr`, ctas x kTraceStride words) says, as one JSON object's fields.
+std::string timeline_fields(const std::vector<unsigned long long>& tr, int ctas) {
+  // the clock's rate: cycles per ns between the %globaltimer stamps, over the CTAs
+  double cyc = 0, ns = 0;
+  uint64_t t_first = ~0ull, t_last = 0;
+  for (int b = 0; b < ctas; ++b) {
+    const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
+    if (t[6] <= t[1] || t[4] <= t[0]) continue;
+    cyc += static_cast<double>(t[4] - t[0]);
+    ns += static_cast<double>(t[6] - t[1]);
+    t_first = std::min<uint64_t>(t_first, t[1]);
+    t_last = std::max<uint64_t>(t_last, t[6]);
+  }
+  const double cyc_per_us = ns > 0 ? 1e3 * cyc / ns : 1.0;
+  auto us = [&](double c) { return c / cyc_per_us; };
+  Stat wait, s_step, p_step, o_step, stage, loop, pre, post, blocked, arrival, bound;
+  for (int b = 0; b < ctas; ++b) {
+    const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
+    if (t[0] == 0) continue;
+    double cta_bound = 0;
+    for (int c = 0; c < 2; ++c) {
+      if (t[2 + c] == 0 || t[4 + c] == 0) continue;
+      double busy = 0;
+      unsigned long long last = t[2 + c];
+      for (int j = 0; j < kTraceMaxStages; ++j) {
+        const unsigned long long* e = t + kTraceStage + (c * kTraceMaxStages + j) * kTraceSteps;
+        if (e[0] == 0 || e[4] == 0) continue;  // not run, or past the segment's end
+        wait.add(us(e[1] - e[0]));
+        s_step.add(us(e[2] - e[1]));
+        p_step.add(us(e[3] - e[2]));
+        o_step.add(us(e[4] - e[3]));
+        stage.add(us(e[4] - e[1]));
+        busy += static_cast<double>(e[4] - e[1]);
+        last = e[4];
+        // the copy's latency where its consumer was waiting for it (200 cycles: a wait that
+        // found the stage in)
+        const unsigned long long issue = t[kTraceProd + 2 * (2 * j + c) + 1];
+        if (issue != 0 && e[1] - e[0] > 200 && e[1] > issue) arrival.add(us(e[1] - issue));
+      }
+      loop.add(us(last - t[2 + c]));
+      pre.add(us(t[2 + c] - t[0]));
+      post.add(us(t[4 + c] - last));
+      cta_bound = std::max(cta_bound, us(t[2 + c] - t[0] + busy + (t[4 + c] - last)));
+    }
+    bound.add(cta_bound);
+    for (int k = 0; k < 2 * kTraceMaxStages; ++k) {
+      const unsigned long long a = t[kTraceProd + 2 * k], i = t[kTraceProd + 2 * k + 1];
+      if (a != 0 && i >= a) blocked.add(us(i - a));
+    }
+  }
+  char buf[1024];
+  std::snprintf(
+      buf, sizeof(buf),
+      "\"traced_span_us\": %.2f, \"clock_mhz\": %.0f, \"stages\": %zu, \"wait_us\": %.3f, "
+      "\"wait_p90_us\": %.3f, \"s_us\": %.3f, \"p_us\": %.3f, \"o_us\": %.3f, "
+      "\"stage_p50_us\": %.3f, \"loop_us\": %.2f, \"loop_max_us\": %.2f, \"pre_us\": %.2f, "
+      "\"post_us\": %.2f, \"prod_blocked_us\": %.3f, \"arrival_us\": %.3f, "
+      "\"arrival_p90_us\": %.3f, \"waited_stages\": %zu, \"compute_bound_us\": %.2f",
+      (t_last - t_first) / 1e3, cyc_per_us, wait.v.size(), wait.mean(), wait.pct(0.9),
+      s_step.mean(), p_step.mean(), o_step.mean(), stage.pct(0.5), loop.mean(), loop.pct(1.0),
+      pre.mean(), post.mean(), blocked.mean(), arrival.mean(), arrival.pct(0.9),
+      arrival.v.size(), bound.pct(1.0));
+  return buf;
+}
 
 }  // namespace
 
@@ -153,202 +347,49 @@ int main(int argc, char** argv) {
   SweepDevice dev;
   const int segs = num_segments(dev.sms);
   const int ctas = kKvHeads * ((segs + 1) / 2);
+  const size_t words = static_cast<size_t>(ctas) * kTraceStride;
   unsigned long long* trace;
-  CHECK(cudaMalloc(&trace, static_cast<size_t>(ctas) * kTraceStride * 8));
+  CHECK(cudaMalloc(&trace, words * 8));
   CHECK(cudaMemcpyToSymbol(vllm_prism::g_verify_trace, &trace, sizeof(trace)));
   const float qk_scale = static_cast<float>(1.0 / 16.0 * 1.4426950408889634);
   for (const int ctx : contexts) {
-    const int n_blocks = (ctx + kBlock - 1) / kBlock;
-    const int64_t bytes = static_cast<int64_t>(n_blocks) * kBlockBytes;
-    const int copies = static_cast<int>(std::max<int64_t>(2, 3 * kL2Bytes / bytes + 1));
-    std::vector<int8_t*> caches(copies);
-    for (int c = 0; c < copies; ++c) {
-      CHECK(cudaMalloc(&caches[c], bytes));
-      fill_words<<<4 * dev.sms, 256, 0, dev.s>>>(reinterpret_cast<uint32_t*>(caches[c]),
-                                                 bytes / 4, 23 + c);
-      fix_scales<<<4 * dev.sms, 256, 0, dev.s>>>(reinterpret_cast<uint8_t*>(caches[c]),
-                                                 bytes / kRowBytes, 101 + c);
-    }
-    const std::vector<int32_t> table = shuffled_blocks(n_blocks);
-    int32_t* d_table;
-    CHECK(cudaMalloc(&d_table, n_blocks * 4));
-    CHECK(cudaMemcpy(d_table, table.data(), n_blocks * 4, cudaMemcpyHostToDevice));
+    const Cache cache(ctx, dev);
+    const int copies = static_cast<int>(cache.copies.size());
     for (const int nq : q_tokens) {
-      // the request: seq_len ctx, its last nq tokens the query
-      std::vector<__nv_bfloat16> hq_(static_cast<size_t>(nq) * kQHeads * kHD);
-      XorShift r{0x9E3779B97F4A7C15ull ^ static_cast<uint64_t>(ctx * 131 + nq)};
-      for (auto& x : hq_)
-        x = __float2bfloat16(static_cast<float>((r.next() >> 11) % 4001) / 1000.f - 2.f);
-      __nv_bfloat16 *d_q, *d_out;
-      CHECK(cudaMalloc(&d_q, hq_.size() * 2));
-      CHECK(cudaMalloc(&d_out, hq_.size() * 2));
-      CHECK(cudaMemcpy(d_q, hq_.data(), hq_.size() * 2, cudaMemcpyHostToDevice));
-      const int32_t meta[3] = {ctx, 0, nq};  // seq_lens[0], query_start_loc[0..1]
-      int32_t* d_meta;
-      CHECK(cudaMalloc(&d_meta, sizeof(meta)));
-      CHECK(cudaMemcpy(d_meta, meta, sizeof(meta), cudaMemcpyHostToDevice));
-      const size_t n_part = static_cast<size_t>(nq) * kQHeads * segs;
-      float *d_po, *d_pl;
-      CHECK(cudaMalloc(&d_po, n_part * kHD * 4));
-      CHECK(cudaMalloc(&d_pl, n_part * 4));
-
-      vllm_prism::Int8AttnParams p{};
-      p.q = d_q;
-      p.stride_qt = kQHeads * kHD;
-      p.stride_qh = kHD;
-      p.q_dtype = 2;
-      p.stride_cb = kBlockBytes;
-      p.stride_ch = kRowBytes;
-      p.stride_cn = kSlotBytes;
-      p.block_table = d_table;
-      p.stride_bt = n_blocks;
-      p.seq_lens = d_meta;
-      p.qsl = d_meta + 1;
-      p.out = d_out;
-      p.stride_ot = kQHeads * kHD;
-      p.stride_oh = kHD;
-      p.out_dtype = 2;
-      p.part_o = d_po;
-      p.part_lse = d_pl;
-      p.stride_pr = static_cast<int64_t>(n_part) * kHD;
-      p.stride_pt = static_cast<int64_t>(kQHeads) * segs * kHD;
-      p.stride_ph = static_cast<int64_t>(segs) * kHD;
-      p.stride_ps = kHD;
-      p.stride_lr = static_cast<int64_t>(n_part);
-      p.stride_lt = static_cast<int64_t>(kQHeads) * segs;
-      p.stride_lh = segs;
-      p.qk_scale = qk_scale;
-      p.group = kGroup;
-      p.num_kv_heads = kKvHeads;
-      p.head_dim = kHD;
-      p.max_q = nq;
-      p.block_size = kBlock;
-      p.num_segs = segs;
-      p.min_tiles = kMinTiles;
-      p.dim_split = 1;
-      p.lazy_max = 1;
-      auto launch = [&](int c) {
-        vllm_prism::Int8AttnParams pc = p;
-        pc.cache = caches[c];
-        return vllm_prism::int8_verify_wgmma_launch(pc, n_blocks, 1, dev.s);
-      };
-
-      // the check: copy 0's partials, merged, against the reference of two columns
-      CHECK(launch(0));
-      CHECK(cudaStreamSynchronize(dev.s));
-      std::vector<float> po(n_part * kHD), pl(n_part);
-      CHECK(cudaMemcpy(po.data(), d_po, po.size() * 4, cudaMemcpyDeviceToHost));
-      CHECK(cudaMemcpy(pl.data(), d_pl, pl.size() * 4, cudaMemcpyDeviceToHost));
-      std::vector<uint8_t> hc(bytes);
-      CHECK(cudaMemcpy(hc.data(), caches[0], bytes, cudaMemcpyDeviceToHost));
-      double err = 0;
-      const int cols[2][2] = {{0, 0}, {nq - 1, kQHeads - 1}};
-      for (const auto& col : cols) {
-        const std::vector<double> want =
-            reference(hc, table, hq_, ctx - nq, col[0], col[1], qk_scale);
-        const std::vector<double> got = merged(po, pl, segs, col[0], col[1]);
-        double num = 0, den = 0;
-        for (int d = 0; d < kHD; ++d) {
-          num += (got[d] - want[d]) * (got[d] - want[d]);
-          den += want[d] * want[d];
+      const Request req(ctx, nq, segs, cache, qk_scale);
+      // the producer: TMA boxes over the cache's tensor map (the default), or cp.async
+      for (const bool tma : {true, false}) {
+        auto launch = [&](int c) {
+          vllm_prism::Int8AttnParams pc = req.p;
+          pc.cache = cache.copies[c];
+          return vllm_prism::int8_verify_wgmma_launch(pc, tma ? cache.n_blocks : 0, 1, dev.s);
+        };
+        CHECK(launch(0));
+        CHECK(cudaStreamSynchronize(dev.s));
+        const double err = req.error(cache, qk_scale);
+        if (!(err < 1e-2)) {
+          std::fprintf(stderr, "context %d, %d query tokens, %s: relative error %.3g against "
+                       "the reference\n", ctx, nq, tma ? "tma" : "cp_async", err);
+          return 1;
         }
-        err = std::max(err, std::sqrt(num / den));
+        const double us =
+            time_graph(2 * copies, [&](int i) { return launch(i % copies); }, dev.s);
+        // the timeline of a cold copy (another one read last)
+        CHECK(launch(1));
+        CHECK(cudaMemsetAsync(trace, 0, words * 8, dev.s));
+        CHECK(launch(0));
+        CHECK(cudaStreamSynchronize(dev.s));
+        std::vector<unsigned long long> tr(words);
+        CHECK(cudaMemcpy(tr.data(), trace, words * 8, cudaMemcpyDeviceToHost));
+        const double gbps = cache.bytes / us / 1e3;
+        std::printf("{\"context\": %d, \"q_tokens\": %d, \"producer\": \"%s\", "
+                    "\"segments\": %d, \"ctas\": %d, \"us\": %.2f, \"gbps\": %.0f, "
+                    "\"frac\": %.3f, \"rel_err\": %.2e, %s}\n",
+                    ctx, nq, tma ? "tma" : "cp_async", segs, ctas, us, gbps,
+                    gbps / dev.read_gbps, err, timeline_fields(tr, ctas).c_str());
+        std::fflush(stdout);
       }
-      if (!(err < 1e-2)) {
-        std::fprintf(stderr, "context %d, %d query tokens: relative error %.3g against the "
-                             "reference\n", ctx, nq, err);
-        return 1;
-      }
-
-      const double us = time_graph(2 * copies, [&](int i) { return launch(i % copies); }, dev.s);
-
-      // the trace: a cold copy (another one read last)
-      CHECK(launch(1));
-      CHECK(cudaMemsetAsync(trace, 0, static_cast<size_t>(ctas) * kTraceStride * 8, dev.s));
-      CHECK(launch(0));
-      CHECK(cudaStreamSynchronize(dev.s));
-      std::vector<unsigned long long> tr(static_cast<size_t>(ctas) * kTraceStride);
-      CHECK(cudaMemcpy(tr.data(), trace, tr.size() * 8, cudaMemcpyDeviceToHost));
-
-      // the clock's rate: cycles per ns between the %globaltimer stamps, over the CTAs
-      double cyc = 0, ns = 0;
-      uint64_t t_first = ~0ull, t_last = 0;
-      for (int b = 0; b < ctas; ++b) {
-        const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
-        if (t[6] <= t[1] || t[4] <= t[0]) continue;
-        cyc += static_cast<double>(t[4] - t[0]);
-        ns += static_cast<double>(t[6] - t[1]);
-        t_first = std::min<uint64_t>(t_first, t[1]);
-        t_last = std::max<uint64_t>(t_last, t[6]);
-      }
-      const double cyc_per_us = ns > 0 ? 1e3 * cyc / ns : 1.0;
-      auto to_us = [&](double c) { return c / cyc_per_us; };
-      Stat wait, s_step, p_step, o_step, loop, pre, post, blocked, arrival, bound;
-      int waited = 0, stages = 0;
-      for (int b = 0; b < ctas; ++b) {
-        const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
-        if (t[0] == 0) continue;
-        double cta_bound = 0;
-        for (int c = 0; c < 2; ++c) {
-          if (t[2 + c] == 0 || t[4 + c] == 0) continue;
-          double busy = 0;
-          unsigned long long last = t[2 + c];
-          for (int j = 0; j < kTraceMaxStages; ++j) {
-            const unsigned long long* e = t + kTraceStage + (c * kTraceMaxStages + j) * kTraceSteps;
-            if (e[0] == 0 || e[4] == 0) continue;  // not run, or past the segment's end
-            wait.add(to_us(e[1] - e[0]));
-            s_step.add(to_us(e[2] - e[1]));
-            p_step.add(to_us(e[3] - e[2]));
-            o_step.add(to_us(e[4] - e[3]));
-            busy += static_cast<double>(e[4] - e[1]);
-            last = e[4];
-            ++stages;
-            const int k = 2 * j + c;
-            const unsigned long long issue = t[kTraceProd + 2 * k + 1];
-            if (k < 2 * kTraceMaxStages && issue != 0 && e[1] - e[0] > 200 && e[1] > issue) {
-              arrival.add(to_us(e[1] - issue));
-              ++waited;
-            }
-          }
-          loop.add(to_us(last - t[2 + c]));
-          pre.add(to_us(t[2 + c] - t[0]));
-          post.add(to_us(t[4 + c] - last));
-          cta_bound = std::max(cta_bound, to_us(t[2 + c] - t[0] + busy + (t[4 + c] - last)));
-        }
-        bound.add(cta_bound);
-        for (int k = 0; k < 2 * kTraceMaxStages; ++k) {
-          const unsigned long long a = t[kTraceProd + 2 * k], i = t[kTraceProd + 2 * k + 1];
-          if (a != 0 && i >= a) blocked.add(to_us(i - a));
-        }
-      }
-      std::printf(
-          "{\"context\": %d, \"q_tokens\": %d, \"segments\": %d, \"ctas\": %d, \"us\": %.2f, "
-          "\"traced_span_us\": %.2f, \"rel_err\": %.2e, \"clock_mhz\": %.0f, \"stages\": %d, "
-          "\"wait_us\": %.3f, \"s_us\": %.3f, \"p_us\": %.3f, \"o_us\": %.3f, "
-          "\"wait_p90_us\": %.3f, \"stage_p50_us\": %.3f, \"loop_us\": %.2f, \"loop_max_us\": %.2f, "
-          "\"pre_us\": %.2f, \"post_us\": %.2f, \"prod_blocked_us\": %.3f, "
-          "\"arrival_us\": %.3f, \"arrival_p90_us\": %.3f, \"waited_stages\": %d, "
-          "\"compute_bound_us\": %.2f, \"gbps\": %.0f, \"frac\": %.3f}\n",
-          ctx, nq, segs, ctas, us, (t_last - t_first) / 1e3, err, cyc_per_us, stages,
-          wait.mean(), s_step.mean(), p_step.mean(), o_step.mean(), wait.pct(0.9),
-          [&] {
-            Stat all;
-            for (size_t i = 0; i < s_step.v.size(); ++i)
-              all.add(s_step.v[i] + p_step.v[i] + o_step.v[i]);
-            return all.pct(0.5);
-          }(),
-          loop.mean(), loop.pct(1.0), pre.mean(), post.mean(), blocked.mean(), arrival.mean(),
-          arrival.pct(0.9), waited, bound.pct(1.0), bytes / us / 1e3,
-          bytes / us / 1e3 / dev.read_gbps);
-      std::fflush(stdout);
-      CHECK(cudaFree(d_q));
-      CHECK(cudaFree(d_out));
-      CHECK(cudaFree(d_meta));
-      CHECK(cudaFree(d_po));
-      CHECK(cudaFree(d_pl));
     }
-    CHECK(cudaFree(d_table));
-    for (int8_t* c : caches) CHECK(cudaFree(c));
   }
   CHECK(cudaFree(trace));
   return 0;

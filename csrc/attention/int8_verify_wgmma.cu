@@ -103,7 +103,7 @@ constexpr int kBarBoth = kBarConsumer + kConsumers;
 //   kTraceStage + (c kTraceMaxStages + st) kTraceSteps + e consumer c's stage st, event e:
 //   0 waits for the stage, 1 the stage is in, 2 S^T is done, 3 P^T is published, 4 O^T done;
 //   kTraceProd + 2 k (+ 1) the producer before the empty wait of the ring's stage k (its
-//   copy issued).
+//   copies issued: after the lag wait with TMA boxes, before the copies with cp.async).
 #ifndef PRISM_VERIFY_TRACE
 #define PRISM_VERIFY_TRACE 0
 #endif
@@ -363,7 +363,8 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
     }
     return r;
   };
-  auto fill = [&](int buf, int, const VerifyWork& wc, int j, const Rows& r) {
+  auto fill = [&](int buf, int k, const VerifyWork& wc, int j, const Rows& r) {
+    if constexpr (kTrace) trace_at(lane == 0, kTraceProd + 2 * k + 1);
     if (j < wc.n_stages) {
       uint8_t* dst = smem + buf * S::kStageBytes;
 #pragma unroll
