@@ -24,9 +24,10 @@
 #        reach shared memory in the attention kernels' copy patterns, nothing computed
 #        (benchmarks/kernels/kv_copy_probe.cu, no torch; needs no vLLM: touch
 #        /tmp/vllm-gpu/env.sh first on a machine without it)
-#   bash scripts/gpu-session.sh verify-trace [CONTEXTS [QS]]  the INT8 verification kernel's
-#        timeline from inside it: each stage's copy wait, S^T, softmax and O^T steps, the
-#        producer's waits (benchmarks/kernels/verify_trace.cu, no torch; needs no vLLM)
+#   bash scripts/gpu-session.sh attn-trace [CONTEXTS [QS [DECODE_CONTEXTS]]]  the INT8 attention
+#        kernels' timelines from inside them: the verification kernel's copy waits, S^T,
+#        softmax and O^T steps; the decode kernel's prologue, stages, end and CTA spread
+#        (benchmarks/kernels/verify_trace.cu, decode_trace.cu: no torch; needs no vLLM)
 #   bash scripts/gpu-session.sh gemv-sweep [SHAPES [MS]]  configurations of the CUDA C++ GEMV against a
 #        same-size streaming-read probe (benchmarks/kernels/pq2_gemv_sweep.cu, no torch)
 #   bash scripts/gpu-session.sh ptq1mem      weight memory of the 27B-shaped PQ2_0 and PTQ1_0 files
@@ -193,12 +194,16 @@ case $stage in
       && timeout $(limit 120) /tmp/kv-probe "${2:-32768,131072}" "${3:-0,1000,2000,3000}" \
       | tee "$OUT/kv_probe.jsonl" | grep summary
     ;;
-  verify-trace)  # the verification kernel's own timeline (no torch, no vLLM): its stage steps,
-    # copy waits and the producer's, per (context, query tokens)
-    nvcc -O3 -std=c++17 --use_fast_math -gencode arch=compute_90a,code=sm_90a -Icsrc \
-      benchmarks/kernels/verify_trace.cu -o /tmp/verify-trace \
-      && timeout $(limit 200) /tmp/verify-trace "${2:-32768,131072}" "${3:-4,6,8}" \
+  attn-trace)  # the INT8 attention kernels' own timelines (no torch, no vLLM): the
+    # verification kernel's stage steps and copy waits per (context, query tokens, producer),
+    # the decode kernel's prologue, stages, end and CTA spread per (context, copy)
+    f=(-O3 -std=c++17 --use_fast_math -gencode arch=compute_90a,code=sm_90a -Icsrc)
+    nvcc "${f[@]}" benchmarks/kernels/verify_trace.cu -o /tmp/verify-trace & v=$!
+    nvcc "${f[@]}" benchmarks/kernels/decode_trace.cu -o /tmp/decode-trace || exit 1
+    wait $v || exit 1
+    timeout $(limit 200) /tmp/verify-trace "${2:-32768,131072}" "${3:-4,6,8}" \
       | tee "$OUT/verify_trace.jsonl"
+    timeout $(limit 100) /tmp/decode-trace "${4:-4096,32768,131072}" | tee "$OUT/decode_trace.jsonl"
     ;;
   chain)  # bench_pq2_chain.py ARGS once per VLLM_PRISM_PQ2_KERNEL of $CHAIN_KERNELS
     shift

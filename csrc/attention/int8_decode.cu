@@ -44,6 +44,7 @@
 #include <cmath>
 
 #include "../async_pipeline.cuh"
+#include "attn_trace.cuh"
 #include "int8_attention.cuh"
 #include "int8_tile.cuh"
 
@@ -86,6 +87,19 @@ __device__ __forceinline__ void stage_wait(uint64_t* bar, uint32_t parity) {
 #else
   __trap();
 #endif
+}
+
+// The CTA's timeline for benchmarks/kernels/decode_trace.cu (attn_trace.cuh: compiled in only
+// there), thread 0's, kTraceStride words: 0 kernel entry, 1 its %globaltimer (ns), 2 the
+// prologue's copies issued (after the grid-dependency wait), 3 the stage loop done, 4 the
+// output written, 5 its %globaltimer; kTraceIter + 2 it (+ 1) iteration it waits for its stage
+// (its stage is in and the next one's copies issued).
+constexpr int kTraceMaxIters = 128;
+constexpr int kTraceIter = 8;
+constexpr int kTraceStride = kTraceIter + 2 * kTraceMaxIters;
+
+__device__ __forceinline__ void trace_at(int slot, bool timer = false) {
+  attn_trace::at<kTraceStride>(threadIdx.x == 0, slot, timer);
 }
 
 template <int HD, int NKV, int SPLIT>
@@ -142,6 +156,10 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.stride_bt;
   const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.cache);
 
+  if constexpr (attn_trace::kOn) {
+    trace_at(0);
+    trace_at(1, true);
+  }
   const bool bulk = p.bulk != 0;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBarOffset);
   auto tile_src = [&](int tile) {
@@ -196,6 +214,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
     if (s < n_iter) issue(s);
     cp_async_commit();
   }
+  if constexpr (attn_trace::kOn) trace_at(2);
 
   // Q as the B operand of S^T = K . Q^T: k-step 2 * kk + e of thread (g, t) covers the query
   // dimensions 32 kk + 8 t + 4 e + 0..3 of head g.
@@ -229,6 +248,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   const int r3 = r1 + 8;
 
   for (int it = 0; it < n_iter; ++it) {
+    if constexpr (attn_trace::kOn) trace_at(kTraceIter + 2 * min(it, kTraceMaxIters));
     if (bulk) {
       // every warp is past stage it - 1, whose buffer the next issue fills (the barriers'
       // init, thread 0's, is seen by all after the first pass)
@@ -241,6 +261,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
       if (it + S::kStages - 1 < n_iter) issue(it + S::kStages - 1);
       cp_async_commit();
     }
+    if constexpr (attn_trace::kOn) trace_at(kTraceIter + 2 * min(it, kTraceMaxIters) + 1);
 
     const int tile = t0 + it * S::kSubs + sub;
     if (tile >= t1) continue;
@@ -341,6 +362,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   }
 
   pdl_trigger(p.pdl, 2);
+  if constexpr (attn_trace::kOn) trace_at(3);
 
   // ---- merge the warps of a head (sub-tiles) and write
 #pragma unroll
@@ -430,6 +452,10 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
     }
     j += kStep;
     carry();
+  }
+  if constexpr (attn_trace::kOn) {
+    trace_at(4);
+    trace_at(5, true);
   }
 }
 

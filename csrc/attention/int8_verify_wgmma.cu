@@ -57,6 +57,7 @@
 #include <cmath>
 
 #include "../async_pipeline.cuh"
+#include "attn_trace.cuh"
 #include "cache_rows_map.h"
 #include "int8_attention.cuh"
 #include "int8_tile.cuh"
@@ -93,10 +94,8 @@ constexpr int kBarQuery = 1;
 constexpr int kBarConsumer = 2;
 constexpr int kBarBoth = kBarConsumer + kConsumers;
 
-// A timeline of each CTA in clock64 cycles, only where the translation unit defines
-// PRISM_VERIFY_TRACE (benchmarks/kernels/verify_trace.cu: the kernel's own copy, never the
-// extension's, whose trace_at calls compile to nothing): the consumers' stage steps, the
-// producer's waits and issues. Slot layout a CTA (kTraceStride words):
+// The CTA's timeline for benchmarks/kernels/verify_trace.cu (attn_trace.cuh: compiled in only
+// there), kTraceStride words:
 //   0 kernel entry (thread 0), 1 its %globaltimer (ns), 2 + c consumer c starts its loop
 //   (Q^T staged), 4 + c consumer c has written its output, 6 the %globaltimer then of
 //   consumer 0 (slots 1 and 6 give the clock's rate and line the CTAs up);
@@ -104,30 +103,15 @@ constexpr int kBarBoth = kBarConsumer + kConsumers;
 //   0 waits for the stage, 1 the stage is in, 2 S^T is done, 3 P^T is published, 4 O^T done;
 //   kTraceProd + 2 k (+ 1) the producer before the empty wait of the ring's stage k (its
 //   copies issued: after the lag wait with TMA boxes, before the copies with cp.async).
-#ifndef PRISM_VERIFY_TRACE
-#define PRISM_VERIFY_TRACE 0
-#endif
-constexpr bool kTrace = PRISM_VERIFY_TRACE != 0;
+constexpr bool kTrace = attn_trace::kOn;
 constexpr int kTraceMaxStages = 64;  // a consumer's stages traced (more: not recorded)
 constexpr int kTraceSteps = 5;
 constexpr int kTraceStage = 8;
 constexpr int kTraceProd = kTraceStage + kConsumers * kTraceMaxStages * kTraceSteps;
 constexpr int kTraceStride = kTraceProd + 2 * kConsumers * kTraceMaxStages;
-#if PRISM_VERIFY_TRACE
-__device__ unsigned long long* g_verify_trace;  // [CTAs][kTraceStride], set by the harness
-#endif
 
-// Records the SM's clock (slots 1 and 6: %globaltimer) at `slot` of this CTA's timeline where
-// the trace is compiled in and `who` is the recording thread.
-__device__ __forceinline__ void trace_at(bool who, int slot) {
-  if (!kTrace || !who || slot >= kTraceStride) return;
-#if PRISM_VERIFY_TRACE
-  const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  unsigned long long v;
-  if (slot == 1 || slot == 6) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
-  else v = clock64();
-  g_verify_trace[static_cast<int64_t>(cta) * kTraceStride + slot] = v;
-#endif
+__device__ __forceinline__ void trace_at(bool who, int slot, bool timer = false) {
+  attn_trace::at<kTraceStride>(who, slot, timer);
 }
 // consumer c's stage st, event e (past kTraceMaxStages: nothing)
 __device__ __forceinline__ void trace_stage(bool who, int c, int st, int e) {
@@ -771,7 +755,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
                        run_vmax, smem + (both ? c : 0) * S::kOutBytes, bar);
   if constexpr (kTrace) {
     trace_at(tracer, 4 + c);
-    trace_at(tracer && c == 0, 6);
+    trace_at(tracer && c == 0, 6, true);
   }
 }
 
@@ -792,7 +776,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   if constexpr (kTrace) {
     trace_at(threadIdx.x == 0, 0);
-    trace_at(threadIdx.x == 0, 1);
+    trace_at(threadIdx.x == 0, 1, true);
   }
   if (threadIdx.x == 0) {
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBarOff);

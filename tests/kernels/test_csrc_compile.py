@@ -153,25 +153,44 @@ def test_kv_copy_probe_compiles(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
-def test_verify_trace_compiles(tmp_path: Path) -> None:
-    """The verification kernel's timeline harness (benchmarks/kernels/verify_trace.cu) builds as
-    scripts/gpu-session.sh verify-trace builds it, with the trace compiled in, and its traced
-    kernel keeps the extension's register plan: 168 registers a thread at launch (else the
-    consumers' setmaxnreg.inc waits forever) and no spills, so the timeline is the kernel's."""
+@pytest.mark.parametrize("harness,kernel", [("verify_trace.cu", "int8_verify_wgmma_kernel"),
+                                            ("decode_trace.cu", "int8_decode_kernel")])
+def test_attn_trace_compiles(harness: str, kernel: str, tmp_path: Path) -> None:
+    """The attention kernels' timeline harnesses (benchmarks/kernels/verify_trace.cu,
+    decode_trace.cu) build as scripts/gpu-session.sh attn-trace builds them, with the trace
+    compiled in, and their traced kernels do not spill; the verification kernel keeps the
+    extension's register plan, 168 registers a thread at launch (else the consumers'
+    setmaxnreg.inc waits forever), so the timeline is the kernel's."""
     res = subprocess.run([NVCC, "-std=c++17", "-O3", "--use_fast_math", *SM90A_FLAGS,
                           "-Xptxas", "-v", f"-I{ROOT / 'csrc'}",
-                          str(ROOT / "benchmarks/kernels/verify_trace.cu"),
+                          str(ROOT / "benchmarks/kernels" / harness),
                           "-o", str(tmp_path / "trace"), "-keep", "-keep-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     assert (tmp_path / "trace").is_file()
     ptx = "".join(f.read_text() for f in tmp_path.glob("*.ptx"))
     assert "globaltimer" in ptx, "the harness's kernel has no timeline"
-    traced = re.findall(r"Compiling entry function '[^']*int8_verify_wgmma_kernel[^']*'"
-                        r"[^\n]*\n(?:[^\n]*\n){0,3}?[^\n]*Used (\d+) registers", res.stderr)
-    assert traced and all(int(n) == 168 for n in traced), res.stderr[-4000:]
+    regs = re.findall(rf"Compiling entry function '[^']*{kernel}[^']*'"
+                      r"[^\n]*\n(?:[^\n]*\n){0,3}?[^\n]*Used (\d+) registers", res.stderr)
+    assert regs, res.stderr[-4000:]
+    if kernel == "int8_verify_wgmma_kernel":
+        assert all(int(n) == 168 for n in regs), regs
     spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
     assert spills and all(int(s) == 0 for s in spills), res.stderr[-4000:]
+
+
+@pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
+def test_decode_kernel_has_no_trace(tmp_path: Path) -> None:
+    """decode_trace.cu's timeline is compiled out of the extension's decode kernel (the
+    verification kernel's: test_wgmma_verify_compiles)."""
+    ptx = tmp_path / "decode.ptx"
+    res = subprocess.run([NVCC, "-ptx", "-std=c++17", "-O3", "--use_fast_math", "-arch=sm_90",
+                          f"-I{ROOT / 'csrc'}", str(ROOT / "csrc/attention/int8_decode.cu"),
+                          "-o", str(ptx)], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    text = ptx.read_text()
+    assert "int8_decode_kernel" in text
+    assert "globaltimer" not in text and "attn_trace" not in text
 
 
 @pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
@@ -258,7 +277,7 @@ def test_wgmma_verify_compiles(tmp_path: Path) -> None:
     assert used and all(n == 168 for n in used), used
     # benchmarks/kernels/verify_trace.cu's timeline is compiled out of the extension's kernel
     ptx = "".join(f.read_text() for f in tmp_path.glob("*.ptx"))
-    assert ptx and "globaltimer" not in ptx and "g_verify_trace" not in ptx
+    assert ptx and "globaltimer" not in ptx and "attn_trace" not in ptx
     sass = _sass(tmp_path / "k.o")
     if sass is not None:
         assert "HGMMA.64x40x16.F32" in sass

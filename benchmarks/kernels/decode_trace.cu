@@ -1,0 +1,113 @@
+// Where the INT8 decode kernel's fixed cost goes, from inside it
+// (csrc/attention/int8_decode.cu, one query token, split-KV): compiled here with
+// PRISM_ATTN_TRACE so that thread 0 of each CTA writes its timeline (the extension's build has
+// none of it). No torch, no vLLM.
+//
+// The call is bench_attention.py's decode (attn_trace_common.cuh: one request, 24 query / 4 KV
+// heads, head size 256) with the op's segmentation (cuda_decode.num_cuda_segments: about 2 CTAs
+// a multiprocessor, at most 256 segments), with each copy form: cp.async (the default) and one
+// bulk copy a tile (VLLM_PRISM_ATTN_DECODE_COPY=bulk). Each (context, copy) is first checked
+// (the partials, merged here, against a double-precision reference of two heads, relative
+// error < 1e-2), then timed in a CUDA graph over cache copies that exceed three times the L2,
+// then traced once on a cold copy.
+//
+// `us`: the kernel alone (the op adds the merge kernel, which bench_attention.py's decode rows
+// include). From the timeline (the clock's cycles converted to us by its rate between the %globaltimer
+// stamps): `start_spread_us` the CTAs' first entry to their last (the launch's ramp),
+// `end_spread_us` the same for their ends (the tail), `span_us` the first entry to the last end;
+// a CTA's `prologue_us` (entry to its first copies issued, after the grid-dependency wait),
+// `first_wait_us` (those copies issued to the first stage in: a copy's latency with an idle
+// pipeline), `wait_us` / `compute_us` a later stage's wait for its copies and its compute (the
+// iteration's S^T, softmax and O^T), `end_us` (the loop's end to the output written).
+//
+// Build and run on the GPU machine (scripts/gpu-session.sh attn-trace builds and runs both
+// harnesses):
+//   nvcc -O3 -std=c++17 --use_fast_math -gencode arch=compute_90a,code=sm_90a -Icsrc \
+//        benchmarks/kernels/decode_trace.cu -o trace
+//   ./trace 4096,32768,131072 > trace.jsonl
+// Output: the device's line (its read bandwidth), then one JSON object per (context, copy).
+#define PRISM_ATTN_TRACE 1
+#include "attention/int8_decode.cu"
+#include "attn_trace_common.cuh"
+
+using namespace attn_trace_common;
+
+namespace {
+
+constexpr int kCtasPerSm = 2;  // cuda_decode.CTAS_PER_SM
+using vllm_prism::kTraceIter;
+using vllm_prism::kTraceMaxIters;
+using vllm_prism::kTraceStride;
+
+// What a launch's timeline (`tr`, ctas x kTraceStride words) says, as one JSON object's fields.
+std::string timeline_fields(const std::vector<unsigned long long>& tr, int ctas) {
+  uint64_t t_first, t_last;
+  const double cyc_per_us = clock_per_us(tr, ctas, kTraceStride, 0, 4, 1, 5, t_first, t_last);
+  auto us = [&](double c) { return c / cyc_per_us; };
+  Stat prologue, first_wait, wait, compute, end, iters;
+  uint64_t last_start = 0, first_end = ~0ull;
+  for (int b = 0; b < ctas; ++b) {
+    const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
+    if (t[0] == 0 || t[4] == 0) continue;
+    last_start = std::max<uint64_t>(last_start, t[1]);
+    first_end = std::min<uint64_t>(first_end, t[5]);
+    prologue.add(us(t[2] - t[0]));
+    int n = 0;
+    for (int it = 0; it < kTraceMaxIters; ++it) {
+      const unsigned long long* e = t + kTraceIter + 2 * it;
+      if (e[0] == 0) break;
+      ++n;
+      const unsigned long long done = it + 1 < kTraceMaxIters && e[2] != 0 ? e[2] : t[3];
+      if (it == 0) first_wait.add(us(e[1] - t[2]));
+      else wait.add(us(e[1] - e[0]));
+      compute.add(us(done - e[1]));
+    }
+    iters.add(n);
+    end.add(us(t[4] - t[3]));
+  }
+  char buf[768];
+  std::snprintf(
+      buf, sizeof(buf),
+      "\"span_us\": %.2f, \"start_spread_us\": %.2f, \"end_spread_us\": %.2f, "
+      "\"clock_mhz\": %.0f, \"iterations\": %.1f, \"prologue_us\": %.3f, "
+      "\"first_wait_us\": %.3f, \"first_wait_p90_us\": %.3f, \"wait_us\": %.3f, "
+      "\"wait_p90_us\": %.3f, \"compute_us\": %.3f, \"end_us\": %.3f",
+      (t_last - t_first) / 1e3, (last_start - t_first) / 1e3, (t_last - first_end) / 1e3,
+      cyc_per_us, iters.mean(), prologue.mean(), first_wait.mean(), first_wait.pct(0.9),
+      wait.mean(), wait.pct(0.9), compute.mean(), end.mean());
+  return buf;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<int> contexts = parse_ints(argc > 1 ? argv[1] : "4096,32768,131072");
+  SweepDevice dev;
+  const int segs = num_segments(dev.sms, 1, kCtasPerSm);
+  const size_t words = static_cast<size_t>(segs) * kTraceStride;
+  unsigned long long* trace = trace_buffer(words);
+  const float qk_scale = static_cast<float>(1.0 / 16.0 * 1.4426950408889634);
+  for (const int ctx : contexts) {
+    const Cache cache(ctx, dev);
+    const Request req(ctx, 1, segs, cache, qk_scale);
+    for (const int bulk : {0, 1}) {
+      char what[64];
+      std::snprintf(what, sizeof(what), "decode at context %d, %s copies", ctx,
+                    bulk ? "bulk" : "cp_async");
+      const Measured m = measure(cache, req, qk_scale, dev, trace, words, what, [&](int c) {
+        vllm_prism::Int8AttnParams pc = req.p;
+        pc.cache = cache.copies[c];
+        pc.bulk = bulk;
+        return vllm_prism::int8_decode_launch(pc, 1, dev.s);
+      });
+      const double gbps = cache.bytes / m.us / 1e3;
+      std::printf("{\"context\": %d, \"copy\": \"%s\", \"segments\": %d, \"us\": %.2f, "
+                  "\"gbps\": %.0f, \"frac\": %.3f, \"rel_err\": %.2e, %s}\n",
+                  ctx, bulk ? "bulk" : "cp_async", segs, m.us, gbps, gbps / dev.read_gbps,
+                  m.err, timeline_fields(m.timeline, segs).c_str());
+      std::fflush(stdout);
+    }
+  }
+  CHECK(cudaFree(trace));
+  return 0;
+}
