@@ -9,6 +9,8 @@
 
 #include <cuda_bf16.h>
 
+#include <utility>
+
 #include "attention/int8_attention.cuh"
 #include "pq2_sweep_common.cuh"
 
@@ -285,6 +287,22 @@ Measured measure(const Cache& cache, const Request& req, float qk_scale, const S
   m.timeline.resize(words);
   CHECK(cudaMemcpy(m.timeline.data(), trace, words * 8, cudaMemcpyDeviceToHost));
   return m;
+}
+
+// A harness's --selftest verdict: each (read, expected) pair of `got` equal within 1e-6
+// (relative), the read timeline's fields printed; 0 where all are.
+inline int selftest_verdict(const std::vector<std::pair<double, double>>& got,
+                            const std::string& fields) {
+  int bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::fabs(got[i].first - got[i].second) > 1e-6 * std::max(1.0, got[i].second)) {
+      std::fprintf(stderr, "selftest: value %zu is %.6f, not %.6f\n", i, got[i].first,
+                   got[i].second);
+      ++bad;
+    }
+  }
+  std::printf("{\"selftest\": %s, %s}\n", bad ? "false" : "true", fields.c_str());
+  return bad ? 1 : 0;
 }
 
 // Cycles per us of a launch's clock: over the CTAs of a timeline (`tr`, `stride` words a CTA),

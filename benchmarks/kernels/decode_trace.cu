@@ -26,6 +26,7 @@
 //        benchmarks/kernels/decode_trace.cu -o trace
 //   ./trace 4096,32768,131072 > trace.jsonl
 // Output: the device's line (its read bandwidth), then one JSON object per (context, copy).
+// `trace --selftest` (no GPU) checks the timeline's reading on a made-up one.
 #define PRISM_ATTN_TRACE 1
 #include "attention/int8_decode.cu"
 #include "attn_trace_common.cuh"
@@ -39,8 +40,15 @@ using vllm_prism::kTraceIter;
 using vllm_prism::kTraceMaxIters;
 using vllm_prism::kTraceStride;
 
-// What a launch's timeline (`tr`, ctas x kTraceStride words) says, as one JSON object's fields.
-std::string timeline_fields(const std::vector<unsigned long long>& tr, int ctas) {
+// What a launch's timeline says (us, but clock_mhz and iterations).
+struct Timeline {
+  double span = 0, start_spread = 0, end_spread = 0, clock_mhz = 0, iterations = 0;
+  double prologue = 0, first_wait = 0, first_wait_p90 = 0, wait = 0, wait_p90 = 0;
+  double compute = 0, end = 0;
+};
+
+// Reads `tr` (ctas x kTraceStride words, the kernel's slots: int8_decode.cu).
+Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   uint64_t t_first, t_last;
   const double cyc_per_us = clock_per_us(tr, ctas, kTraceStride, 0, 4, 1, 5, t_first, t_last);
   auto us = [&](double c) { return c / cyc_per_us; };
@@ -65,6 +73,24 @@ std::string timeline_fields(const std::vector<unsigned long long>& tr, int ctas)
     iters.add(n);
     end.add(us(t[4] - t[3]));
   }
+  Timeline r;
+  r.span = (t_last - t_first) / 1e3;
+  r.start_spread = (last_start - t_first) / 1e3;
+  r.end_spread = (t_last - first_end) / 1e3;
+  r.clock_mhz = cyc_per_us;
+  r.iterations = iters.mean();
+  r.prologue = prologue.mean();
+  r.first_wait = first_wait.mean();
+  r.first_wait_p90 = first_wait.pct(0.9);
+  r.wait = wait.mean();
+  r.wait_p90 = wait.pct(0.9);
+  r.compute = compute.mean();
+  r.end = end.mean();
+  return r;
+}
+
+// A timeline as one JSON object's fields.
+std::string fields(const Timeline& r) {
   char buf[768];
   std::snprintf(
       buf, sizeof(buf),
@@ -72,15 +98,45 @@ std::string timeline_fields(const std::vector<unsigned long long>& tr, int ctas)
       "\"clock_mhz\": %.0f, \"iterations\": %.1f, \"prologue_us\": %.3f, "
       "\"first_wait_us\": %.3f, \"first_wait_p90_us\": %.3f, \"wait_us\": %.3f, "
       "\"wait_p90_us\": %.3f, \"compute_us\": %.3f, \"end_us\": %.3f",
-      (t_last - t_first) / 1e3, (last_start - t_first) / 1e3, (t_last - first_end) / 1e3,
-      cyc_per_us, iters.mean(), prologue.mean(), first_wait.mean(), first_wait.pct(0.9),
-      wait.mean(), wait.pct(0.9), compute.mean(), end.mean());
+      r.span, r.start_spread, r.end_spread, r.clock_mhz, r.iterations, r.prologue, r.first_wait,
+      r.first_wait_p90, r.wait, r.wait_p90, r.compute, r.end);
   return buf;
+}
+
+// --selftest (no GPU): a made-up timeline of 4 CTAs at 1,500 cycles a us, each entering 0.1 us
+// after the one before: a 1 us prologue, a first stage in 2 us later, then 8 iterations of
+// 1 us compute with 0.5 us waits from the second on, 1.5 us to the output; read back.
+int selftest() {
+  constexpr unsigned long long kUs = 1500;  // cycles a us
+  const int ctas = 4;
+  std::vector<unsigned long long> tr(static_cast<size_t>(ctas) * kTraceStride, 0);
+  for (int b = 0; b < ctas; ++b) {
+    unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
+    t[0] = 9000000 + 11 * b;
+    t[1] = 2000000 + 100 * b;  // ns
+    t[2] = t[0] + kUs;
+    unsigned long long at = t[2];
+    for (int it = 0; it < 8; ++it) {
+      unsigned long long* e = t + kTraceIter + 2 * it;
+      e[0] = at;
+      e[1] = at + (it == 0 ? 2 * kUs : kUs / 2);
+      at = e[1] + kUs;
+    }
+    t[3] = at;
+    t[4] = t[3] + kUs * 3 / 2;
+    t[5] = t[1] + (t[4] - t[0]) * 1000 / kUs;  // 16 us later
+  }
+  const Timeline r = read_timeline(tr, ctas);
+  return selftest_verdict({{r.clock_mhz, 1500}, {r.iterations, 8}, {r.prologue, 1},
+                           {r.first_wait, 2}, {r.wait, 0.5}, {r.compute, 1}, {r.end, 1.5},
+                           {r.start_spread, 0.3}, {r.end_spread, 0.3}, {r.span, 16.3}},
+                          fields(r));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--selftest") == 0) return selftest();
   const std::vector<int> contexts = parse_ints(argc > 1 ? argv[1] : "4096,32768,131072");
   SweepDevice dev;
   const int segs = num_segments(dev.sms, 1, kCtasPerSm);
@@ -104,7 +160,7 @@ int main(int argc, char** argv) {
       std::printf("{\"context\": %d, \"copy\": \"%s\", \"segments\": %d, \"us\": %.2f, "
                   "\"gbps\": %.0f, \"frac\": %.3f, \"rel_err\": %.2e, %s}\n",
                   ctx, bulk ? "bulk" : "cp_async", segs, m.us, gbps, gbps / dev.read_gbps,
-                  m.err, timeline_fields(m.timeline, segs).c_str());
+                  m.err, fields(read_timeline(m.timeline, segs)).c_str());
       std::fflush(stdout);
     }
   }

@@ -28,7 +28,7 @@
 //        benchmarks/kernels/verify_trace.cu -o trace
 //   ./trace 32768,131072 4,6,8 > trace.jsonl
 // Output: the device's line (its read bandwidth), then one JSON object per (context, q tokens,
-// producer).
+// producer). `trace --selftest` (no GPU) checks the timeline's reading on a made-up one.
 #define PRISM_ATTN_TRACE 1
 #include "attention/int8_verify_wgmma.cu"
 #include "attn_trace_common.cuh"
@@ -44,8 +44,16 @@ using vllm_prism::kTraceStage;
 using vllm_prism::kTraceSteps;
 using vllm_prism::kTraceStride;
 
-// What a launch's timeline (`tr`, ctas x kTraceStride words) says, as one JSON object's fields.
-std::string timeline_fields(const std::vector<unsigned long long>& tr, int ctas) {
+// What a launch's timeline says (us, but clock_mhz and the counts).
+struct Timeline {
+  double span = 0, clock_mhz = 0, wait = 0, wait_p90 = 0, s = 0, p = 0, o = 0, stage_p50 = 0;
+  double loop = 0, loop_max = 0, pre = 0, post = 0, blocked = 0, arrival = 0, arrival_p90 = 0;
+  double bound = 0;
+  size_t stages = 0, waited = 0;
+};
+
+// Reads `tr` (ctas x kTraceStride words, the kernel's slots: int8_verify_wgmma.cu).
+Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   uint64_t t_first, t_last;
   const double cyc_per_us = clock_per_us(tr, ctas, kTraceStride, 0, 4, 1, 6, t_first, t_last);
   auto us = [&](double c) { return c / cyc_per_us; };
@@ -84,6 +92,30 @@ std::string timeline_fields(const std::vector<unsigned long long>& tr, int ctas)
       if (a != 0 && i >= a) blocked.add(us(i - a));
     }
   }
+  Timeline r;
+  r.span = (t_last - t_first) / 1e3;
+  r.clock_mhz = cyc_per_us;
+  r.stages = wait.v.size();
+  r.wait = wait.mean();
+  r.wait_p90 = wait.pct(0.9);
+  r.s = s_step.mean();
+  r.p = p_step.mean();
+  r.o = o_step.mean();
+  r.stage_p50 = stage.pct(0.5);
+  r.loop = loop.mean();
+  r.loop_max = loop.pct(1.0);
+  r.pre = pre.mean();
+  r.post = post.mean();
+  r.blocked = blocked.mean();
+  r.arrival = arrival.mean();
+  r.arrival_p90 = arrival.pct(0.9);
+  r.waited = arrival.v.size();
+  r.bound = bound.pct(1.0);
+  return r;
+}
+
+// A timeline as one JSON object's fields.
+std::string fields(const Timeline& r) {
   char buf[1024];
   std::snprintf(
       buf, sizeof(buf),
@@ -92,16 +124,55 @@ std::string timeline_fields(const std::vector<unsigned long long>& tr, int ctas)
       "\"stage_p50_us\": %.3f, \"loop_us\": %.2f, \"loop_max_us\": %.2f, \"pre_us\": %.2f, "
       "\"post_us\": %.2f, \"prod_blocked_us\": %.3f, \"arrival_us\": %.3f, "
       "\"arrival_p90_us\": %.3f, \"waited_stages\": %zu, \"compute_bound_us\": %.2f",
-      (t_last - t_first) / 1e3, cyc_per_us, wait.v.size(), wait.mean(), wait.pct(0.9),
-      s_step.mean(), p_step.mean(), o_step.mean(), stage.pct(0.5), loop.mean(), loop.pct(1.0),
-      pre.mean(), post.mean(), blocked.mean(), arrival.mean(), arrival.pct(0.9),
-      arrival.v.size(), bound.pct(1.0));
+      r.span, r.clock_mhz, r.stages, r.wait, r.wait_p90, r.s, r.p, r.o, r.stage_p50, r.loop,
+      r.loop_max, r.pre, r.post, r.blocked, r.arrival, r.arrival_p90, r.waited, r.bound);
   return buf;
+}
+
+// --selftest (no GPU): a made-up timeline of 2 CTAs at 1,500 cycles a us, each consumer 8 stages
+// of a 1 us wait, 0.5 / 1 / 0.5 us steps, 2 us before its loop and 1 us after, each copy issued
+// 0.5 us after the producer's wait began and 2 us before its consumer saw it; read back.
+int selftest() {
+  constexpr unsigned long long kUs = 1500;  // cycles a us
+  const int ctas = 2;
+  std::vector<unsigned long long> tr(static_cast<size_t>(ctas) * kTraceStride, 0);
+  for (int b = 0; b < ctas; ++b) {
+    unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
+    const unsigned long long t0 = 5000000 + 7 * b;
+    t[0] = t0;
+    t[1] = 1000000 + 100 * b;  // ns
+    for (int c = 0; c < 2; ++c) {
+      t[2 + c] = t0 + 2 * kUs;
+      unsigned long long at = t[2 + c];
+      for (int j = 0; j < 8; ++j) {
+        unsigned long long* e = t + kTraceStage + (c * kTraceMaxStages + j) * kTraceSteps;
+        e[0] = at;
+        e[1] = at + kUs;
+        e[2] = e[1] + kUs / 2;
+        e[3] = e[2] + kUs;
+        e[4] = e[3] + kUs / 2;
+        at = e[4];
+        const int k = 2 * j + c;
+        t[kTraceProd + 2 * k + 1] = e[1] - 2 * kUs;
+        t[kTraceProd + 2 * k] = t[kTraceProd + 2 * k + 1] - kUs / 2;
+      }
+      t[4 + c] = at + kUs;
+    }
+    t[6] = t[1] + (t[4] - t[0]) * 1000 / kUs;  // 27 us later
+  }
+  const Timeline r = read_timeline(tr, ctas);
+  return selftest_verdict({{r.clock_mhz, 1500}, {r.wait, 1}, {r.s, 0.5}, {r.p, 1},
+                           {r.o, 0.5}, {r.stage_p50, 2}, {r.loop, 24}, {r.loop_max, 24},
+                           {r.pre, 2}, {r.post, 1}, {r.blocked, 0.5}, {r.arrival, 2},
+                           {r.bound, 19}, {r.span, 27.1}, {static_cast<double>(r.stages), 32},
+                           {static_cast<double>(r.waited), 32}},
+                          fields(r));
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "--selftest") == 0) return selftest();
   const std::vector<int> contexts = parse_ints(argc > 1 ? argv[1] : "32768,131072");
   const std::vector<int> q_tokens = parse_ints(argc > 2 ? argv[2] : "4,6,8");
   SweepDevice dev;
@@ -129,7 +200,7 @@ int main(int argc, char** argv) {
                     "\"segments\": %d, \"ctas\": %d, \"us\": %.2f, \"gbps\": %.0f, "
                     "\"frac\": %.3f, \"rel_err\": %.2e, %s}\n",
                     ctx, nq, tma ? "tma" : "cp_async", segs, ctas, m.us, gbps,
-                    gbps / dev.read_gbps, m.err, timeline_fields(m.timeline, ctas).c_str());
+                    gbps / dev.read_gbps, m.err, fields(read_timeline(m.timeline, ctas)).c_str());
         std::fflush(stdout);
       }
     }

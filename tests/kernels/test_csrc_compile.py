@@ -160,7 +160,8 @@ def test_attn_trace_compiles(harness: str, kernel: str, tmp_path: Path) -> None:
     decode_trace.cu) build as scripts/gpu-session.sh attn-trace builds them, with the trace
     compiled in, and their traced kernels do not spill; the verification kernel keeps the
     extension's register plan, 168 registers a thread at launch (else the consumers'
-    setmaxnreg.inc waits forever), so the timeline is the kernel's."""
+    setmaxnreg.inc waits forever), so the timeline is the kernel's; and each reads a made-up
+    timeline back right (`--selftest`, no GPU)."""
     res = subprocess.run([NVCC, "-std=c++17", "-O3", "--use_fast_math", *SM90A_FLAGS,
                           "-Xptxas", "-v", f"-I{ROOT / 'csrc'}",
                           str(ROOT / "benchmarks/kernels" / harness),
@@ -177,6 +178,11 @@ def test_attn_trace_compiles(harness: str, kernel: str, tmp_path: Path) -> None:
         assert all(int(n) == 168 for n in regs), regs
     spills = re.findall(r"(\d+) bytes spill stores", res.stderr)
     assert spills and all(int(s) == 0 for s in spills), res.stderr[-4000:]
+    # its reading of a timeline, on a made-up one whose steps it knows (no GPU needed)
+    run = subprocess.run([str(tmp_path / "trace"), "--selftest"], capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert '"selftest": true' in run.stdout
 
 
 @pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
