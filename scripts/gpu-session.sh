@@ -204,6 +204,8 @@ case $stage in
     timeout $(limit 200) /tmp/verify-trace "${2:-32768,131072}" "${3:-4,6,8}" \
       | tee "$OUT/verify_trace.jsonl"
     timeout $(limit 100) /tmp/decode-trace "${4:-4096,32768,131072}" | tee "$OUT/decode_trace.jsonl"
+    python3 benchmarks/kernels/trace_summary.py "$OUT/verify_trace.jsonl" \
+      "$OUT/decode_trace.jsonl" --title "$(date +%F)" --out "$OUT/attention_trace.md"
     ;;
   chain)  # bench_pq2_chain.py ARGS once per VLLM_PRISM_PQ2_KERNEL of $CHAIN_KERNELS
     shift
