@@ -18,7 +18,6 @@ namespace attn_trace_common {
 
 using namespace pq2_sweep;
 
-
 constexpr int kHD = 256;
 constexpr int kKvHeads = 4;
 constexpr int kGroup = 6;
@@ -35,8 +34,10 @@ __global__ void fix_scales(uint8_t* cache, int64_t rows, uint32_t seed) {
   for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < rows;
        r += int64_t(gridDim.x) * blockDim.x) {
     uint8_t* row = cache + r * kRowBytes;
-    const float ks = ldexpf(1.f + (mix(r, seed) & 1023) / 1024.f, -8 + int(mix(r, seed + 1) % 2));
-    const float vs = ldexpf(1.f + (mix(r, seed + 2) & 1023) / 1024.f, -8 + int(mix(r, seed + 3) % 2));
+    const float ks =
+        ldexpf(1.f + (mix(r, seed) & 1023) / 1024.f, -8 + int(mix(r, seed + 1) % 2));
+    const float vs =
+        ldexpf(1.f + (mix(r, seed + 2) & 1023) / 1024.f, -8 + int(mix(r, seed + 3) % 2));
     memcpy(row + kHD, &ks, 4);
     memcpy(row + 2 * kHD + 4, &vs, 4);
   }
@@ -51,9 +52,10 @@ inline int num_segments(int sms, int groups, int per_sm) {
 
 // The double-precision attention of query token tq, head hq over the cache (host copy `c`,
 // blocks in `table`): positions 0 .. prefix + tq.
-inline std::vector<double> reference(const std::vector<uint8_t>& c, const std::vector<int32_t>& table,
-                              const std::vector<__nv_bfloat16>& q, int prefix, int tq, int hq,
-                              float qk_scale) {
+inline std::vector<double> reference(const std::vector<uint8_t>& c,
+                                     const std::vector<int32_t>& table,
+                                     const std::vector<__nv_bfloat16>& q, int prefix, int tq,
+                                     int hq, float qk_scale) {
   const int kvh = hq / kGroup;
   const int n = prefix + tq + 1;
   std::vector<double> s(n);
@@ -89,8 +91,8 @@ inline std::vector<double> reference(const std::vector<uint8_t>& c, const std::v
 }
 
 // The merged output of (tq, hq) from the partials (log2-sum-exp weights; -inf: empty).
-inline std::vector<double> merged(const std::vector<float>& po, const std::vector<float>& pl, int segs,
-                           int tq, int hq) {
+inline std::vector<double> merged(const std::vector<float>& po, const std::vector<float>& pl,
+                                  int segs, int tq, int hq) {
   const int64_t base = (static_cast<int64_t>(tq) * kQHeads + hq) * segs;
   double m = -1e300;
   for (int s = 0; s < segs; ++s)
@@ -107,6 +109,7 @@ inline std::vector<double> merged(const std::vector<float>& po, const std::vecto
   return o;
 }
 
+// A timeline's values of one kind: their mean and percentiles.
 struct Stat {
   std::vector<double> v;
   void add(double x) { v.push_back(x); }

@@ -12,8 +12,8 @@
 // then traced once on a cold copy.
 //
 // `us`: the kernel alone (the op adds the merge kernel, which bench_attention.py's decode rows
-// include). From the timeline (the clock's cycles converted to us by its rate between the %globaltimer
-// stamps): `start_spread_us` the CTAs' first entry to their last (the launch's ramp),
+// include). From the timeline (the clock's cycles converted to us by its rate between the
+// %globaltimer stamps): `start_spread_us` the CTAs' first entry to their last (the launch's ramp),
 // `end_spread_us` the same for their ends (the tail), `span_us` the first entry to the last end;
 // a CTA's `prologue_us` (entry to its first copies issued, after the grid-dependency wait),
 // `first_wait_us` (those copies issued to the first stage in: a copy's latency with an idle
