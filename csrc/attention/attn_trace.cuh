@@ -2,8 +2,9 @@
 // (benchmarks/kernels/verify_trace.cu, decode_trace.cu): the SM's clock (or %globaltimer) at
 // points of a kernel, written to a buffer of `stride` words a CTA. Compiled in only where the
 // translation unit defines PRISM_ATTN_TRACE before including a kernel (the harnesses include
-// the kernel's source); in the extension's build every call is empty and the kernels' PTX is
-// what it is without them (tests/kernels/test_csrc_compile.py checks both kernels).
+// the kernel's source); in the extension's build every call returns at once, so a call site
+// needs no guard of its own, and no trace is left in the kernels' PTX
+// (tests/kernels/test_csrc_compile.py checks both kernels).
 #pragma once
 
 #include <cstdint>

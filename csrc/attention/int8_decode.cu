@@ -156,10 +156,8 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   const int32_t* bt = p.block_table + static_cast<int64_t>(req) * p.stride_bt;
   const uint8_t* cache = reinterpret_cast<const uint8_t*>(p.cache);
 
-  if constexpr (attn_trace::kOn) {
-    trace_at(0);
-    trace_at(1, true);
-  }
+  trace_at(0);
+  trace_at(1, true);
   const bool bulk = p.bulk != 0;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBarOffset);
   auto tile_src = [&](int tile) {
@@ -214,7 +212,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
     if (s < n_iter) issue(s);
     cp_async_commit();
   }
-  if constexpr (attn_trace::kOn) trace_at(2);
+  trace_at(2);
 
   // Q as the B operand of S^T = K . Q^T: k-step 2 * kk + e of thread (g, t) covers the query
   // dimensions 32 kk + 8 t + 4 e + 0..3 of head g.
@@ -248,7 +246,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   const int r3 = r1 + 8;
 
   for (int it = 0; it < n_iter; ++it) {
-    if constexpr (attn_trace::kOn) trace_at(kTraceIter + 2 * min(it, kTraceMaxIters));
+    trace_at(kTraceIter + 2 * it);  // past kTraceMaxIters: beyond the stride, dropped
     if (bulk) {
       // every warp is past stage it - 1, whose buffer the next issue fills (the barriers'
       // init, thread 0's, is seen by all after the first pass)
@@ -261,7 +259,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
       if (it + S::kStages - 1 < n_iter) issue(it + S::kStages - 1);
       cp_async_commit();
     }
-    if constexpr (attn_trace::kOn) trace_at(kTraceIter + 2 * min(it, kTraceMaxIters) + 1);
+    trace_at(kTraceIter + 2 * it + 1);
 
     const int tile = t0 + it * S::kSubs + sub;
     if (tile >= t1) continue;
@@ -362,7 +360,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   }
 
   pdl_trigger(p.pdl, 2);
-  if constexpr (attn_trace::kOn) trace_at(3);
+  trace_at(3);
 
   // ---- merge the warps of a head (sub-tiles) and write
 #pragma unroll
@@ -453,10 +451,8 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
     j += kStep;
     carry();
   }
-  if constexpr (attn_trace::kOn) {
-    trace_at(4);
-    trace_at(5, true);
-  }
+  trace_at(4);
+  trace_at(5, true);
 }
 
 template <int HD, int NKV, int SPLIT>

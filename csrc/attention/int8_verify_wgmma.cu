@@ -103,7 +103,6 @@ constexpr int kBarBoth = kBarConsumer + kConsumers;
 //   0 waits for the stage, 1 the stage is in, 2 S^T is done, 3 P^T is published, 4 O^T done;
 //   kTraceProd + 2 k (+ 1) the producer before the empty wait of the ring's stage k (its
 //   copies issued: after the lag wait with TMA boxes, before the copies with cp.async).
-constexpr bool kTrace = attn_trace::kOn;
 constexpr int kTraceMaxStages = 64;  // a consumer's stages traced (more: not recorded)
 constexpr int kTraceSteps = 5;
 constexpr int kTraceStage = 8;
@@ -115,9 +114,8 @@ __device__ __forceinline__ void trace_at(bool who, int slot, bool timer = false)
 }
 // consumer c's stage st, event e (past kTraceMaxStages: nothing)
 __device__ __forceinline__ void trace_stage(bool who, int c, int st, int e) {
-  if constexpr (kTrace)
-    trace_at(who && st < kTraceMaxStages,
-             kTraceStage + (c * kTraceMaxStages + st) * kTraceSteps + e);
+  trace_at(who && st < kTraceMaxStages,
+           kTraceStage + (c * kTraceMaxStages + st) * kTraceSteps + e);
 }
 
 template <int HD, int NT>
@@ -248,7 +246,7 @@ __device__ __forceinline__ void produce_ring(const Int8AttnParams& p, const Veri
   auto stage = [&](int k, const VerifyWork& wc, const auto& fetched) {
     const int j = k >> 1;
     const int buf = k % kRing, round = k / kRing;
-    if constexpr (kTrace) trace_at((threadIdx.x & 31) == 0, kTraceProd + 2 * k);
+    trace_at((threadIdx.x & 31) == 0, kTraceProd + 2 * k);
     if (round > 0) mbar_wait(&empty[buf], (round - 1) & 1);
     if (j < wc.n_stages) {
       // a stage wholly before the request's first query token holds no row the kernel
@@ -312,7 +310,7 @@ __device__ __forceinline__ void produce_tma(const Int8AttnParams& p, const CUten
       mbar_wait(&full[done % S::kRing], (done / S::kRing) & 1);
     }
     const int tiles = __popc(__ballot_sync(~0u, t.blk >= 0));
-    if constexpr (kTrace) trace_at(lane == 0, kTraceProd + 2 * k + 1);
+    trace_at(lane == 0, kTraceProd + 2 * k + 1);
     if (lane == 0) mbar_expect_tx(&full[buf], tiles * kSlots * S::kSRow);
     else mbar_arrive(&full[buf]);
     if (t.blk >= 0)
@@ -348,7 +346,7 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
     return r;
   };
   auto fill = [&](int buf, int k, const VerifyWork& wc, int j, const Rows& r) {
-    if constexpr (kTrace) trace_at(lane == 0, kTraceProd + 2 * k + 1);
+    trace_at(lane == 0, kTraceProd + 2 * k + 1);
     if (j < wc.n_stages) {
       uint8_t* dst = smem + buf * S::kStageBytes;
 #pragma unroll
@@ -471,7 +469,7 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
   const int r3 = r1 + 8;
 
   const bool tracer = threadIdx.x % kGroupThreads == 0;  // the consumer's trace_stage thread
-  if constexpr (kTrace) trace_at(tracer, 2 + c);
+  trace_at(tracer, 2 + c);
   for (int st = 0; st < n_max; ++st) {
     const int k = 2 * st + c;
     const int buf = k % S::kRing;
@@ -753,10 +751,8 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
   if (both) named_sync<kConsumerThreads>(kBarBoth);
   write_output<HD, NT>(p, w, kvh, sel, seg, direct, inv_group, wwarp, g, t, oacc, lsum,
                        run_vmax, smem + (both ? c : 0) * S::kOutBytes, bar);
-  if constexpr (kTrace) {
-    trace_at(tracer, 4 + c);
-    trace_at(tracer && c == 0, 6, true);
-  }
+  trace_at(tracer, 4 + c);
+  trace_at(tracer && c == 0, 6, true);
 }
 
 template <int HD, int NT, bool LM>
@@ -774,10 +770,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const bool vec16 = verify_vec16(p);
   const int shift = verify_shift(p, kvh, vec16);
 
-  if constexpr (kTrace) {
-    trace_at(threadIdx.x == 0, 0);
-    trace_at(threadIdx.x == 0, 1, true);
-  }
+  trace_at(threadIdx.x == 0, 0);
+  trace_at(threadIdx.x == 0, 1, true);
   if (threadIdx.x == 0) {
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBarOff);
     for (int b = 0; b < S::kRing; ++b) {
