@@ -4,11 +4,14 @@
 // scales in [2^-8, 2^-6)), in cache copies that together exceed three times the L2; the
 // request's query, partials and parameters; the double-precision reference of a column and the
 // partials' merge that a harness checks a launch with; and the timeline's helpers (the clock's
-// rate from the %globaltimer stamps, means and percentiles).
+// rate from the %globaltimer stamps, means and percentiles, the CTAs' spread over two launches
+// by the multiprocessors they ran on).
 #pragma once
 
 #include <cuda_bf16.h>
 
+#include <map>
+#include <string>
 #include <utility>
 
 #include "attention/int8_attention.cuh"
@@ -264,11 +267,12 @@ inline unsigned long long* trace_buffer(size_t words) {
 }
 
 // One launch form of a request (`launch(c)`: on cache copy c): its error against the reference,
-// its time in a CUDA graph over the copies (us a launch) and the timeline of one launch on a
-// cold copy (another one read last). Exits the harness where the error is 1e-2 or more.
+// its time in a CUDA graph over the copies (us a launch) and the timelines of two launches on a
+// cold copy (every other copy read since), for the CTAs' spread over two launches (read_tail).
+// Exits the harness where the error is 1e-2 or more.
 struct Measured {
   double err = 0, us = 0;
-  std::vector<unsigned long long> timeline;
+  std::vector<unsigned long long> timelines[2];
 };
 template <class Launch>
 Measured measure(const Cache& cache, const Request& req, float qk_scale, const SweepDevice& dev,
@@ -283,13 +287,113 @@ Measured measure(const Cache& cache, const Request& req, float qk_scale, const S
   }
   const int copies = static_cast<int>(cache.copies.size());
   m.us = time_graph(2 * copies, [&](int i) { return launch(i % copies); }, dev.s);
-  CHECK(launch(1));
-  CHECK(cudaMemsetAsync(trace, 0, words * 8, dev.s));
-  CHECK(launch(0));
-  CHECK(cudaStreamSynchronize(dev.s));
-  m.timeline.resize(words);
-  CHECK(cudaMemcpy(m.timeline.data(), trace, words * 8, cudaMemcpyDeviceToHost));
+  for (std::vector<unsigned long long>& timeline : m.timelines) {
+    for (int c = 1; c < copies; ++c) CHECK(launch(c));
+    CHECK(cudaMemsetAsync(trace, 0, words * 8, dev.s));
+    CHECK(launch(0));
+    CHECK(cudaStreamSynchronize(dev.s));
+    timeline.resize(words);
+    CHECK(cudaMemcpy(timeline.data(), trace, words * 8, cudaMemcpyDeviceToHost));
+  }
   return m;
+}
+
+// One CTA of a traced launch, for the CTAs' spread: the multiprocessor it ran on and its stream
+// (us; what each harness's cta_runs says it is).
+struct CtaRun {
+  int sm = 0;
+  double stream_us = 0;
+};
+
+// The CTAs' spread over two traced launches `a` and `b` of one call (us): launch a's streams'
+// min, median, mean and max; `tail` = max - mean, the most that handing the work out by the
+// CTAs' pace could save; `lone` / `shared` the mean stream of the CTAs alone on their
+// multiprocessor and of those sharing it (0 where there are none); `sm_corr` the correlation,
+// over the multiprocessors of both launches, of a multiprocessor's mean stream in a and in b:
+// near 1 the same multiprocessors are slow in every launch (the chip's layout), near 0 chance;
+// `slow_sms` the multiprocessors of launch a's slowest tenth of CTAs, ascending.
+struct Tail {
+  double min = 0, p50 = 0, mean = 0, max = 0, tail = 0, lone = 0, shared = 0, sm_corr = 0;
+  std::vector<int> slow_sms;
+};
+
+inline std::map<int, std::pair<double, int>> per_sm(const std::vector<CtaRun>& runs) {
+  std::map<int, std::pair<double, int>> out;  // sm -> (sum of streams, CTAs)
+  for (const CtaRun& r : runs) {
+    out[r.sm].first += r.stream_us;
+    out[r.sm].second += 1;
+  }
+  return out;
+}
+
+inline Tail read_tail(const std::vector<CtaRun>& a, const std::vector<CtaRun>& b) {
+  Tail t;
+  if (a.empty()) return t;
+  Stat s, lone, shared;
+  const std::map<int, std::pair<double, int>> sa = per_sm(a), sb = per_sm(b);
+  for (const CtaRun& r : a) {
+    s.add(r.stream_us);
+    (sa.at(r.sm).second == 1 ? lone : shared).add(r.stream_us);
+  }
+  t.min = s.pct(0.0);
+  t.p50 = s.pct(0.5);
+  t.mean = s.mean();
+  t.max = s.pct(1.0);
+  t.tail = t.max - t.mean;
+  t.lone = lone.mean();
+  t.shared = shared.mean();
+  std::vector<std::pair<double, double>> xy;
+  for (const auto& [sm, sum_a] : sa) {
+    const auto it = sb.find(sm);
+    if (it != sb.end())
+      xy.emplace_back(sum_a.first / sum_a.second, it->second.first / it->second.second);
+  }
+  double mx = 0, my = 0;
+  for (const auto& [x, y] : xy) {
+    mx += x / xy.size();
+    my += y / xy.size();
+  }
+  double sxy = 0, sxx = 0, syy = 0;
+  for (const auto& [x, y] : xy) {
+    sxy += (x - mx) * (y - my);
+    sxx += (x - mx) * (x - mx);
+    syy += (y - my) * (y - my);
+  }
+  t.sm_corr = sxx > 0 && syy > 0 ? sxy / std::sqrt(sxx * syy) : 0.0;
+  std::vector<CtaRun> sorted = a;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const CtaRun& x, const CtaRun& y) { return x.stream_us > y.stream_us; });
+  for (size_t i = 0; i < std::max<size_t>(1, sorted.size() / 10); ++i)
+    t.slow_sms.push_back(sorted[i].sm);
+  std::sort(t.slow_sms.begin(), t.slow_sms.end());
+  return t;
+}
+
+// A Tail as JSON fields.
+inline std::string tail_fields(const Tail& t) {
+  std::string sms;
+  for (size_t i = 0; i < t.slow_sms.size(); ++i)
+    sms += (i ? ", " : "") + std::to_string(t.slow_sms[i]);
+  char buf[512];
+  std::snprintf(buf, sizeof(buf),
+                "\"stream_min_us\": %.2f, \"stream_p50_us\": %.2f, \"stream_mean_us\": %.2f, "
+                "\"stream_max_us\": %.2f, \"tail_us\": %.2f, \"lone_stream_us\": %.2f, "
+                "\"shared_stream_us\": %.2f, \"sm_corr\": %.3f, \"slow_sms\": [%s]",
+                t.min, t.p50, t.mean, t.max, t.tail, t.lone, t.shared, t.sm_corr, sms.c_str());
+  return buf;
+}
+
+// read_tail on made-up launches whose figures are worked out by hand: four CTAs on
+// multiprocessors 0, 0, 1, 2 with streams 1, 1, 2, 3 us; launch b the same 0.5 us slower
+// (correlation 1) or in the opposite order (-1). (read, expected) pairs for selftest_verdict.
+inline std::vector<std::pair<double, double>> tail_selftest() {
+  const std::vector<CtaRun> a = {{0, 1}, {0, 1}, {1, 2}, {2, 3}};
+  const std::vector<CtaRun> b = {{0, 1.5}, {0, 1.5}, {1, 2.5}, {2, 3.5}};
+  const std::vector<CtaRun> r = {{0, 3}, {0, 3}, {1, 2}, {2, 1}};
+  const Tail t = read_tail(a, b), u = read_tail(a, r);
+  return {{t.min, 1}, {t.p50, 2}, {t.mean, 1.75}, {t.max, 3}, {t.tail, 1.25}, {t.lone, 2.5},
+          {t.shared, 1}, {t.sm_corr, 1}, {u.sm_corr + 2, 1},
+          {static_cast<double>(t.slow_sms.size()), 1}, {static_cast<double>(t.slow_sms[0]), 2}};
 }
 
 // A harness's --selftest verdict: each (read, expected) pair of `got` equal within 1e-6

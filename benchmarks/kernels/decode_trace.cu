@@ -19,6 +19,10 @@
 // `first_wait_us` (those copies issued to the first stage in: a copy's latency with an idle
 // pipeline), `wait_us` / `compute_us` a later stage's wait for its copies and its compute (the
 // iteration's S^T, softmax and O^T), `end_us` (the loop's end to the output written).
+// The CTAs' spread (attn_trace_common.cuh, read_tail; two traced launches): a CTA's stream is
+// its first copies issued to its stage loop's end; `tail_us` its max less its mean, `sm_corr`
+// whether the same multiprocessors are slow in both launches, `lone` / `shared` the CTAs alone
+// on a multiprocessor against those that share one.
 //
 // Build and run on the GPU machine (scripts/gpu-session.sh attn-trace builds and runs both
 // harnesses):
@@ -89,6 +93,19 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   return r;
 }
 
+// The CTAs of a timeline for the spread: multiprocessor (slot 6), copies issued to loop end.
+std::vector<CtaRun> cta_runs(const std::vector<unsigned long long>& tr, int ctas) {
+  uint64_t t_first, t_last;
+  const double cyc_per_us = clock_per_us(tr, ctas, kTraceStride, 0, 4, 1, 5, t_first, t_last);
+  std::vector<CtaRun> out;
+  for (int b = 0; b < ctas; ++b) {
+    const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
+    if (t[0] == 0 || t[4] == 0) continue;
+    out.push_back({static_cast<int>(t[6]), (t[3] - t[2]) / cyc_per_us});
+  }
+  return out;
+}
+
 // A timeline as one JSON object's fields.
 std::string fields(const Timeline& r) {
   char buf[768];
@@ -125,12 +142,18 @@ int selftest() {
     t[3] = at;
     t[4] = t[3] + kUs * 3 / 2;
     t[5] = t[1] + (t[4] - t[0]) * 1000 / kUs;  // 16 us later
+    t[6] = 7 + b;  // the multiprocessor
   }
   const Timeline r = read_timeline(tr, ctas);
-  return selftest_verdict({{r.clock_mhz, 1500}, {r.iterations, 8}, {r.prologue, 1},
-                           {r.first_wait, 2}, {r.wait, 0.5}, {r.compute, 1}, {r.end, 1.5},
-                           {r.start_spread, 0.3}, {r.end_spread, 0.3}, {r.span, 16.3}},
-                          fields(r));
+  // each CTA's stream: the 2 us first wait, 8 computes of 1 us and 7 waits of 0.5 us
+  const std::vector<CtaRun> runs = cta_runs(tr, ctas);
+  std::vector<std::pair<double, double>> got = {
+      {r.clock_mhz, 1500}, {r.iterations, 8}, {r.prologue, 1}, {r.first_wait, 2},
+      {r.wait, 0.5}, {r.compute, 1}, {r.end, 1.5}, {r.start_spread, 0.3}, {r.end_spread, 0.3},
+      {r.span, 16.3}, {static_cast<double>(runs.size()), 4}, {runs[3].stream_us, 13.5},
+      {static_cast<double>(runs[3].sm), 10}};
+  for (const auto& pair : tail_selftest()) got.push_back(pair);
+  return selftest_verdict(got, fields(r));
 }
 
 }  // namespace
@@ -157,10 +180,12 @@ int main(int argc, char** argv) {
         return vllm_prism::int8_decode_launch(pc, 1, dev.s);
       });
       const double gbps = cache.bytes / m.us / 1e3;
+      const Tail tail = read_tail(cta_runs(m.timelines[0], segs), cta_runs(m.timelines[1], segs));
       std::printf("{\"context\": %d, \"copy\": \"%s\", \"segments\": %d, \"us\": %.2f, "
-                  "\"gbps\": %.0f, \"frac\": %.3f, \"rel_err\": %.2e, %s}\n",
+                  "\"gbps\": %.0f, \"frac\": %.3f, \"rel_err\": %.2e, %s, %s}\n",
                   ctx, bulk ? "bulk" : "cp_async", segs, m.us, gbps, gbps / dev.read_gbps,
-                  m.err, fields(read_timeline(m.timeline, segs)).c_str());
+                  m.err, fields(read_timeline(m.timelines[0], segs)).c_str(),
+                  tail_fields(tail).c_str());
       std::fflush(stdout);
     }
   }

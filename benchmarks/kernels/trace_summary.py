@@ -9,7 +9,12 @@ table per kernel, with what to read off each row:
   time, and ``free copies``, the kernel's time if its copies were free (the longest consumer's
   loop without its waits, with its start and end) over its time;
 * decode: ``fixed``, the traced span less the iterations' stream (their count times a stage's
-  wait and compute): the prologue, the first copy's latency, the end and the CTAs' spread.
+  wait and compute): the prologue, the first copy's latency, the end and the CTAs' spread;
+* both, where the harness traced two launches: the CTAs' spread, each CTA's stream (decode: its
+  copies issued to its loop's end; verification: its longer consumer's loop and output),
+  ``tail share`` (the slowest CTA's stream less the mean, over the kernel's time: the most that
+  handing the work out by the CTAs' pace could save), ``sm corr`` (near 1: the same
+  multiprocessors are slow in both launches) and the slowest tenth's multiprocessors.
 
     python benchmarks/kernels/trace_summary.py verify_trace.jsonl decode_trace.jsonl \
         --title "H100, 2026-12-08" --out benchmarks/results/attention_trace_h100_2026-12-08.md
@@ -35,6 +40,13 @@ DECODE_COLUMNS = [
     ("first_wait_us", "first copy"), ("iterations", "iterations"), ("wait_us", "wait"),
     ("compute_us", "compute"), ("end_us", "end"), ("end_spread_us", "end spread"),
     ("fixed_us", "fixed"),
+]
+
+SPREAD_COLUMNS = [
+    ("us", "us"), ("stream_min_us", "stream min"), ("stream_p50_us", "median"),
+    ("stream_mean_us", "mean"), ("stream_max_us", "max"), ("tail_us", "tail"),
+    ("tail_share", "tail share"), ("lone_stream_us", "alone on its SM"),
+    ("shared_stream_us", "sharing its SM"), ("sm_corr", "sm corr"), ("slow_sms", "slowest SMs"),
 ]
 
 
@@ -68,10 +80,14 @@ def with_derived(row: dict, kind: str) -> dict:
     else:
         stream = row["iterations"] * (row["wait_us"] + row["compute_us"])
         out["fixed_us"] = row["span_us"] - stream
+    if "tail_us" in row:
+        out["tail_share"] = row["tail_us"] / row["us"] if row["us"] > 0 else 0.0
     return out
 
 
 def cell(value: object) -> str:
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
     if isinstance(value, float):
         return f"{value:.3f}" if abs(value) < 10 else f"{value:.2f}"
     return str(value)
@@ -98,6 +114,12 @@ def summary(paths: list[Path], title: str) -> str:
     if decode:
         out += ["## Decode (int8_decode.cu, the kernel alone, without the merge)", ""]
         out += table(decode, DECODE_COLUMNS, "decode") + [""]
+    for rows, keys, kind, name in ((verify, VERIFY_COLUMNS[:3], "verify", "Verification"),
+                                   (decode, DECODE_COLUMNS[:2], "decode", "Decode")):
+        traced = [r for r in rows if "tail_us" in r]
+        if traced:
+            out += [f"## {name}: the CTAs' spread (streams in us, two launches)", ""]
+            out += table(traced, keys + SPREAD_COLUMNS, kind) + [""]
     return "\n".join(out)
 
 

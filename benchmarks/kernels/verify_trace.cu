@@ -21,6 +21,9 @@
 // a copy's issue to its consumer seeing it, over the stages its consumer was waiting for
 // (the copy's own latency under the call's load). `compute_bound_us`: the longest consumer's
 // loop without its waits, plus pre and post: the kernel if the copies were free.
+// The CTAs' spread (attn_trace_common.cuh, read_tail; two traced launches): a CTA's stream is
+// its longer consumer's loop and output; `tail_us` its max less its mean, `sm_corr` whether
+// the same multiprocessors are slow in both launches.
 //
 // Build and run on the GPU machine (scripts/gpu-session.sh attn-trace builds and runs both
 // harnesses):
@@ -114,6 +117,24 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   return r;
 }
 
+// The CTAs of a timeline for the spread: multiprocessor (slot 7), the longer consumer's loop
+// start to its output written.
+std::vector<CtaRun> cta_runs(const std::vector<unsigned long long>& tr, int ctas) {
+  uint64_t t_first, t_last;
+  const double cyc_per_us = clock_per_us(tr, ctas, kTraceStride, 0, 4, 1, 6, t_first, t_last);
+  std::vector<CtaRun> out;
+  for (int b = 0; b < ctas; ++b) {
+    const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
+    if (t[0] == 0) continue;
+    double stream = 0;
+    for (int c = 0; c < 2; ++c)
+      if (t[2 + c] != 0 && t[4 + c] > t[2 + c])
+        stream = std::max(stream, (t[4 + c] - t[2 + c]) / cyc_per_us);
+    out.push_back({static_cast<int>(t[7]), stream});
+  }
+  return out;
+}
+
 // A timeline as one JSON object's fields.
 std::string fields(const Timeline& r) {
   char buf[1024];
@@ -159,14 +180,19 @@ int selftest() {
       t[4 + c] = at + kUs;
     }
     t[6] = t[1] + (t[4] - t[0]) * 1000 / kUs;  // 27 us later
+    t[7] = 3 + b;  // the multiprocessor
   }
   const Timeline r = read_timeline(tr, ctas);
-  return selftest_verdict({{r.clock_mhz, 1500}, {r.wait, 1}, {r.s, 0.5}, {r.p, 1},
-                           {r.o, 0.5}, {r.stage_p50, 2}, {r.loop, 24}, {r.loop_max, 24},
-                           {r.pre, 2}, {r.post, 1}, {r.blocked, 0.5}, {r.arrival, 2},
-                           {r.bound, 19}, {r.span, 27.1}, {static_cast<double>(r.stages), 32},
-                           {static_cast<double>(r.waited), 32}},
-                          fields(r));
+  // each CTA's stream: a consumer's 8 stages of 3 us and its 1 us output
+  const std::vector<CtaRun> runs = cta_runs(tr, ctas);
+  std::vector<std::pair<double, double>> got = {
+      {r.clock_mhz, 1500}, {r.wait, 1}, {r.s, 0.5}, {r.p, 1}, {r.o, 0.5}, {r.stage_p50, 2},
+      {r.loop, 24}, {r.loop_max, 24}, {r.pre, 2}, {r.post, 1}, {r.blocked, 0.5},
+      {r.arrival, 2}, {r.bound, 19}, {r.span, 27.1}, {static_cast<double>(r.stages), 32},
+      {static_cast<double>(r.waited), 32}, {static_cast<double>(runs.size()), 2},
+      {runs[1].stream_us, 25}, {static_cast<double>(runs[1].sm), 4}};
+  for (const auto& pair : tail_selftest()) got.push_back(pair);
+  return selftest_verdict(got, fields(r));
 }
 
 }  // namespace
@@ -196,11 +222,15 @@ int main(int argc, char** argv) {
           return vllm_prism::int8_verify_wgmma_launch(pc, tma ? cache.n_blocks : 0, 1, dev.s);
         });
         const double gbps = cache.bytes / m.us / 1e3;
+        const Tail tail =
+            read_tail(cta_runs(m.timelines[0], ctas), cta_runs(m.timelines[1], ctas));
         std::printf("{\"context\": %d, \"q_tokens\": %d, \"producer\": \"%s\", "
                     "\"segments\": %d, \"ctas\": %d, \"us\": %.2f, \"gbps\": %.0f, "
-                    "\"frac\": %.3f, \"rel_err\": %.2e, %s}\n",
+                    "\"frac\": %.3f, \"rel_err\": %.2e, %s, %s}\n",
                     ctx, nq, tma ? "tma" : "cp_async", segs, ctas, m.us, gbps,
-                    gbps / dev.read_gbps, m.err, fields(read_timeline(m.timeline, ctas)).c_str());
+                    gbps / dev.read_gbps, m.err,
+                    fields(read_timeline(m.timelines[0], ctas)).c_str(),
+                    tail_fields(tail).c_str());
         std::fflush(stdout);
       }
     }

@@ -38,5 +38,18 @@ __device__ __forceinline__ void at(bool who, int slot, bool timer = false) {
 #endif
 }
 
+// Records the multiprocessor the CTA runs on (%smid) at `slot`, as `at` records a clock: the
+// harnesses' reading of the CTAs' spread (which multiprocessors the slow CTAs ran on).
+template <int kStride>
+__device__ __forceinline__ void sm_at(bool who, int slot) {
+  if (!kOn || !who || slot >= kStride) return;
+#if PRISM_ATTN_TRACE
+  const int cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  unsigned int sm;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+  g_buf[static_cast<int64_t>(cta) * kStride + slot] = sm;
+#endif
+}
+
 }  // namespace attn_trace
 }  // namespace vllm_prism

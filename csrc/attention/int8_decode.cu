@@ -92,8 +92,8 @@ __device__ __forceinline__ void stage_wait(uint64_t* bar, uint32_t parity) {
 // The CTA's timeline for benchmarks/kernels/decode_trace.cu (attn_trace.cuh: compiled in only
 // there), thread 0's, kTraceStride words: 0 kernel entry, 1 its %globaltimer (ns), 2 the
 // prologue's copies issued (after the grid-dependency wait), 3 the stage loop done, 4 the
-// output written, 5 its %globaltimer; kTraceIter + 2 it (+ 1) iteration it waits for its stage
-// (its stage is in and the next one's copies issued).
+// output written, 5 its %globaltimer, 6 the multiprocessor (%smid); kTraceIter + 2 it (+ 1)
+// iteration it waits for its stage (its stage is in and the next one's copies issued).
 constexpr int kTraceMaxIters = 128;
 constexpr int kTraceIter = 8;
 constexpr int kTraceStride = kTraceIter + 2 * kTraceMaxIters;
@@ -158,6 +158,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
 
   trace_at(0);
   trace_at(1, true);
+  attn_trace::sm_at<kTraceStride>(threadIdx.x == 0, 6);
   const bool bulk = p.bulk != 0;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + S::kBarOffset);
   auto tile_src = [&](int tile) {

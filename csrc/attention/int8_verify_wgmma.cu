@@ -98,7 +98,8 @@ constexpr int kBarBoth = kBarConsumer + kConsumers;
 // there), kTraceStride words:
 //   0 kernel entry (thread 0), 1 its %globaltimer (ns), 2 + c consumer c starts its loop
 //   (Q^T staged), 4 + c consumer c has written its output, 6 the %globaltimer then of
-//   consumer 0 (slots 1 and 6 give the clock's rate and line the CTAs up);
+//   consumer 0 (slots 1 and 6 give the clock's rate and line the CTAs up), 7 the
+//   multiprocessor (%smid);
 //   kTraceStage + (c kTraceMaxStages + st) kTraceSteps + e consumer c's stage st, event e:
 //   0 waits for the stage, 1 the stage is in, 2 S^T is done, 3 P^T is published, 4 O^T done;
 //   kTraceProd + 2 k (+ 1) the producer before the empty wait of the ring's stage k (its
@@ -772,6 +773,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   trace_at(threadIdx.x == 0, 0);
   trace_at(threadIdx.x == 0, 1, true);
+  attn_trace::sm_at<kTraceStride>(threadIdx.x == 0, 7);
   if (threadIdx.x == 0) {
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + S::kBarOff);
     for (int b = 0; b < S::kRing; ++b) {

@@ -1,5 +1,6 @@
 """benchmarks/kernels/trace_summary.py on hand-written timeline lines (the device's, one
-verification call, one decode call, a line that is not JSON): the rows sorted by kind and the
+verification call without the CTAs' spread, as the harnesses wrote before they traced two
+launches, one decode call with it, a line that is not JSON): the rows sorted by kind and the
 derived columns, each worked out by hand below."""
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ VERIFY = {"context": 32768, "q_tokens": 6, "producer": "tma", "segments": 66, "c
 DECODE = {"context": 4096, "copy": "cp_async", "segments": 256, "us": 12.0, "frac": 0.2,
           "span_us": 11.0, "start_spread_us": 1.0, "prologue_us": 0.5, "first_wait_us": 2.0,
           "iterations": 2.0, "wait_us": 0.75, "compute_us": 1.25, "end_us": 1.5,
-          "end_spread_us": 0.5}
+          "end_spread_us": 0.5, "stream_min_us": 5.0, "stream_p50_us": 6.0,
+          "stream_mean_us": 6.5, "stream_max_us": 9.5, "tail_us": 3.0, "lone_stream_us": 5.5,
+          "shared_stream_us": 7.0, "sm_corr": 0.9, "slow_sms": [3, 17]}
 
 
 def _write(tmp_path: Path) -> tuple[Path, Path]:
@@ -48,6 +51,9 @@ def test_derived_columns() -> None:
     d = trace_summary.with_derived(DECODE, "decode")
     # span 11 us less 2 iterations x (0.75 + 1.25) us
     assert d["fixed_us"] == 7.0
+    # the slowest CTA's 3 us past the mean, of the kernel's 12 us
+    assert d["tail_share"] == 0.25
+    assert "tail_share" not in v
 
 
 def test_tables(tmp_path: Path) -> None:
@@ -61,7 +67,7 @@ def test_tables(tmp_path: Path) -> None:
     assert "NVIDIA H100 80GB HBM3, 132 SMs, read bandwidth 3196 GB/s" in text
     rows = [line for line in text.splitlines() if line.startswith("| 32768") or
             line.startswith("| 4096")]
-    assert len(rows) == 2
+    assert len(rows) == 3  # verification, decode, decode's spread
     verify_cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert verify_cells[:4] == ["32768", "6", "tma", "40.00"]
     assert verify_cells[9] == "0.375"  # wait share
@@ -69,3 +75,9 @@ def test_tables(tmp_path: Path) -> None:
     decode_cells = [c.strip() for c in rows[1].strip("|").split("|")]
     assert decode_cells[:3] == ["4096", "cp_async", "12.00"]
     assert decode_cells[-1] == "7.000"  # fixed
+    # the spread: a table for decode only (the verification line has none)
+    assert "## Decode: the CTAs' spread" in text and "## Verification: the CTAs'" not in text
+    cells = [c.strip() for c in rows[2].strip("|").split("|")]
+    assert cells[:3] == ["4096", "cp_async", "12.00"]
+    assert cells[8] == "0.250"  # tail share
+    assert cells[-2:] == ["0.900", "3 17"]  # sm corr, the slowest SMs

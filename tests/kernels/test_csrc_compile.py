@@ -171,6 +171,7 @@ def test_attn_trace_compiles(harness: str, kernel: str, tmp_path: Path) -> None:
     assert (tmp_path / "trace").is_file()
     ptx = "".join(f.read_text() for f in tmp_path.glob("*.ptx"))
     assert "globaltimer" in ptx, "the harness's kernel has no timeline"
+    assert "%smid" in ptx, "the harness's kernel does not record its multiprocessor"
     regs = re.findall(rf"Compiling entry function '[^']*{kernel}[^']*'"
                       r"[^\n]*\n(?:[^\n]*\n){0,3}?[^\n]*Used (\d+) registers", res.stderr)
     assert regs, res.stderr[-4000:]
@@ -196,7 +197,7 @@ def test_decode_kernel_has_no_trace(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-4000:]
     text = ptx.read_text()
     assert "int8_decode_kernel" in text
-    assert "globaltimer" not in text and "attn_trace" not in text
+    assert "globaltimer" not in text and "attn_trace" not in text and "%smid" not in text
 
 
 @pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
@@ -283,7 +284,7 @@ def test_wgmma_verify_compiles(tmp_path: Path) -> None:
     assert used and all(n == 168 for n in used), used
     # benchmarks/kernels/verify_trace.cu's timeline is compiled out of the extension's kernel
     ptx = "".join(f.read_text() for f in tmp_path.glob("*.ptx"))
-    assert ptx and "globaltimer" not in ptx and "attn_trace" not in ptx
+    assert ptx and "globaltimer" not in ptx and "attn_trace" not in ptx and "%smid" not in ptx
     sass = _sass(tmp_path / "k.o")
     if sass is not None:
         assert "HGMMA.64x40x16.F32" in sass
