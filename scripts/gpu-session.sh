@@ -24,9 +24,11 @@
 #        reach shared memory in the attention kernels' copy patterns, nothing computed
 #        (benchmarks/kernels/kv_copy_probe.cu, no torch; needs no vLLM: touch
 #        /tmp/vllm-gpu/env.sh first on a machine without it)
-#   bash scripts/gpu-session.sh attn-trace [CONTEXTS [QS [DECODE_CONTEXTS]]]  the INT8 attention
-#        kernels' timelines from inside them: the verification kernel's copy waits, S^T,
-#        softmax and O^T steps; the decode kernel's prologue, stages, end and CTA spread
+#   bash scripts/gpu-session.sh attn-trace [CONTEXTS [QS [DECODE_CONTEXTS [DECODE_SEGMENTS]]]]
+#        the INT8 attention kernels' timelines from inside them: the verification kernel's copy
+#        waits, S^T, softmax and O^T steps; the decode kernel's prologue, stages, end; both
+#        kernels' CTA spread over two launches (DECODE_SEGMENTS: segment counts to try instead
+#        of the op's, e.g. 256,512,1024)
 #        (benchmarks/kernels/verify_trace.cu, decode_trace.cu: no torch; needs no vLLM)
 #   bash scripts/gpu-session.sh gemv-sweep [SHAPES [MS]]  configurations of the CUDA C++ GEMV against a
 #        same-size streaming-read probe (benchmarks/kernels/pq2_gemv_sweep.cu, no torch)
@@ -196,14 +198,15 @@ case $stage in
     ;;
   attn-trace)  # the INT8 attention kernels' own timelines (no torch, no vLLM): the
     # verification kernel's stage steps and copy waits per (context, query tokens, producer),
-    # the decode kernel's prologue, stages, end and CTA spread per (context, copy)
+    # the decode kernel's prologue, stages, end and CTA spread per (context, segments, copy)
     f=(-O3 -std=c++17 --use_fast_math -gencode arch=compute_90a,code=sm_90a -Icsrc)
     nvcc "${f[@]}" benchmarks/kernels/verify_trace.cu -o /tmp/verify-trace & v=$!
     nvcc "${f[@]}" benchmarks/kernels/decode_trace.cu -o /tmp/decode-trace || exit 1
     wait $v || exit 1
     timeout $(limit 200) /tmp/verify-trace "${2:-32768,131072}" "${3:-4,6,8}" \
       | tee "$OUT/verify_trace.jsonl"
-    timeout $(limit 100) /tmp/decode-trace "${4:-4096,32768,131072}" | tee "$OUT/decode_trace.jsonl"
+    timeout $(limit 150) /tmp/decode-trace "${4:-4096,32768,131072}" ${5:-} \
+      | tee "$OUT/decode_trace.jsonl"
     python3 benchmarks/kernels/trace_summary.py "$OUT/verify_trace.jsonl" \
       "$OUT/decode_trace.jsonl" --title "$(date +%F)" --out "$OUT/attention_trace.md"
     ;;

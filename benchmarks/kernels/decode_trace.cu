@@ -29,6 +29,7 @@
 //   nvcc -O3 -std=c++17 --use_fast_math -gencode arch=compute_90a,code=sm_90a -Icsrc \
 //        benchmarks/kernels/decode_trace.cu -o trace
 //   ./trace 4096,32768,131072 > trace.jsonl
+//   ./trace 32768,131072 256,512,1024 > trace.jsonl    (segment counts other than the op's)
 // Output: the device's line (its read bandwidth), then one JSON object per (context, copy).
 // `trace --selftest` (no GPU) checks the timeline's reading on a made-up one.
 #define PRISM_ATTN_TRACE 1
@@ -48,10 +49,12 @@ using vllm_prism::kTraceStride;
 struct Timeline {
   double span = 0, start_spread = 0, end_spread = 0, clock_mhz = 0, iterations = 0;
   double prologue = 0, first_wait = 0, first_wait_p90 = 0, wait = 0, wait_p90 = 0;
-  double compute = 0, end = 0;
+  double compute = 0, end = 0, working = 0;
 };
 
-// Reads `tr` (ctas x kTraceStride words, the kernel's slots: int8_decode.cu).
+// Reads `tr` (ctas x kTraceStride words, the kernel's slots: int8_decode.cu). The CTAs' steps
+// and spreads are those of the CTAs with work (the op launches a fixed number of segments, so a
+// short context leaves the last ones none); the span is the whole launch's.
 Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   uint64_t t_first, t_last;
   const double cyc_per_us = clock_per_us(tr, ctas, kTraceStride, 0, 4, 1, 5, t_first, t_last);
@@ -60,7 +63,7 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   uint64_t last_start = 0, first_end = ~0ull;
   for (int b = 0; b < ctas; ++b) {
     const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
-    if (t[0] == 0 || t[4] == 0) continue;
+    if (t[0] == 0 || t[4] == 0 || t[kTraceIter] == 0) continue;  // not run, or no work
     last_start = std::max<uint64_t>(last_start, t[1]);
     first_end = std::min<uint64_t>(first_end, t[5]);
     prologue.add(us(t[2] - t[0]));
@@ -90,17 +93,19 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   r.wait_p90 = wait.pct(0.9);
   r.compute = compute.mean();
   r.end = end.mean();
+  r.working = static_cast<double>(iters.v.size());
   return r;
 }
 
-// The CTAs of a timeline for the spread: multiprocessor (slot 6), copies issued to loop end.
+// The CTAs with work of a timeline, for the spread: multiprocessor (slot 6), copies issued to
+// loop end.
 std::vector<CtaRun> cta_runs(const std::vector<unsigned long long>& tr, int ctas) {
   uint64_t t_first, t_last;
   const double cyc_per_us = clock_per_us(tr, ctas, kTraceStride, 0, 4, 1, 5, t_first, t_last);
   std::vector<CtaRun> out;
   for (int b = 0; b < ctas; ++b) {
     const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
-    if (t[0] == 0 || t[4] == 0) continue;
+    if (t[0] == 0 || t[4] == 0 || t[kTraceIter] == 0) continue;  // not run, or no work
     out.push_back({static_cast<int>(t[6]), (t[3] - t[2]) / cyc_per_us});
   }
   return out;
@@ -114,20 +119,22 @@ std::string fields(const Timeline& r) {
       "\"span_us\": %.2f, \"start_spread_us\": %.2f, \"end_spread_us\": %.2f, "
       "\"clock_mhz\": %.0f, \"iterations\": %.1f, \"prologue_us\": %.3f, "
       "\"first_wait_us\": %.3f, \"first_wait_p90_us\": %.3f, \"wait_us\": %.3f, "
-      "\"wait_p90_us\": %.3f, \"compute_us\": %.3f, \"end_us\": %.3f",
+      "\"wait_p90_us\": %.3f, \"compute_us\": %.3f, \"end_us\": %.3f, \"ctas_with_work\": %.0f",
       r.span, r.start_spread, r.end_spread, r.clock_mhz, r.iterations, r.prologue, r.first_wait,
-      r.first_wait_p90, r.wait, r.wait_p90, r.compute, r.end);
+      r.first_wait_p90, r.wait, r.wait_p90, r.compute, r.end, r.working);
   return buf;
 }
 
 // --selftest (no GPU): a made-up timeline of 4 CTAs at 1,500 cycles a us, each entering 0.1 us
 // after the one before: a 1 us prologue, a first stage in 2 us later, then 8 iterations of
-// 1 us compute with 0.5 us waits from the second on, 1.5 us to the output; read back.
+// 1 us compute with 0.5 us waits from the second on, 1.5 us to the output; and a fifth CTA
+// without work (no iteration: left out of the steps, the spreads and the CTAs' runs); read
+// back.
 int selftest() {
   constexpr unsigned long long kUs = 1500;  // cycles a us
-  const int ctas = 4;
+  const int ctas = 5;
   std::vector<unsigned long long> tr(static_cast<size_t>(ctas) * kTraceStride, 0);
-  for (int b = 0; b < ctas; ++b) {
+  for (int b = 0; b < ctas - 1; ++b) {
     unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
     t[0] = 9000000 + 11 * b;
     t[1] = 2000000 + 100 * b;  // ns
@@ -144,6 +151,15 @@ int selftest() {
     t[5] = t[1] + (t[4] - t[0]) * 1000 / kUs;  // 16 us later
     t[6] = 7 + b;  // the multiprocessor
   }
+  {  // no work: entered with the first, done 1.5 us later, 0.5 us of it writing its end
+    unsigned long long* t = tr.data() + static_cast<size_t>(ctas - 1) * kTraceStride;
+    t[0] = 9000000;
+    t[1] = 2000000;
+    t[2] = t[3] = t[0] + kUs;
+    t[4] = t[3] + kUs / 2;
+    t[5] = t[1] + 1500;
+    t[6] = 3;
+  }
   const Timeline r = read_timeline(tr, ctas);
   // each CTA's stream: the 2 us first wait, 8 computes of 1 us and 7 waits of 0.5 us
   const std::vector<CtaRun> runs = cta_runs(tr, ctas);
@@ -151,7 +167,7 @@ int selftest() {
       {r.clock_mhz, 1500}, {r.iterations, 8}, {r.prologue, 1}, {r.first_wait, 2},
       {r.wait, 0.5}, {r.compute, 1}, {r.end, 1.5}, {r.start_spread, 0.3}, {r.end_spread, 0.3},
       {r.span, 16.3}, {static_cast<double>(runs.size()), 4}, {runs[3].stream_us, 13.5},
-      {static_cast<double>(runs[3].sm), 10}};
+      {static_cast<double>(runs[3].sm), 10}, {r.working, 4}};
   for (const auto& pair : tail_selftest()) got.push_back(pair);
   return selftest_verdict(got, fields(r));
 }
@@ -162,31 +178,40 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--selftest") == 0) return selftest();
   const std::vector<int> contexts = parse_ints(argc > 1 ? argv[1] : "4096,32768,131072");
   SweepDevice dev;
-  const int segs = num_segments(dev.sms, 1, kCtasPerSm);
-  const size_t words = static_cast<size_t>(segs) * kTraceStride;
-  unsigned long long* trace = trace_buffer(words);
+  // the op's segment count, or the given ones (past 2 CTAs a multiprocessor: more waves, which
+  // the block scheduler hands out as CTAs finish)
+  const int op_segs = num_segments(dev.sms, 1, kCtasPerSm);
+  const std::vector<int> seg_counts =
+      argc > 2 ? parse_ints(argv[2]) : std::vector<int>{op_segs};
+  const int max_segs = *std::max_element(seg_counts.begin(), seg_counts.end());
+  const size_t max_words = static_cast<size_t>(max_segs) * kTraceStride;
+  unsigned long long* trace = trace_buffer(max_words);
   const float qk_scale = static_cast<float>(1.0 / 16.0 * 1.4426950408889634);
   for (const int ctx : contexts) {
     const Cache cache(ctx, dev);
-    const Request req(ctx, 1, segs, cache, qk_scale);
-    for (const int bulk : {0, 1}) {
-      char what[64];
-      std::snprintf(what, sizeof(what), "decode at context %d, %s copies", ctx,
-                    bulk ? "bulk" : "cp_async");
-      const Measured m = measure(cache, req, qk_scale, dev, trace, words, what, [&](int c) {
-        vllm_prism::Int8AttnParams pc = req.p;
-        pc.cache = cache.copies[c];
-        pc.bulk = bulk;
-        return vllm_prism::int8_decode_launch(pc, 1, dev.s);
-      });
-      const double gbps = cache.bytes / m.us / 1e3;
-      const Tail tail = read_tail(cta_runs(m.timelines[0], segs), cta_runs(m.timelines[1], segs));
-      std::printf("{\"context\": %d, \"copy\": \"%s\", \"segments\": %d, \"us\": %.2f, "
-                  "\"gbps\": %.0f, \"frac\": %.3f, \"rel_err\": %.2e, %s, %s}\n",
-                  ctx, bulk ? "bulk" : "cp_async", segs, m.us, gbps, gbps / dev.read_gbps,
-                  m.err, fields(read_timeline(m.timelines[0], segs)).c_str(),
-                  tail_fields(tail).c_str());
-      std::fflush(stdout);
+    for (const int segs : seg_counts) {
+      const Request req(ctx, 1, segs, cache, qk_scale);
+      const size_t words = static_cast<size_t>(segs) * kTraceStride;
+      for (const int bulk : {0, 1}) {
+        char what[96];
+        std::snprintf(what, sizeof(what), "decode at context %d, %d segments, %s copies", ctx,
+                      segs, bulk ? "bulk" : "cp_async");
+        const Measured m = measure(cache, req, qk_scale, dev, trace, words, what, [&](int c) {
+          vllm_prism::Int8AttnParams pc = req.p;
+          pc.cache = cache.copies[c];
+          pc.bulk = bulk;
+          return vllm_prism::int8_decode_launch(pc, 1, dev.s);
+        });
+        const double gbps = cache.bytes / m.us / 1e3;
+        const Tail tail =
+            read_tail(cta_runs(m.timelines[0], segs), cta_runs(m.timelines[1], segs));
+        std::printf("{\"context\": %d, \"copy\": \"%s\", \"segments\": %d, \"us\": %.2f, "
+                    "\"gbps\": %.0f, \"frac\": %.3f, \"rel_err\": %.2e, %s, %s}\n",
+                    ctx, bulk ? "bulk" : "cp_async", segs, m.us, gbps, gbps / dev.read_gbps,
+                    m.err, fields(read_timeline(m.timelines[0], segs)).c_str(),
+                    tail_fields(tail).c_str());
+        std::fflush(stdout);
+      }
     }
   }
   CHECK(cudaFree(trace));

@@ -35,7 +35,8 @@ VERIFY_COLUMNS = [
     ("free_copies", "free copies"),
 ]
 DECODE_COLUMNS = [
-    ("context", "context"), ("copy", "copy"), ("us", "us"), ("frac", "bw frac"),
+    ("context", "context"), ("copy", "copy"), ("segments", "segments"),
+    ("ctas_with_work", "CTAs with work"), ("us", "us"), ("frac", "bw frac"),
     ("span_us", "span"), ("start_spread_us", "start spread"), ("prologue_us", "prologue"),
     ("first_wait_us", "first copy"), ("iterations", "iterations"), ("wait_us", "wait"),
     ("compute_us", "compute"), ("end_us", "end"), ("end_spread_us", "end spread"),
@@ -115,7 +116,7 @@ def summary(paths: list[Path], title: str) -> str:
         out += ["## Decode (int8_decode.cu, the kernel alone, without the merge)", ""]
         out += table(decode, DECODE_COLUMNS, "decode") + [""]
     for rows, keys, kind, name in ((verify, VERIFY_COLUMNS[:3], "verify", "Verification"),
-                                   (decode, DECODE_COLUMNS[:2], "decode", "Decode")):
+                                   (decode, DECODE_COLUMNS[:4], "decode", "Decode")):
         traced = [r for r in rows if "tail_us" in r]
         if traced:
             out += [f"## {name}: the CTAs' spread (streams in us, two launches)", ""]
