@@ -534,10 +534,14 @@ def sweep(cache: Cache, kv_name: str, res: dict, late, read_bw: float, save) -> 
             save()
 
 
-# (CTAs per multiprocessor, minimum 16-slot tiles per segment, warps a (tile, KV head)) of the
-# CUDA decode kernel: the batch-1 segment count is sms x CTAs per SM (at most MAX_SEGMENTS);
-# the first is the library's default.
-CUDA_SWEEP = [(2, 4, 2), (2, 4, 1), (2, 8, 2), (3, 4, 2), (1, 4, 2), (2, 2, 2)]
+# (CTAs per multiprocessor, minimum 16-slot tiles per segment, warps a (tile, KV head), most
+# segments) of the CUDA decode kernel: the batch-1 segment count is sms x CTAs per SM, at most
+# the last (cuda_decode.MAX_SEGMENTS, 256 in the library: so on 132 SMs 3 CTAs a multiprocessor
+# are 2's 256); the first is the library's default. Past two CTAs a multiprocessor the grid
+# runs in waves that the block scheduler hands out as CTAs finish, each segment with its own
+# partial (the CTAs' spread, docs/attention.md).
+CUDA_SWEEP = [(2, 4, 2, 256), (2, 4, 1, 256), (2, 8, 2, 256), (3, 4, 2, 256), (1, 4, 2, 256),
+              (2, 2, 2, 256), (4, 4, 2, 1024), (8, 4, 2, 1024)]
 
 
 @contextlib.contextmanager
@@ -557,14 +561,18 @@ def cuda_settings(**overrides) -> Iterator[None]:
 def run_cuda_sweep(cache: Cache, res: dict, late, read_bw: float, save) -> None:
     """Time the CUDA decode kernel's segmentation variants at 4K / 32K / 128K (one request),
     each checked against the fp32 reference."""
-    for ctas, min_tiles, split in CUDA_SWEEP:
+    for ctas, min_tiles, split, most in CUDA_SWEEP:
         for ctx in (4096, 32768, 131072):
             if late():
                 return
-            with cuda_settings(CTAS_PER_SM=ctas, MIN_TILES=min_tiles, DECODE_DIM_SPLIT=split):
+            with cuda_settings(CTAS_PER_SM=ctas, MIN_TILES=min_tiles, DECODE_DIM_SPLIT=split,
+                               MAX_SEGMENTS=most):
                 us, err = ours_time(cache, ctx, 1, check=True, kernel="cuda")
+                # as _cuda_split_kv counts them (the default argument is the import's value)
+                segs = cuda_decode.num_cuda_segments(1, sm_count(torch.device(DEVICE)), 1,
+                                                     cuda_decode.CTAS_PER_SM)
             rec = dict(kind="decode", kernel="cuda", kv="int8", context=ctx,
-                       ctas_per_sm=ctas, min_tiles=min_tiles, dim_split=split,
+                       ctas_per_sm=ctas, min_tiles=min_tiles, dim_split=split, segments=segs,
                        us=round(us, 2),
                        bw_frac=round(ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw, 3),
                        err=float(f"{err:.3g}"))
@@ -743,12 +751,13 @@ def markdown(res: dict) -> str:
     if res.get("cuda_sweep"):
         lines += ["", "CUDA C++ INT8 decode, segmentation variants (one request; first row of "
                   "each context: the library's default):", "",
-                  "| context | CTAs per SM | min tiles | warps a (tile, head) | us | bw_frac | "
-                  "rel err |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| context | CTAs per SM | segments | min tiles | warps a (tile, head) | us | "
+                  "bw_frac | rel err |",
+                  "|---|---|---|---|---|---|---|---|"]
         for r in sorted(res["cuda_sweep"], key=lambda r: r["context"]):
-            lines.append(f"| {r['context']} | {r['ctas_per_sm']} | {r['min_tiles']} | "
-                         f"{r.get('dim_split', 1)} | {r['us']} | {r['bw_frac']} | {r['err']} |")
+            lines.append(f"| {r['context']} | {r['ctas_per_sm']} | {r.get('segments', '')} | "
+                         f"{r['min_tiles']} | {r.get('dim_split', 1)} | {r['us']} | "
+                         f"{r['bw_frac']} | {r['err']} |")
     if res.get("cuda_decompose"):
         lines += ["", "CUDA C++ INT8 decode, the call's parts, and the verification call "
                   "(one request; context 1: the same grid over one token):", "",

@@ -51,3 +51,29 @@ def test_cuda_settings_are_restored(monkeypatch) -> None:
             assert (cuda_decode.ATTN_PDL, cuda_decode.MIN_TILES) == (False, 99)
             raise RuntimeError("timed call failed")
     assert (cuda_decode.ATTN_PDL, cuda_decode.MIN_TILES) == before
+
+
+def test_cuda_sweep_reaches_past_256_segments(monkeypatch) -> None:
+    """The segmentation sweep's rows past two CTAs a multiprocessor get the segments they name
+    (the library's cap of 256 would make 3 CTAs a multiprocessor on 132 SMs the same 256 as 2),
+    and the markdown lists each row's segment count."""
+    import sys
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"
+                                    / "kernels"))
+    sys.modules.pop("bench_attention", None)
+    import bench_attention
+    from vllm_prism.attention.ops import cuda_decode
+
+    got = {}
+    for ctas, _, _, most in bench_attention.CUDA_SWEEP:
+        with bench_attention.cuda_settings(CTAS_PER_SM=ctas, MAX_SEGMENTS=most):
+            got[(ctas, most)] = cuda_decode.num_cuda_segments(1, 132, 1, cuda_decode.CTAS_PER_SM)
+    assert got[(2, 256)] == 256 and got[(3, 256)] == 256  # 264 and 396, capped
+    assert got[(4, 1024)] == 528 and got[(8, 1024)] == 1024  # 132 x 4; 1056 capped
+    res = {"gpu": "test", "date": "2026-12-07", "command": "test", "read_gbps": 3000.0,
+           "records": [], "sweep": [], "errors": [], "cuda_sweep": [
+        dict(kind="decode", kernel="cuda", kv="int8", context=131072, ctas_per_sm=8,
+             min_tiles=4, dim_split=2, segments=1024, us=90.0, bw_frac=0.9, err=1e-3)]}
+    assert "| 131072 | 8 | 1024 | 4 | 2 | 90.0 | 0.9 | 0.001 |" in bench_attention.markdown(res)
