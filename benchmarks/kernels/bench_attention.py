@@ -202,7 +202,8 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=1e9, help="seconds; skip work after it")
     ap.add_argument("--cuda-sweep", action="store_true",
                     help="first time the CUDA C++ INT8 decode kernel's segmentation variants "
-                    "(CTAs per SM x minimum tiles per segment, CUDA_SWEEP)")
+                    "(CTAs per SM x minimum tiles per segment, CUDA_SWEEP) and the "
+                    "verification kernel's segment counts (VERIFY_SWEEP)")
     ap.add_argument("--cuda-decompose", action="store_true",
                     help="first time the CUDA C++ INT8 decode call's parts at each context: "
                     "the decode kernel alone, the merge alone, the whole call, and the same "
@@ -542,6 +543,10 @@ def sweep(cache: Cache, kv_name: str, res: dict, late, read_bw: float, save) -> 
 # partial (the CTAs' spread, docs/attention.md).
 CUDA_SWEEP = [(2, 4, 2, 256), (2, 4, 1, 256), (2, 8, 2, 256), (3, 4, 2, 256), (1, 4, 2, 256),
               (2, 2, 2, 256), (4, 4, 2, 1024), (8, 4, 2, 1024)]
+# The verification kernel's CTAs a multiprocessor worth of segments (cuda_decode.
+# VERIFY_CTAS_PER_SM; one CTA a multiprocessor is resident, two segments a CTA): 2 is the
+# library's one wave, 4 and 8 two and four waves; timed at DECOMPOSE_VERIFY_TOKENS tokens.
+VERIFY_SWEEP = [2, 4, 8]
 
 
 @contextlib.contextmanager
@@ -573,6 +578,23 @@ def run_cuda_sweep(cache: Cache, res: dict, late, read_bw: float, save) -> None:
                                                      cuda_decode.CTAS_PER_SM)
             rec = dict(kind="decode", kernel="cuda", kv="int8", context=ctx,
                        ctas_per_sm=ctas, min_tiles=min_tiles, dim_split=split, segments=segs,
+                       us=round(us, 2),
+                       bw_frac=round(ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw, 3),
+                       err=float(f"{err:.3g}"))
+            res["cuda_sweep"].append(rec)
+            print(json.dumps(rec), flush=True)
+        save()
+    for per_sm in VERIFY_SWEEP:
+        for ctx in (32768, 131072):
+            if late():
+                return
+            with cuda_settings(VERIFY_CTAS_PER_SM=per_sm):
+                us, err = ours_time(cache, ctx, DECOMPOSE_VERIFY_TOKENS, check=True,
+                                    kernel="cuda")
+                segs = cuda_decode.num_cuda_segments(1, sm_count(torch.device(DEVICE)), HKV,
+                                                     cuda_decode.VERIFY_CTAS_PER_SM)
+            rec = dict(kind="verify", kernel="cuda", kv="int8", context=ctx,
+                       q_tokens=DECOMPOSE_VERIFY_TOKENS, ctas_per_sm=per_sm, segments=segs,
                        us=round(us, 2),
                        bw_frac=round(ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw, 3),
                        err=float(f"{err:.3g}"))
@@ -754,10 +776,20 @@ def markdown(res: dict) -> str:
                   "| context | CTAs per SM | segments | min tiles | warps a (tile, head) | us | "
                   "bw_frac | rel err |",
                   "|---|---|---|---|---|---|---|---|"]
-        for r in sorted(res["cuda_sweep"], key=lambda r: r["context"]):
+        decode = [r for r in res["cuda_sweep"] if r.get("kind", "decode") == "decode"]
+        for r in sorted(decode, key=lambda r: r["context"]):
             lines.append(f"| {r['context']} | {r['ctas_per_sm']} | {r.get('segments', '')} | "
                          f"{r['min_tiles']} | {r.get('dim_split', 1)} | {r['us']} | "
                          f"{r['bw_frac']} | {r['err']} |")
+        verify = [r for r in res["cuda_sweep"] if r.get("kind") == "verify"]
+        if verify:
+            lines += ["", "CUDA C++ INT8 verification, segments (one request, segments a KV "
+                      "head; first row of each context: the library's default):", "",
+                      "| context | q tokens | CTAs per SM of segments | segments | us | "
+                      "bw_frac | rel err |", "|---|---|---|---|---|---|---|"]
+            lines += [f"| {r['context']} | {r['q_tokens']} | {r['ctas_per_sm']} | "
+                      f"{r['segments']} | {r['us']} | {r['bw_frac']} | {r['err']} |"
+                      for r in sorted(verify, key=lambda r: r["context"])]
     if res.get("cuda_decompose"):
         lines += ["", "CUDA C++ INT8 decode, the call's parts, and the verification call "
                   "(one request; context 1: the same grid over one token):", "",

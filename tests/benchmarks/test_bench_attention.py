@@ -53,10 +53,11 @@ def test_cuda_settings_are_restored(monkeypatch) -> None:
     assert (cuda_decode.ATTN_PDL, cuda_decode.MIN_TILES) == before
 
 
-def test_cuda_sweep_reaches_past_256_segments(monkeypatch) -> None:
-    """The segmentation sweep's rows past two CTAs a multiprocessor get the segments they name
-    (the library's cap of 256 would make 3 CTAs a multiprocessor on 132 SMs the same 256 as 2),
-    and the markdown lists each row's segment count."""
+def test_cuda_sweep_segments(monkeypatch) -> None:
+    """The segmentation sweep's decode rows past two CTAs a multiprocessor get the segments they
+    name (the library's cap of 256 would make 3 CTAs a multiprocessor on 132 SMs the same 256
+    as 2), its verification rows one, two and four waves, and the markdown lists each row's
+    segment count, the verification rows in a table of their own."""
     import sys
     from pathlib import Path
 
@@ -72,8 +73,20 @@ def test_cuda_sweep_reaches_past_256_segments(monkeypatch) -> None:
             got[(ctas, most)] = cuda_decode.num_cuda_segments(1, 132, 1, cuda_decode.CTAS_PER_SM)
     assert got[(2, 256)] == 256 and got[(3, 256)] == 256  # 264 and 396, capped
     assert got[(4, 1024)] == 528 and got[(8, 1024)] == 1024  # 132 x 4; 1056 capped
+    # verification: segments a KV head (4 of them), two a CTA
+    verify = {}
+    for per_sm in bench_attention.VERIFY_SWEEP:
+        with bench_attention.cuda_settings(VERIFY_CTAS_PER_SM=per_sm):
+            verify[per_sm] = cuda_decode.num_cuda_segments(1, 132, 4,
+                                                           cuda_decode.VERIFY_CTAS_PER_SM)
+    assert verify == {2: 66, 4: 132, 8: 256}  # 264 capped
     res = {"gpu": "test", "date": "2026-12-07", "command": "test", "read_gbps": 3000.0,
            "records": [], "sweep": [], "errors": [], "cuda_sweep": [
         dict(kind="decode", kernel="cuda", kv="int8", context=131072, ctas_per_sm=8,
-             min_tiles=4, dim_split=2, segments=1024, us=90.0, bw_frac=0.9, err=1e-3)]}
-    assert "| 131072 | 8 | 1024 | 4 | 2 | 90.0 | 0.9 | 0.001 |" in bench_attention.markdown(res)
+             min_tiles=4, dim_split=2, segments=1024, us=90.0, bw_frac=0.9, err=1e-3),
+        dict(kind="verify", kernel="cuda", kv="int8", context=32768, q_tokens=6, ctas_per_sm=4,
+             segments=132, us=40.0, bw_frac=0.55, err=2e-3)]}
+    table = bench_attention.markdown(res)
+    assert "| 131072 | 8 | 1024 | 4 | 2 | 90.0 | 0.9 | 0.001 |" in table
+    assert "| 32768 | 6 | 4 | 132 | 40.0 | 0.55 | 0.002 |" in table
+    assert table.count("| 32768 |") == 1  # the verification row not in the decode table
