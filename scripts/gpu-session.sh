@@ -24,11 +24,12 @@
 #        reach shared memory in the attention kernels' copy patterns, nothing computed
 #        (benchmarks/kernels/kv_copy_probe.cu, no torch; needs no vLLM: touch
 #        /tmp/vllm-gpu/env.sh first on a machine without it)
-#   bash scripts/gpu-session.sh attn-trace [CONTEXTS [QS [DECODE_CONTEXTS [DECODE_SEGMENTS]]]]
-#        the INT8 attention kernels' timelines from inside them: the verification kernel's copy
-#        waits, S^T, softmax and O^T steps; the decode kernel's prologue, stages, end; both
-#        kernels' CTA spread over two launches (DECODE_SEGMENTS: segment counts to try instead
-#        of the op's, e.g. 256,512,1024)
+#   bash scripts/gpu-session.sh attn-trace [CONTEXTS [QS [DECODE_CONTEXTS [DECODE_SEGMENTS
+#        [VERIFY_SEGMENTS]]]]]  the INT8 attention kernels' timelines from inside them: the
+#        verification kernel's copy waits, S^T, softmax and O^T steps; the decode kernel's
+#        prologue, stages, end; both kernels' CTA spread over two launches (DECODE_SEGMENTS,
+#        VERIFY_SEGMENTS: segment counts to try instead of the op's, e.g. 256,512,1024 and,
+#        a KV head, 66,132,256; "" keeps the op's)
 #        (benchmarks/kernels/verify_trace.cu, decode_trace.cu: no torch; needs no vLLM)
 #   bash scripts/gpu-session.sh gemv-sweep [SHAPES [MS]]  configurations of the CUDA C++ GEMV against a
 #        same-size streaming-read probe (benchmarks/kernels/pq2_gemv_sweep.cu, no torch)
@@ -203,7 +204,7 @@ case $stage in
     nvcc "${f[@]}" benchmarks/kernels/verify_trace.cu -o /tmp/verify-trace & v=$!
     nvcc "${f[@]}" benchmarks/kernels/decode_trace.cu -o /tmp/decode-trace || exit 1
     wait $v || exit 1
-    timeout $(limit 200) /tmp/verify-trace "${2:-32768,131072}" "${3:-4,6,8}" \
+    timeout $(limit 200) /tmp/verify-trace "${2:-32768,131072}" "${3:-4,6,8}" ${6:-} \
       | tee "$OUT/verify_trace.jsonl"
     timeout $(limit 150) /tmp/decode-trace "${4:-4096,32768,131072}" ${5:-} \
       | tee "$OUT/decode_trace.jsonl"

@@ -27,7 +27,8 @@ import json
 from pathlib import Path
 
 VERIFY_COLUMNS = [
-    ("context", "context"), ("q_tokens", "q"), ("producer", "producer"), ("us", "us"),
+    ("context", "context"), ("q_tokens", "q"), ("producer", "producer"),
+    ("segments", "segments"), ("us", "us"),
     ("frac", "bw frac"), ("wait_us", "wait"), ("s_us", "S^T"), ("p_us", "softmax, P^T"),
     ("o_us", "O^T"), ("wait_share", "wait share"), ("pre_us", "pre"), ("post_us", "post"),
     ("prod_blocked_us", "producer blocked"), ("arrival_us", "arrival"),
@@ -115,7 +116,7 @@ def summary(paths: list[Path], title: str) -> str:
     if decode:
         out += ["## Decode (int8_decode.cu, the kernel alone, without the merge)", ""]
         out += table(decode, DECODE_COLUMNS, "decode") + [""]
-    for rows, keys, kind, name in ((verify, VERIFY_COLUMNS[:3], "verify", "Verification"),
+    for rows, keys, kind, name in ((verify, VERIFY_COLUMNS[:4], "verify", "Verification"),
                                    (decode, DECODE_COLUMNS[:4], "decode", "Decode")):
         traced = [r for r in rows if "tail_us" in r]
         if traced:

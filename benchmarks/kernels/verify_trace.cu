@@ -30,6 +30,7 @@
 //   nvcc -O3 -std=c++17 --use_fast_math -gencode arch=compute_90a,code=sm_90a -Icsrc \
 //        benchmarks/kernels/verify_trace.cu -o trace
 //   ./trace 32768,131072 4,6,8 > trace.jsonl
+//   ./trace 32768,131072 6 66,132,256 > trace.jsonl   (segments a KV head other than the op's)
 // Output: the device's line (its read bandwidth), then one JSON object per (context, q tokens,
 // producer). `trace --selftest` (no GPU) checks the timeline's reading on a made-up one.
 #define PRISM_ATTN_TRACE 1
@@ -202,36 +203,44 @@ int main(int argc, char** argv) {
   const std::vector<int> contexts = parse_ints(argc > 1 ? argv[1] : "32768,131072");
   const std::vector<int> q_tokens = parse_ints(argc > 2 ? argv[2] : "4,6,8");
   SweepDevice dev;
-  const int segs = num_segments(dev.sms, kKvHeads, kCtasPerSm);
-  const int ctas = kKvHeads * ((segs + 1) / 2);
-  const size_t words = static_cast<size_t>(ctas) * kTraceStride;
-  unsigned long long* trace = trace_buffer(words);
+  // segments a KV head: the op's (one wave of CTAs), or the given ones (more: more waves)
+  const std::vector<int> seg_counts =
+      argc > 3 ? parse_ints(argv[3])
+               : std::vector<int>{num_segments(dev.sms, kKvHeads, kCtasPerSm)};
+  const int max_segs = *std::max_element(seg_counts.begin(), seg_counts.end());
+  unsigned long long* trace =
+      trace_buffer(static_cast<size_t>(kKvHeads * ((max_segs + 1) / 2)) * kTraceStride);
   const float qk_scale = static_cast<float>(1.0 / 16.0 * 1.4426950408889634);
   for (const int ctx : contexts) {
     const Cache cache(ctx, dev);
-    for (const int nq : q_tokens) {
-      const Request req(ctx, nq, segs, cache, qk_scale);
-      // the producer: TMA boxes over the cache's tensor map (the default), or cp.async
-      for (const bool tma : {true, false}) {
-        char what[96];
-        std::snprintf(what, sizeof(what), "verification at context %d, %d query tokens, %s",
-                      ctx, nq, tma ? "tma" : "cp_async");
-        const Measured m = measure(cache, req, qk_scale, dev, trace, words, what, [&](int c) {
-          vllm_prism::Int8AttnParams pc = req.p;
-          pc.cache = cache.copies[c];
-          return vllm_prism::int8_verify_wgmma_launch(pc, tma ? cache.n_blocks : 0, 1, dev.s);
-        });
-        const double gbps = cache.bytes / m.us / 1e3;
-        const Tail tail =
-            read_tail(cta_runs(m.timelines[0], ctas), cta_runs(m.timelines[1], ctas));
-        std::printf("{\"context\": %d, \"q_tokens\": %d, \"producer\": \"%s\", "
-                    "\"segments\": %d, \"ctas\": %d, \"us\": %.2f, \"gbps\": %.0f, "
-                    "\"frac\": %.3f, \"rel_err\": %.2e, %s, %s}\n",
-                    ctx, nq, tma ? "tma" : "cp_async", segs, ctas, m.us, gbps,
-                    gbps / dev.read_gbps, m.err,
-                    fields(read_timeline(m.timelines[0], ctas)).c_str(),
-                    tail_fields(tail).c_str());
-        std::fflush(stdout);
+    for (const int segs : seg_counts) {
+      const int ctas = kKvHeads * ((segs + 1) / 2);
+      const size_t words = static_cast<size_t>(ctas) * kTraceStride;
+      for (const int nq : q_tokens) {
+        const Request req(ctx, nq, segs, cache, qk_scale);
+        // the producer: TMA boxes over the cache's tensor map (the default), or cp.async
+        for (const bool tma : {true, false}) {
+          char what[128];
+          std::snprintf(what, sizeof(what),
+                        "verification at context %d, %d query tokens, %d segments, %s", ctx, nq,
+                        segs, tma ? "tma" : "cp_async");
+          const Measured m = measure(cache, req, qk_scale, dev, trace, words, what, [&](int c) {
+            vllm_prism::Int8AttnParams pc = req.p;
+            pc.cache = cache.copies[c];
+            return vllm_prism::int8_verify_wgmma_launch(pc, tma ? cache.n_blocks : 0, 1, dev.s);
+          });
+          const double gbps = cache.bytes / m.us / 1e3;
+          const Tail tail =
+              read_tail(cta_runs(m.timelines[0], ctas), cta_runs(m.timelines[1], ctas));
+          std::printf("{\"context\": %d, \"q_tokens\": %d, \"producer\": \"%s\", "
+                      "\"segments\": %d, \"ctas\": %d, \"us\": %.2f, \"gbps\": %.0f, "
+                      "\"frac\": %.3f, \"rel_err\": %.2e, %s, %s}\n",
+                      ctx, nq, tma ? "tma" : "cp_async", segs, ctas, m.us, gbps,
+                      gbps / dev.read_gbps, m.err,
+                      fields(read_timeline(m.timelines[0], ctas)).c_str(),
+                      tail_fields(tail).c_str());
+          std::fflush(stdout);
+        }
       }
     }
   }

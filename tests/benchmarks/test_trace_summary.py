@@ -69,8 +69,8 @@ def test_tables(tmp_path: Path) -> None:
             line.startswith("| 4096")]
     assert len(rows) == 3  # verification, decode, decode's spread
     verify_cells = [c.strip() for c in rows[0].strip("|").split("|")]
-    assert verify_cells[:4] == ["32768", "6", "tma", "40.00"]
-    assert verify_cells[9] == "0.375"  # wait share
+    assert verify_cells[:5] == ["32768", "6", "tma", "66", "40.00"]
+    assert verify_cells[10] == "0.375"  # wait share
     assert verify_cells[-1] == "0.750"  # free copies
     decode_cells = [c.strip() for c in rows[1].strip("|").split("|")]
     assert decode_cells[:5] == ["4096", "cp_async", "256", "64", "12.00"]
