@@ -573,9 +573,7 @@ def run_cuda_sweep(cache: Cache, res: dict, late, read_bw: float, save) -> None:
             with cuda_settings(CTAS_PER_SM=ctas, MIN_TILES=min_tiles, DECODE_DIM_SPLIT=split,
                                MAX_SEGMENTS=most):
                 us, err = ours_time(cache, ctx, 1, check=True, kernel="cuda")
-                # as _cuda_split_kv counts them (the default argument is the import's value)
-                segs = cuda_decode.num_cuda_segments(1, sm_count(torch.device(DEVICE)), 1,
-                                                     cuda_decode.CTAS_PER_SM)
+                segs = cuda_decode.num_cuda_segments(1, sm_count(torch.device(DEVICE)))
             rec = dict(kind="decode", kernel="cuda", kv="int8", context=ctx,
                        ctas_per_sm=ctas, min_tiles=min_tiles, dim_split=split, segments=segs,
                        us=round(us, 2),

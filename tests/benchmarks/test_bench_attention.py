@@ -70,7 +70,7 @@ def test_cuda_sweep_segments(monkeypatch) -> None:
     got = {}
     for ctas, _, _, most in bench_attention.CUDA_SWEEP:
         with bench_attention.cuda_settings(CTAS_PER_SM=ctas, MAX_SEGMENTS=most):
-            got[(ctas, most)] = cuda_decode.num_cuda_segments(1, 132, 1, cuda_decode.CTAS_PER_SM)
+            got[(ctas, most)] = cuda_decode.num_cuda_segments(1, 132)
     assert got[(2, 256)] == 256 and got[(3, 256)] == 256  # 264 and 396, capped
     assert got[(4, 1024)] == 528 and got[(8, 1024)] == 1024  # 132 x 4; 1056 capped
     # verification: segments a KV head (4 of them), two a CTA

@@ -210,12 +210,13 @@ def _io_problem(q: torch.Tensor, out: torch.Tensor) -> str | None:
 
 
 def num_cuda_segments(num_selected: int, sms: int, num_kv_heads: int = 1,
-                      ctas_per_sm: int = CTAS_PER_SM, waves: int = 1) -> int:
+                      ctas_per_sm: int | None = None, waves: int = 1) -> int:
     """Segments per request (decode: a CTA serves every KV head) or per (request, KV head)
     (verification: pass ``num_kv_heads`` and ``VERIFY_CTAS_PER_SM``): about
-    ``ctas_per_sm`` CTAs per multiprocessor, ``waves`` times over (the cap too)."""
-    return split_count(ctas_per_sm * waves, MAX_SEGMENTS * waves, num_selected * num_kv_heads,
-                       sms)
+    ``ctas_per_sm`` (default: CTAS_PER_SM as the module has it now) CTAs per multiprocessor,
+    ``waves`` times over (the cap too)."""
+    per_sm = CTAS_PER_SM if ctas_per_sm is None else ctas_per_sm
+    return split_count(per_sm * waves, MAX_SEGMENTS * waves, num_selected * num_kv_heads, sms)
 
 
 def segment_waves() -> int:
