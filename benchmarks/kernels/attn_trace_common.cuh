@@ -299,7 +299,7 @@ Measured measure(const Cache& cache, const Request& req, float qk_scale, const S
 }
 
 // One CTA of a traced launch, for the CTAs' spread: the multiprocessor it ran on and its stream
-// (us; what each harness's cta_runs says it is).
+// (us; what each harness's read_timeline says it is, in its Timeline's runs).
 struct CtaRun {
   int sm = 0;
   double stream_us = 0;

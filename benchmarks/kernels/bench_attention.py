@@ -564,40 +564,37 @@ def cuda_settings(**overrides) -> Iterator[None]:
 
 
 def run_cuda_sweep(cache: Cache, res: dict, late, read_bw: float, save) -> None:
-    """Time the CUDA decode kernel's segmentation variants at 4K / 32K / 128K (one request),
-    each checked against the fp32 reference."""
+    """Time the CUDA decode kernel's segmentation variants at 4K / 32K / 128K and the
+    verification kernel's segment counts at 32K / 128K (one request), each checked against the
+    fp32 reference."""
+    sms = sm_count(torch.device(DEVICE))
+
+    def record(kind: str, ctx: int, q_len: int, segs: int, **variant) -> None:
+        us, err = ours_time(cache, ctx, q_len, check=True, kernel="cuda")
+        rec = dict(kind=kind, kernel="cuda", kv="int8", context=ctx, **variant, segments=segs,
+                   us=round(us, 2),
+                   bw_frac=round(ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw, 3),
+                   err=float(f"{err:.3g}"))
+        res["cuda_sweep"].append(rec)
+        print(json.dumps(rec), flush=True)
+
     for ctas, min_tiles, split, most in CUDA_SWEEP:
         for ctx in (4096, 32768, 131072):
             if late():
                 return
             with cuda_settings(CTAS_PER_SM=ctas, MIN_TILES=min_tiles, DECODE_DIM_SPLIT=split,
                                MAX_SEGMENTS=most):
-                us, err = ours_time(cache, ctx, 1, check=True, kernel="cuda")
-                segs = cuda_decode.num_cuda_segments(1, sm_count(torch.device(DEVICE)))
-            rec = dict(kind="decode", kernel="cuda", kv="int8", context=ctx,
-                       ctas_per_sm=ctas, min_tiles=min_tiles, dim_split=split, segments=segs,
-                       us=round(us, 2),
-                       bw_frac=round(ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw, 3),
-                       err=float(f"{err:.3g}"))
-            res["cuda_sweep"].append(rec)
-            print(json.dumps(rec), flush=True)
+                record("decode", ctx, 1, cuda_decode.num_cuda_segments(1, sms),
+                       ctas_per_sm=ctas, min_tiles=min_tiles, dim_split=split)
         save()
     for per_sm in VERIFY_SWEEP:
         for ctx in (32768, 131072):
             if late():
                 return
             with cuda_settings(VERIFY_CTAS_PER_SM=per_sm):
-                us, err = ours_time(cache, ctx, DECOMPOSE_VERIFY_TOKENS, check=True,
-                                    kernel="cuda")
-                segs = cuda_decode.num_cuda_segments(1, sm_count(torch.device(DEVICE)), HKV,
-                                                     cuda_decode.VERIFY_CTAS_PER_SM)
-            rec = dict(kind="verify", kernel="cuda", kv="int8", context=ctx,
-                       q_tokens=DECOMPOSE_VERIFY_TOKENS, ctas_per_sm=per_sm, segments=segs,
-                       us=round(us, 2),
-                       bw_frac=round(ctx * cache.tok_bytes / (us * 1e-6) / 1e9 / read_bw, 3),
-                       err=float(f"{err:.3g}"))
-            res["cuda_sweep"].append(rec)
-            print(json.dumps(rec), flush=True)
+                record("verify", ctx, DECOMPOSE_VERIFY_TOKENS,
+                       cuda_decode.num_cuda_segments(1, sms, HKV, per_sm),
+                       q_tokens=DECOMPOSE_VERIFY_TOKENS, ctas_per_sm=per_sm)
         save()
 
 

@@ -45,11 +45,14 @@ using vllm_prism::kTraceIter;
 using vllm_prism::kTraceMaxIters;
 using vllm_prism::kTraceStride;
 
-// What a launch's timeline says (us, but clock_mhz and iterations).
+// What a launch's timeline says (us, but clock_mhz and iterations); `runs` its CTAs with work
+// for the spread (read_tail): the multiprocessor (slot 6) and the copies issued to the loop's
+// end.
 struct Timeline {
   double span = 0, start_spread = 0, end_spread = 0, clock_mhz = 0, iterations = 0;
   double prologue = 0, first_wait = 0, first_wait_p90 = 0, wait = 0, wait_p90 = 0;
   double compute = 0, end = 0, working = 0;
+  std::vector<CtaRun> runs;
 };
 
 // Reads `tr` (ctas x kTraceStride words, the kernel's slots: int8_decode.cu). The CTAs' steps
@@ -59,6 +62,7 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   uint64_t t_first, t_last;
   const double cyc_per_us = clock_per_us(tr, ctas, kTraceStride, 0, 4, 1, 5, t_first, t_last);
   auto us = [&](double c) { return c / cyc_per_us; };
+  Timeline r;
   Stat prologue, first_wait, wait, compute, end, iters;
   uint64_t last_start = 0, first_end = ~0ull;
   for (int b = 0; b < ctas; ++b) {
@@ -79,8 +83,8 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
     }
     iters.add(n);
     end.add(us(t[4] - t[3]));
+    r.runs.push_back({static_cast<int>(t[6]), us(t[3] - t[2])});
   }
-  Timeline r;
   r.span = (t_last - t_first) / 1e3;
   r.start_spread = (last_start - t_first) / 1e3;
   r.end_spread = (t_last - first_end) / 1e3;
@@ -95,20 +99,6 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   r.end = end.mean();
   r.working = static_cast<double>(iters.v.size());
   return r;
-}
-
-// The CTAs with work of a timeline, for the spread: multiprocessor (slot 6), copies issued to
-// loop end.
-std::vector<CtaRun> cta_runs(const std::vector<unsigned long long>& tr, int ctas) {
-  uint64_t t_first, t_last;
-  const double cyc_per_us = clock_per_us(tr, ctas, kTraceStride, 0, 4, 1, 5, t_first, t_last);
-  std::vector<CtaRun> out;
-  for (int b = 0; b < ctas; ++b) {
-    const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
-    if (t[0] == 0 || t[4] == 0 || t[kTraceIter] == 0) continue;  // not run, or no work
-    out.push_back({static_cast<int>(t[6]), (t[3] - t[2]) / cyc_per_us});
-  }
-  return out;
 }
 
 // A timeline as one JSON object's fields.
@@ -162,7 +152,7 @@ int selftest() {
   }
   const Timeline r = read_timeline(tr, ctas);
   // each CTA's stream: the 2 us first wait, 8 computes of 1 us and 7 waits of 0.5 us
-  const std::vector<CtaRun> runs = cta_runs(tr, ctas);
+  const std::vector<CtaRun>& runs = r.runs;
   std::vector<std::pair<double, double>> got = {
       {r.clock_mhz, 1500}, {r.iterations, 8}, {r.prologue, 1}, {r.first_wait, 2},
       {r.wait, 0.5}, {r.compute, 1}, {r.end, 1.5}, {r.start_spread, 0.3}, {r.end_spread, 0.3},
@@ -203,12 +193,12 @@ int main(int argc, char** argv) {
           return vllm_prism::int8_decode_launch(pc, 1, dev.s);
         });
         const double gbps = cache.bytes / m.us / 1e3;
-        const Tail tail =
-            read_tail(cta_runs(m.timelines[0], segs), cta_runs(m.timelines[1], segs));
+        const Timeline r = read_timeline(m.timelines[0], segs);
+        const Tail tail = read_tail(r.runs, read_timeline(m.timelines[1], segs).runs);
         std::printf("{\"context\": %d, \"copy\": \"%s\", \"segments\": %d, \"us\": %.2f, "
                     "\"gbps\": %.0f, \"frac\": %.3f, \"rel_err\": %.2e, %s, %s}\n",
                     ctx, bulk ? "bulk" : "cp_async", segs, m.us, gbps, gbps / dev.read_gbps,
-                    m.err, fields(read_timeline(m.timelines[0], segs)).c_str(),
+                    m.err, fields(r).c_str(),
                     tail_fields(tail).c_str());
         std::fflush(stdout);
       }

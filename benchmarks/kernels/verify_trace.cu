@@ -54,6 +54,7 @@ struct Timeline {
   double loop = 0, loop_max = 0, pre = 0, post = 0, blocked = 0, arrival = 0, arrival_p90 = 0;
   double bound = 0;
   size_t stages = 0, waited = 0;
+  std::vector<CtaRun> runs;  // for the spread (read_tail): slot 7, the longer consumer's stream
 };
 
 // Reads `tr` (ctas x kTraceStride words, the kernel's slots: int8_verify_wgmma.cu).
@@ -61,11 +62,12 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   uint64_t t_first, t_last;
   const double cyc_per_us = clock_per_us(tr, ctas, kTraceStride, 0, 4, 1, 6, t_first, t_last);
   auto us = [&](double c) { return c / cyc_per_us; };
+  Timeline r;
   Stat wait, s_step, p_step, o_step, stage, loop, pre, post, blocked, arrival, bound;
   for (int b = 0; b < ctas; ++b) {
     const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
     if (t[0] == 0) continue;
-    double cta_bound = 0;
+    double cta_bound = 0, cta_stream = 0;
     for (int c = 0; c < 2; ++c) {
       if (t[2 + c] == 0 || t[4 + c] == 0) continue;
       double busy = 0;
@@ -89,14 +91,15 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
       pre.add(us(t[2 + c] - t[0]));
       post.add(us(t[4 + c] - last));
       cta_bound = std::max(cta_bound, us(t[2 + c] - t[0] + busy + (t[4 + c] - last)));
+      cta_stream = std::max(cta_stream, us(t[4 + c] - t[2 + c]));
     }
     bound.add(cta_bound);
+    r.runs.push_back({static_cast<int>(t[7]), cta_stream});
     for (int k = 0; k < 2 * kTraceMaxStages; ++k) {
       const unsigned long long a = t[kTraceProd + 2 * k], i = t[kTraceProd + 2 * k + 1];
       if (a != 0 && i >= a) blocked.add(us(i - a));
     }
   }
-  Timeline r;
   r.span = (t_last - t_first) / 1e3;
   r.clock_mhz = cyc_per_us;
   r.stages = wait.v.size();
@@ -116,24 +119,6 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   r.waited = arrival.v.size();
   r.bound = bound.pct(1.0);
   return r;
-}
-
-// The CTAs of a timeline for the spread: multiprocessor (slot 7), the longer consumer's loop
-// start to its output written.
-std::vector<CtaRun> cta_runs(const std::vector<unsigned long long>& tr, int ctas) {
-  uint64_t t_first, t_last;
-  const double cyc_per_us = clock_per_us(tr, ctas, kTraceStride, 0, 4, 1, 6, t_first, t_last);
-  std::vector<CtaRun> out;
-  for (int b = 0; b < ctas; ++b) {
-    const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
-    if (t[0] == 0) continue;
-    double stream = 0;
-    for (int c = 0; c < 2; ++c)
-      if (t[2 + c] != 0 && t[4 + c] > t[2 + c])
-        stream = std::max(stream, (t[4 + c] - t[2 + c]) / cyc_per_us);
-    out.push_back({static_cast<int>(t[7]), stream});
-  }
-  return out;
 }
 
 // A timeline as one JSON object's fields.
@@ -185,7 +170,7 @@ int selftest() {
   }
   const Timeline r = read_timeline(tr, ctas);
   // each CTA's stream: a consumer's 8 stages of 3 us and its 1 us output
-  const std::vector<CtaRun> runs = cta_runs(tr, ctas);
+  const std::vector<CtaRun>& runs = r.runs;
   std::vector<std::pair<double, double>> got = {
       {r.clock_mhz, 1500}, {r.wait, 1}, {r.s, 0.5}, {r.p, 1}, {r.o, 0.5}, {r.stage_p50, 2},
       {r.loop, 24}, {r.loop_max, 24}, {r.pre, 2}, {r.post, 1}, {r.blocked, 0.5},
@@ -230,14 +215,14 @@ int main(int argc, char** argv) {
             return vllm_prism::int8_verify_wgmma_launch(pc, tma ? cache.n_blocks : 0, 1, dev.s);
           });
           const double gbps = cache.bytes / m.us / 1e3;
-          const Tail tail =
-              read_tail(cta_runs(m.timelines[0], ctas), cta_runs(m.timelines[1], ctas));
+          const Timeline r = read_timeline(m.timelines[0], ctas);
+          const Tail tail = read_tail(r.runs, read_timeline(m.timelines[1], ctas).runs);
           std::printf("{\"context\": %d, \"q_tokens\": %d, \"producer\": \"%s\", "
                       "\"segments\": %d, \"ctas\": %d, \"us\": %.2f, \"gbps\": %.0f, "
                       "\"frac\": %.3f, \"rel_err\": %.2e, %s, %s}\n",
                       ctx, nq, tma ? "tma" : "cp_async", segs, ctas, m.us, gbps,
                       gbps / dev.read_gbps, m.err,
-                      fields(read_timeline(m.timelines[0], ctas)).c_str(),
+                      fields(r).c_str(),
                       tail_fields(tail).c_str());
           std::fflush(stdout);
         }
