@@ -18,7 +18,9 @@
 // a CTA's `prologue_us` (entry to its first copies issued, after the grid-dependency wait),
 // `first_wait_us` (those copies issued to the first stage in: a copy's latency with an idle
 // pipeline), `wait_us` / `compute_us` a later stage's wait for its copies and its compute (the
-// iteration's S^T, softmax and O^T), `end_us` (the loop's end to the output written).
+// iteration's S^T, softmax and O^T), `end_us` (the loop's end to the output written), of it
+// `merge_us` (to the warps' results in shared memory: the CTA's barriers and stores) and
+// `write_us` (the merge over the tiles and the partials' stores).
 // The CTAs' spread (attn_trace_common.cuh, read_tail; two traced launches): a CTA's stream is
 // its first copies issued to its stage loop's end; `tail_us` its max less its mean, `sm_corr`
 // whether the same multiprocessors are slow in both launches, `lone` / `shared` the CTAs alone
@@ -51,7 +53,7 @@ using vllm_prism::kTraceStride;
 struct Timeline {
   double span = 0, start_spread = 0, end_spread = 0, clock_mhz = 0, iterations = 0;
   double prologue = 0, first_wait = 0, first_wait_p90 = 0, wait = 0, wait_p90 = 0;
-  double compute = 0, end = 0, working = 0;
+  double compute = 0, end = 0, merge = 0, write = 0, working = 0;
   std::vector<CtaRun> runs;
 };
 
@@ -63,7 +65,7 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   const double cyc_per_us = clock_per_us(tr, ctas, kTraceStride, 0, 4, 1, 5, t_first, t_last);
   auto us = [&](double c) { return c / cyc_per_us; };
   Timeline r;
-  Stat prologue, first_wait, wait, compute, end, iters;
+  Stat prologue, first_wait, wait, compute, end, merge, write, iters;
   uint64_t last_start = 0, first_end = ~0ull;
   for (int b = 0; b < ctas; ++b) {
     const unsigned long long* t = tr.data() + static_cast<size_t>(b) * kTraceStride;
@@ -83,6 +85,8 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
     }
     iters.add(n);
     end.add(us(t[4] - t[3]));
+    merge.add(us(t[7] - t[3]));
+    write.add(us(t[4] - t[7]));
     r.runs.push_back({static_cast<int>(t[6]), us(t[3] - t[2])});
   }
   r.span = (t_last - t_first) / 1e3;
@@ -97,6 +101,8 @@ Timeline read_timeline(const std::vector<unsigned long long>& tr, int ctas) {
   r.wait_p90 = wait.pct(0.9);
   r.compute = compute.mean();
   r.end = end.mean();
+  r.merge = merge.mean();
+  r.write = write.mean();
   r.working = static_cast<double>(iters.v.size());
   return r;
 }
@@ -109,15 +115,17 @@ std::string fields(const Timeline& r) {
       "\"span_us\": %.2f, \"start_spread_us\": %.2f, \"end_spread_us\": %.2f, "
       "\"clock_mhz\": %.0f, \"iterations\": %.1f, \"prologue_us\": %.3f, "
       "\"first_wait_us\": %.3f, \"first_wait_p90_us\": %.3f, \"wait_us\": %.3f, "
-      "\"wait_p90_us\": %.3f, \"compute_us\": %.3f, \"end_us\": %.3f, \"ctas_with_work\": %.0f",
+      "\"wait_p90_us\": %.3f, \"compute_us\": %.3f, \"end_us\": %.3f, \"merge_us\": %.3f, "
+      "\"write_us\": %.3f, \"ctas_with_work\": %.0f",
       r.span, r.start_spread, r.end_spread, r.clock_mhz, r.iterations, r.prologue, r.first_wait,
-      r.first_wait_p90, r.wait, r.wait_p90, r.compute, r.end, r.working);
+      r.first_wait_p90, r.wait, r.wait_p90, r.compute, r.end, r.merge, r.write, r.working);
   return buf;
 }
 
 // --selftest (no GPU): a made-up timeline of 4 CTAs at 1,500 cycles a us, each entering 0.1 us
 // after the one before: a 1 us prologue, a first stage in 2 us later, then 8 iterations of
-// 1 us compute with 0.5 us waits from the second on, 1.5 us to the output; and a fifth CTA
+// 1 us compute with 0.5 us waits from the second on, 1.5 us to the output (0.4 us of it to the
+// warps' results in shared memory); and a fifth CTA
 // without work (no iteration: left out of the steps, the spreads and the CTAs' runs); read
 // back.
 int selftest() {
@@ -140,6 +148,7 @@ int selftest() {
     t[4] = t[3] + kUs * 3 / 2;
     t[5] = t[1] + (t[4] - t[0]) * 1000 / kUs;  // 16 us later
     t[6] = 7 + b;  // the multiprocessor
+    t[7] = t[3] + kUs * 2 / 5;
   }
   {  // no work: entered with the first, done 1.5 us later, 0.5 us of it writing its end
     unsigned long long* t = tr.data() + static_cast<size_t>(ctas - 1) * kTraceStride;
@@ -149,13 +158,15 @@ int selftest() {
     t[4] = t[3] + kUs / 2;
     t[5] = t[1] + 1500;
     t[6] = 3;
+    t[7] = t[3] + kUs / 5;
   }
   const Timeline r = read_timeline(tr, ctas);
   // each CTA's stream: the 2 us first wait, 8 computes of 1 us and 7 waits of 0.5 us
   const std::vector<CtaRun>& runs = r.runs;
   std::vector<std::pair<double, double>> got = {
       {r.clock_mhz, 1500}, {r.iterations, 8}, {r.prologue, 1}, {r.first_wait, 2},
-      {r.wait, 0.5}, {r.compute, 1}, {r.end, 1.5}, {r.start_spread, 0.3}, {r.end_spread, 0.3},
+      {r.wait, 0.5}, {r.compute, 1}, {r.end, 1.5}, {r.merge, 0.4}, {r.write, 1.1},
+      {r.start_spread, 0.3}, {r.end_spread, 0.3},
       {r.span, 16.3}, {static_cast<double>(runs.size()), 4}, {runs[3].stream_us, 13.5},
       {static_cast<double>(runs[3].sm), 10}, {r.working, 4}};
   for (const auto& pair : tail_selftest()) got.push_back(pair);

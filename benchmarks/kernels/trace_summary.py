@@ -40,7 +40,8 @@ DECODE_COLUMNS = [
     ("ctas_with_work", "CTAs with work"), ("us", "us"), ("frac", "bw frac"),
     ("span_us", "span"), ("start_spread_us", "start spread"), ("prologue_us", "prologue"),
     ("first_wait_us", "first copy"), ("iterations", "iterations"), ("wait_us", "wait"),
-    ("compute_us", "compute"), ("end_us", "end"), ("end_spread_us", "end spread"),
+    ("compute_us", "compute"), ("end_us", "end"), ("merge_us", "end: merge"),
+    ("write_us", "end: writes"), ("end_spread_us", "end spread"),
     ("fixed_us", "fixed"),
 ]
 

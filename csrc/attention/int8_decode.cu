@@ -92,7 +92,8 @@ __device__ __forceinline__ void stage_wait(uint64_t* bar, uint32_t parity) {
 // The CTA's timeline for benchmarks/kernels/decode_trace.cu (attn_trace.cuh: compiled in only
 // there), thread 0's, kTraceStride words: 0 kernel entry, 1 its %globaltimer (ns), 2 the
 // prologue's copies issued (after the grid-dependency wait), 3 the stage loop done, 4 the
-// output written, 5 its %globaltimer, 6 the multiprocessor (%smid); kTraceIter + 2 it (+ 1)
+// output written, 5 its %globaltimer, 6 the multiprocessor (%smid), 7 the warps' results in
+// shared memory (the end's merge: 3 to 7, its writes: 7 to 4); kTraceIter + 2 it (+ 1)
 // iteration it waits for its stage (its stage is in and the next one's copies issued).
 constexpr int kTraceMaxIters = 128;
 constexpr int kTraceIter = 8;
@@ -391,6 +392,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
     fml[kHeads + 2 * t + 1] = l1;
   }
   __syncthreads();
+  trace_at(7);
 
   // The output: thread x takes dimensions d .. d + 3 of the (KV head h, query j) pairs
   // hq = h group + j = x / kPerHead, + kStep, ... (the order of a loop over HD / 4 pieces a

@@ -23,7 +23,8 @@ VERIFY = {"context": 32768, "q_tokens": 6, "producer": "tma", "segments": 66, "c
 DECODE = {"context": 4096, "copy": "cp_async", "segments": 256, "us": 12.0, "frac": 0.2,
           "span_us": 11.0, "start_spread_us": 1.0, "prologue_us": 0.5, "first_wait_us": 2.0,
           "iterations": 2.0, "wait_us": 0.75, "compute_us": 1.25, "end_us": 1.5,
-          "end_spread_us": 0.5, "ctas_with_work": 64, "stream_min_us": 5.0, "stream_p50_us": 6.0,
+          "merge_us": 0.5, "write_us": 1.0, "end_spread_us": 0.5, "ctas_with_work": 64,
+          "stream_min_us": 5.0, "stream_p50_us": 6.0,
           "stream_mean_us": 6.5, "stream_max_us": 9.5, "tail_us": 3.0, "lone_stream_us": 5.5,
           "shared_stream_us": 7.0, "sm_corr": 0.9, "slow_sms": [3, 17]}
 
@@ -75,6 +76,7 @@ def test_tables(tmp_path: Path) -> None:
     decode_cells = [c.strip() for c in rows[1].strip("|").split("|")]
     assert decode_cells[:5] == ["4096", "cp_async", "256", "64", "12.00"]
     assert decode_cells[-1] == "7.000"  # fixed
+    assert decode_cells[13:16] == ["1.500", "0.500", "1.000"]  # the end, its merge, its writes
     # the spread: a table for decode only (the verification line has none)
     assert "## Decode: the CTAs' spread" in text and "## Verification: the CTAs'" not in text
     cells = [c.strip() for c in rows[2].strip("|").split("|")]
