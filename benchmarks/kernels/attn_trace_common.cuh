@@ -374,26 +374,37 @@ inline std::string tail_fields(const Tail& t) {
   std::string sms;
   for (size_t i = 0; i < t.slow_sms.size(); ++i)
     sms += (i ? ", " : "") + std::to_string(t.slow_sms[i]);
+  // the list of multiprocessors grows with the CTAs (a tenth of them): appended, not formatted
+  // into the fixed buffer (a 1,024-CTA launch's overran it and cut the line short)
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 "\"stream_min_us\": %.2f, \"stream_p50_us\": %.2f, \"stream_mean_us\": %.2f, "
                 "\"stream_max_us\": %.2f, \"tail_us\": %.2f, \"lone_stream_us\": %.2f, "
-                "\"shared_stream_us\": %.2f, \"sm_corr\": %.3f, \"slow_sms\": [%s]",
-                t.min, t.p50, t.mean, t.max, t.tail, t.lone, t.shared, t.sm_corr, sms.c_str());
-  return buf;
+                "\"shared_stream_us\": %.2f, \"sm_corr\": %.3f, ",
+                t.min, t.p50, t.mean, t.max, t.tail, t.lone, t.shared, t.sm_corr);
+  return std::string(buf) + "\"slow_sms\": [" + sms + "]";
 }
 
 // read_tail on made-up launches whose figures are worked out by hand: four CTAs on
 // multiprocessors 0, 0, 1, 2 with streams 1, 1, 2, 3 us; launch b the same 0.5 us slower
 // (correlation 1) or in the opposite order (-1). (read, expected) pairs for selftest_verdict.
+// And tail_fields of a tenth of 1,024 CTAs (103 multiprocessors, 100 .. 202): the whole list,
+// its last entry and the closing bracket at the end.
 inline std::vector<std::pair<double, double>> tail_selftest() {
   const std::vector<CtaRun> a = {{0, 1}, {0, 1}, {1, 2}, {2, 3}};
   const std::vector<CtaRun> b = {{0, 1.5}, {0, 1.5}, {1, 2.5}, {2, 3.5}};
   const std::vector<CtaRun> r = {{0, 3}, {0, 3}, {1, 2}, {2, 1}};
   const Tail t = read_tail(a, b), u = read_tail(a, r);
+  Tail wide;
+  for (int sm = 100; sm <= 202; ++sm) wide.slow_sms.push_back(sm);
+  const std::string f = tail_fields(wide);
+  const std::string end = ", 202]";
+  const bool whole =
+      f.size() > end.size() && f.compare(f.size() - end.size(), end.size(), end) == 0;
   return {{t.min, 1}, {t.p50, 2}, {t.mean, 1.75}, {t.max, 3}, {t.tail, 1.25}, {t.lone, 2.5},
           {t.shared, 1}, {t.sm_corr, 1}, {u.sm_corr + 2, 1},
-          {static_cast<double>(t.slow_sms.size()), 1}, {static_cast<double>(t.slow_sms[0]), 2}};
+          {static_cast<double>(t.slow_sms.size()), 1}, {static_cast<double>(t.slow_sms[0]), 2},
+          {whole ? 1.0 : 0.0, 1}};
 }
 
 // A harness's --selftest verdict: each (read, expected) pair of `got` equal within 1e-6

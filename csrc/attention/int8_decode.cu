@@ -370,6 +370,59 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
     l0 += __shfl_xor_sync(0xffffffffu, l0, o);
     l1 += __shfl_xor_sync(0xffffffffu, l1, o);
   }
+  // The (query head hq, dimensions d .. d + 3) result o, the sum lsum of its weights at the
+  // maximum mmax: the output where one segment covers the context, else the segment's partial
+  // and (once a pair, d == 0) its log-sum-exp.
+  const bool direct = p.num_segs == 1;
+  auto emit = [&](int hq, int d, const float (&o)[4], float lsum, float mmax) {
+    if (direct) {
+      uint8_t* op = reinterpret_cast<uint8_t*>(p.out) +
+                    (static_cast<int64_t>(q_row) * p.stride_ot +
+                     static_cast<int64_t>(hq) * p.stride_oh + d) * 2;
+      store_out(op, p.out_dtype, o);
+      return;
+    }
+    if (lsum > 0.f) {
+      store_partial(p.part_o, p.part_bf16,
+                    sel * p.stride_pr + hq * p.stride_ph + seg * p.stride_ps + d, o);
+    }
+    if (d == 0)
+      p.part_lse[sel * p.stride_lr + hq * p.stride_lh + seg] =
+          lsum > 0.f ? mmax + log2f(lsum) : -INFINITY;
+  };
+  if constexpr (S::kSubs == 1) {
+    // A stage holds one tile: a warp (pair) has its head's whole result in registers, and
+    // thread (g, t) writes columns 2t and 2t + 1 (query heads of the group), dimensions
+    // 4c .. 4c + 3 of its words c = 8 pp + g, straight from them. The same products and
+    // quotient as the merge through shared memory below, which would weigh a lone tile by
+    // exp2(0) = 1; no CTA barrier, no shared-memory round trip.
+    trace_at(7);
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int j = 2 * t + e;
+      if (j >= p.group) continue;
+      const float mmax = e ? m1 : m0;
+      const float lsum = mmax != -INFINITY ? (e ? l1 : l0) : 0.f;
+      const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
+      const bool live = mmax != -INFINITY;
+#pragma unroll
+      for (int pp = 0; pp < KH; ++pp) {
+        float o[4] = {0.f, 0.f, 0.f, 0.f};
+        if (live) {
+          o[0] = acc[2 * pp][e] * cur_vmax;
+          o[1] = acc[2 * pp][e + 2] * cur_vmax;
+          o[2] = acc[2 * pp + 1][e] * cur_vmax;
+          o[3] = acc[2 * pp + 1][e + 2] * cur_vmax;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) o[k] *= inv;
+        emit(head * p.group + j, 4 * (8 * (kk0 + pp) + g), o, lsum, mmax);
+      }
+    }
+    trace_at(4);
+    trace_at(5, true);
+    return;
+  }
   cp_async_wait<0>();
   __syncthreads();
   float* fin = reinterpret_cast<float*>(smem);
@@ -399,7 +452,6 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
   // pair), walking h and j without dividing by the group, a runtime value: the loop's two
   // integer divisions a pass were a tenth of the decode kernel's stall samples at 32K, 12
   // passes a thread (Nsight Compute, H100, 2026-12-07).
-  const bool direct = p.num_segs == 1;
   constexpr int kPerHead = HD / 4;
   static_assert(kThreads % kPerHead == 0, "a thread keeps its dimensions");
   constexpr int kStep = kThreads / kPerHead;
@@ -437,20 +489,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
     const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
 #pragma unroll
     for (int k = 0; k < 4; ++k) o[k] *= inv;
-    if (direct) {
-      uint8_t* op = reinterpret_cast<uint8_t*>(p.out) +
-                    (static_cast<int64_t>(q_row) * p.stride_ot +
-                     static_cast<int64_t>(hq) * p.stride_oh + d) * 2;
-      store_out(op, p.out_dtype, o);
-    } else {
-      if (lsum > 0.f) {
-        store_partial(p.part_o, p.part_bf16,
-                      sel * p.stride_pr + hq * p.stride_ph + seg * p.stride_ps + d, o);
-      }
-      if (d == 0)
-        p.part_lse[sel * p.stride_lr + hq * p.stride_lh + seg] =
-            lsum > 0.f ? mmax + log2f(lsum) : -INFINITY;
-    }
+    emit(hq, d, o, lsum, mmax);
     j += kStep;
     carry();
   }
