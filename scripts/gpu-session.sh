@@ -3,6 +3,7 @@
 # (here: its prepare.sh, then scripts/gpu-restage.sh, whose parts fit in a call beside the tree):
 # install this tree and run one stage of the GPU checks, writing logs and results under $OUT.
 #   PRISM_BUILD=cuda bash scripts/gpu-session.sh build   install with vllm_prism._C (first call)
+#        (PRISM_REBUILD=1 PRISM_BUILD=cuda ... build: again, over an install in place)
 #   bash scripts/gpu-session.sh tests ARGS   GPU tests (pytest ARGS; log: $OUT/${TESTLOG:-tests}.log)
 #   bash scripts/gpu-session.sh bench KV     e2e benchmark of the 27B-shaped file, one KV dtype
 #   bash scripts/gpu-session.sh kbench ARGS  PQ2 kernel benchmark (bench_pq2_linear.py ARGS)
@@ -95,8 +96,11 @@ limit() {
 has_ep='from importlib.metadata import entry_points as e; import sys
 sys.exit(not [x for x in e(group="vllm.general_plugins") if x.name == "prism"])'
 has_c='from vllm_prism import _custom_ops as o; import sys; sys.exit(not o.has_compiled_ops())'
-# (re)install: the first call, or PRISM_BUILD=cuda on a machine whose install has no _C
-if ! python3 -c "$has_ep" || { [ "${PRISM_BUILD:-}" = cuda ] && ! python3 -c "$has_c" 2>/dev/null; }; then
+# (re)install: the first call, PRISM_BUILD=cuda on a machine whose install has no _C, or
+# PRISM_REBUILD=1 (the sources changed under an install in place: an A/B's base swapped in;
+# without it the editable install keeps the _C built before, as it did on 2026-12-07)
+if ! python3 -c "$has_ep" || { [ "${PRISM_BUILD:-}" = cuda ] && ! python3 -c "$has_c" 2>/dev/null; } \
+    || [ "${PRISM_REBUILD:-}" = 1 ]; then
   CUDA_ARCHS=${CUDA_ARCHS:-90} VLLM_PRISM_TARGET_DEVICE=${PRISM_BUILD:-cpu} \
     python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1
   python3 -c "$has_ep" || echo "vllm-prism's entry point is not installed" >&2
