@@ -147,9 +147,8 @@ def test_bad_switch_values_are_refused(tiny: Path, monkeypatch) -> None:
     from vllm_prism import envs
 
     assert set(envs.CHOICES) == {"VLLM_PRISM_ATTN_DECODE_COPY", "VLLM_PRISM_ATTN_DECODE_SPLIT",
-                                 "VLLM_PRISM_ATTN_SEGMENT_WAVES", "VLLM_PRISM_ATTN_VERIFY_FORM",
-                                 "VLLM_PRISM_DENSE_GEMV", "VLLM_PRISM_DRAFT_ATTENTION",
-                                 "VLLM_PRISM_GDN_VERIFY"}
+                                 "VLLM_PRISM_ATTN_VERIFY_FORM", "VLLM_PRISM_DENSE_GEMV",
+                                 "VLLM_PRISM_DRAFT_ATTENTION", "VLLM_PRISM_GDN_VERIFY"}
     for name in envs.CHOICES:
         monkeypatch.setenv(name, "fast")
         with pytest.raises(ValueError, match=f"{name}='fast': use one of"):

@@ -55,15 +55,6 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # traced graph; any other value is refused before the engine starts.
     "VLLM_PRISM_ATTN_DECODE_SPLIT": lambda: os.getenv("VLLM_PRISM_ATTN_DECODE_SPLIT",
                                                       "auto").strip().lower(),
-    # Waves of CTAs the CUDA C++ INT8 decode and verification kernels' segments fill: "1"
-    # (default) about one (two resident CTAs a multiprocessor, at most 256 segments); "2" or
-    # "4" that many times the segments (and the cap), each a fixed range with its own partial,
-    # which the block scheduler hands to multiprocessors as they free up: the CTAs' spread of
-    # pace costs at most a shorter segment's lag (docs/attention.md, the kernels' own
-    # timelines), for more partials to merge. An experiment, not yet timed. Read per call,
-    # outside any traced graph; any other value is refused before the engine starts.
-    "VLLM_PRISM_ATTN_SEGMENT_WAVES": lambda: os.getenv("VLLM_PRISM_ATTN_SEGMENT_WAVES",
-                                                       "1").strip().lower(),
     # How the CUDA C++ INT8 decode kernel copies a stage's 16-slot tiles into shared memory:
     # "cp_async" (every thread's 16-byte cp.async), "bulk" (thread 0's one bulk-copy request a
     # tile, cp.async.bulk, compute capability 9.0 and newer; "cp_async" below, with a warning)
@@ -140,7 +131,6 @@ environment_variables: dict[str, Callable[[], Any]] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "VLLM_PRISM_ATTN_DECODE_COPY": ("auto", "cp_async", "bulk"),
     "VLLM_PRISM_ATTN_DECODE_SPLIT": ("auto", "1", "2"),
-    "VLLM_PRISM_ATTN_SEGMENT_WAVES": ("1", "2", "4"),
     "VLLM_PRISM_ATTN_VERIFY_FORM": ("auto", "mma", "wgmma", "wgmma_tma"),
     "VLLM_PRISM_DENSE_GEMV": ("auto", "torch", "triton"),
     "VLLM_PRISM_DRAFT_ATTENTION": ("prism", "vllm"),

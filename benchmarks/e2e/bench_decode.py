@@ -7,7 +7,7 @@
         [--attn-kernel auto [triton]] [--dense-gemv auto [torch triton]]
         [--draft-attention prism [vllm]] [--gdn-verify prism [vllm]]
         [--gdn-spec-kernel auto [triton]] [--fresh-kv 1 [0]] [--attn-decode-split 2 [1]]
-        [--attn-segment-waves 1 [2 4]] [--fold-prefill 0 [1]] [--engine-process 0 [1]]
+        [--fold-prefill 0 [1]] [--engine-process 0 [1]]
         [--profile-batches 1 [8]] [--host-profile] [--side-by-side]
         [--out-dir benchmarks/results]
 
@@ -64,9 +64,6 @@ prefilled. Prompts are random token ids, distinct per request.
 * ``--attn-decode-split 2 1`` likewise with ``VLLM_PRISM_ATTN_DECODE_SPLIT`` (the CUDA C++
   INT8 decode kernel with two warps a tile and KV head, or one; ``[decode split N]`` where it
   is not the default ``auto``).
-* ``--attn-segment-waves 1 2`` likewise with ``VLLM_PRISM_ATTN_SEGMENT_WAVES`` (the CUDA C++
-  INT8 decode and verification kernels' segments one wave of CTAs, or that many times more;
-  ``[segment waves N]`` where it is not 1).
 * ``--attn-pdl 1 0`` likewise with ``VLLM_PRISM_ATTN_PDL`` (the CUDA C++ INT8 attention
   kernels and their merge with programmatic dependent launch, or without; ``[attn pdl 0]``).
 * ``--attn-verify-lazy 1 0`` likewise with ``VLLM_PRISM_ATTN_VERIFY_LAZY`` (the CUDA C++
@@ -917,8 +914,6 @@ def _kernel_label(drafter: bool) -> str:
         label = f"{label} [fresh kv 0]"
     if envs.VLLM_PRISM_ATTN_DECODE_SPLIT != "auto":
         label = f"{label} [decode split {envs.VLLM_PRISM_ATTN_DECODE_SPLIT}]"
-    if envs.VLLM_PRISM_ATTN_SEGMENT_WAVES != "1":
-        label = f"{label} [segment waves {envs.VLLM_PRISM_ATTN_SEGMENT_WAVES}]"
     if not envs.VLLM_PRISM_ATTN_PDL:
         label = f"{label} [attn pdl 0]"
     if _engine_process():
@@ -1159,10 +1154,6 @@ def build_parser() -> argparse.ArgumentParser:
                    "16-slot tile and KV head in the CUDA C++ INT8 decode kernel: 2 each over "
                    "half of the head dimension, 1 the four-warp kernel, auto 1 with "
                    "programmatic dependent launch and 2 without)")
-    p.add_argument("--attn-segment-waves", nargs="+", default=["1"], choices=["1", "2", "4"],
-                   help="VLLM_PRISM_ATTN_SEGMENT_WAVES for the engines, each in turn (waves "
-                   "of CTAs the CUDA C++ INT8 decode and verification kernels' segments fill: "
-                   "1 the library's one, 2 or 4 that many times the segments)")
     _on_off(p, "--attn-pdl", "1",
             "VLLM_PRISM_ATTN_PDL for the engines, each in turn (1: the CUDA C++ "
             "INT8 attention kernels and their merge with programmatic dependent launch "
@@ -1236,7 +1227,6 @@ ENGINE_SWITCHES = (("pdl", "VLLM_PRISM_PDL", "pdl"),
                    ("fold_prefill", "VLLM_PRISM_PQ2_FOLD_PREFILL", "fold"),
                    ("fresh_kv", "VLLM_PRISM_PREFILL_FRESH_KV", "fresh"),
                    ("attn_decode_split", "VLLM_PRISM_ATTN_DECODE_SPLIT", "split"),
-                   ("attn_segment_waves", "VLLM_PRISM_ATTN_SEGMENT_WAVES", "waves"),
                    ("attn_pdl", "VLLM_PRISM_ATTN_PDL", "attnpdl"),
                    ("attn_verify_lazy", "VLLM_PRISM_ATTN_VERIFY_LAZY", "lazy"),
                    ("attn_verify_form", "VLLM_PRISM_ATTN_VERIFY_FORM", "form"),

@@ -228,20 +228,6 @@ def test_cuda_decode(shape, dim_split, copy, monkeypatch):
 
 
 @needs_c
-@pytest.mark.parametrize("waves", [2, 4])
-@pytest.mark.parametrize("q_len", [1, 6])
-def test_cuda_segment_waves(waves, q_len, monkeypatch):
-    """VLLM_PRISM_ATTN_SEGMENT_WAVES's segment counts (one request: up to 1,024 decode segments,
-    264 a KV head in verification; two: half as many each) through the kernels and the merge,
-    against the reference, at 128K and at short contexts that leave most segments no work."""
-    monkeypatch.setattr(cuda_decode, "SEGMENT_WAVES", waves)
-    attention = decode_attention if q_len == 1 else verify_attention
-    for lens in ([131072], [17, 4101]):
-        b = make_batch(lens, [q_len] * len(lens), torch.int8, device="cuda", seed=13)
-        _check_cuda_segmentations(b, attention, (None,))
-
-
-@needs_c
 def test_cuda_decode_selected_requests():
     """A mixed step: decode requests picked by index among prefill and verify requests, the
     other rows left untouched by the decode kernel."""

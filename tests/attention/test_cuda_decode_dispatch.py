@@ -60,42 +60,6 @@ def test_segments_depend_on_the_batch_only(monkeypatch):
     assert num_cuda_segments(1, sms) == sms
 
 
-def test_segment_waves(monkeypatch):
-    """VLLM_PRISM_ATTN_SEGMENT_WAVES: the decode and verification calls' segments (and their cap)
-    that many times over, as the split-KV path counts them; the module setting over the switch;
-    any other value refused by name."""
-    sms = 132
-    # decode: 2 CTAs a multiprocessor, 256 at most, times the waves
-    assert [num_cuda_segments(1, sms, waves=w) for w in (1, 2, 4)] == [256, 512, 1024]
-    # verification, segments a (request, KV head) of 4 KV heads: 66 one wave
-    assert [num_cuda_segments(1, sms, 4, cuda_decode.VERIFY_CTAS_PER_SM, w)
-            for w in (1, 2, 4)] == [66, 132, 264]
-    monkeypatch.setattr(cuda_decode, "SEGMENT_WAVES", None)
-    seen = []
-    monkeypatch.setattr(split_mod, "sm_count", lambda device: sms)
-    monkeypatch.setattr(split_mod, "launch_cuda_decode", lambda *a: seen.append(("d", a[-2])))
-    monkeypatch.setattr(split_mod, "launch_cuda_verify", lambda *a: seen.append(("v", a[-3])))
-    monkeypatch.setattr(split_mod, "_merge", lambda *a, **k: None)
-
-    class Md:
-        block_table = seq_lens = query_start_loc = None
-
-    q1, q6 = torch.empty(1, 2, 16), torch.empty(6, 2, 16)
-    cache = torch.empty(1, 4, 16, 40, dtype=torch.int8)  # 4 KV heads
-    for value in (None, "1", "2", "4"):
-        _set_switch(monkeypatch, "VLLM_PRISM_ATTN_SEGMENT_WAVES", value)
-        split_mod._cuda_split_kv(q1, cache, Md(), q1, None, 1, 0.1, 1, None)
-        split_mod._cuda_split_kv(q6, cache, Md(), q6, None, 1, 0.1, 6, None)
-    monkeypatch.setattr(cuda_decode, "SEGMENT_WAVES", 2)
-    split_mod._cuda_split_kv(q1, cache, Md(), q1, None, 1, 0.1, 1, None)
-    assert seen == [("d", 256), ("v", 66), ("d", 256), ("v", 66), ("d", 512), ("v", 132),
-                    ("d", 1024), ("v", 264), ("d", 512)]
-    monkeypatch.setattr(cuda_decode, "SEGMENT_WAVES", None)
-    monkeypatch.setenv("VLLM_PRISM_ATTN_SEGMENT_WAVES", "3")
-    with pytest.raises(ValueError, match="VLLM_PRISM_ATTN_SEGMENT_WAVES"):
-        split_mod._cuda_split_kv(q1, cache, Md(), q1, None, 1, 0.1, 1, None)
-
-
 def test_kernel_choice_refusals(monkeypatch):
     b = make_batch([40, 70], [1, 1], torch.int8, block_size=16)
     with pytest.raises(ValueError, match="not a CUDA tensor"):

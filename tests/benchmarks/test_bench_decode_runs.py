@@ -127,14 +127,12 @@ def test_engine_process_switch(monkeypatch) -> None:
     ("--fresh-kv", "VLLM_PRISM_PREFILL_FRESH_KV", ["1", "0"], "[fresh kv 0]"),
     ("--fold-prefill", "VLLM_PRISM_PQ2_FOLD_PREFILL", ["0", "1"], "[fold prefill]"),
     ("--attn-decode-split", "VLLM_PRISM_ATTN_DECODE_SPLIT", ["auto", "1"], "[decode split 1]"),
-    ("--attn-segment-waves", "VLLM_PRISM_ATTN_SEGMENT_WAVES", ["1", "2"], "[segment waves 2]"),
     ("--attn-pdl", "VLLM_PRISM_ATTN_PDL", ["1", "0"], "[attn pdl 0]"),
 ])
 def test_engine_switch(option, name, values, label, monkeypatch) -> None:
     """An engine switch with two values (the context-0 prefill on the step's own K / V; the
     folded-scale prefill kernel; the INT8 decode kernel's two warps a (tile, KV head) or one;
-    the INT8 attention kernels' segments in one wave of CTAs or more; the attention kernels'
-    programmatic dependent launch): each kind of engine with each
+    the attention kernels' programmatic dependent launch): each kind of engine with each
     value, the second labelled, the default not."""
     kids = _children(["m.gguf", "--kv", "int8_per_token_head", option, *values])
     assert [env[name] for _, env in kids] == values
@@ -183,8 +181,7 @@ def test_verify_switch_varies_only_the_engines_with_a_drafter(switch, monkeypatc
         ([], default), ([5], default), ([5], other)]
     for var in ("VLLM_PRISM_PQ2_KERNEL", "VLLM_PRISM_GEMV_TUNING", "VLLM_PRISM_DENSE_GEMV",
                 "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_PRISM_PREFILL_FRESH_KV",
-                "VLLM_PRISM_ATTN_DECODE_SPLIT", "VLLM_PRISM_ATTN_SEGMENT_WAVES",
-                "VLLM_PRISM_DRAFT_ATTENTION",
+                "VLLM_PRISM_ATTN_DECODE_SPLIT", "VLLM_PRISM_DRAFT_ATTENTION",
                 "VLLM_PRISM_GDN_VERIFY", "VLLM_GDN_DECODE_KERNEL",
                 "VLLM_PRISM_ATTN_VERIFY_LAZY", "VLLM_PRISM_ATTN_VERIFY_FORM"):
         monkeypatch.delenv(var, raising=False)

@@ -67,9 +67,8 @@ __all__ = ["ATTN_PDL", "ATTN_PDL_TRIGGER", "CTAS_PER_SM", "DECODE_COPY",
            "VERIFY_CTAS_PER_SM", "VERIFY_DIM_SPLIT", "VERIFY_LAZY_MAX", "attention_pdl",
            "cuda_decode_problem", "cuda_verify_problem", "decode_copy", "decode_dim_split",
            "launch_cuda_decode", "launch_cuda_verify", "layout_problem", "num_cuda_segments",
-           "pdl_mode", "segment_waves", "verify_form", "verify_lazy_max",
-           "wgmma_verify_problem", "served_verify_form", "SEGMENT_WAVES", "VERIFY_FORM",
-           "VERIFY_FORMS", "WGMMA_VERIFY_OP"]
+           "pdl_mode", "verify_form", "verify_lazy_max", "wgmma_verify_problem",
+           "served_verify_form", "VERIFY_FORM", "VERIFY_FORMS", "WGMMA_VERIFY_OP"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,9 +115,6 @@ VERIFY_LAZY_MAX: bool | None = None
 VERIFY_FORM: str | None = None
 VERIFY_FORMS = envs.CHOICES["VLLM_PRISM_ATTN_VERIFY_FORM"]
 MAX_SEGMENTS = 256
-# waves of CTAs the segments fill (segment_waves): None follows VLLM_PRISM_ATTN_SEGMENT_WAVES;
-# a benchmark or a test sets 1, 2 or 4 here
-SEGMENT_WAVES: int | None = None
 # programmatic dependent launch of the kernels and their merge: None follows the switch
 # VLLM_PRISM_ATTN_PDL and the PQ2 kernels' choice (use_pdl: VLLM_PRISM_PDL on a Hopper or newer
 # GPU); a benchmark or a test sets True or False here
@@ -210,21 +206,12 @@ def _io_problem(q: torch.Tensor, out: torch.Tensor) -> str | None:
 
 
 def num_cuda_segments(num_selected: int, sms: int, num_kv_heads: int = 1,
-                      ctas_per_sm: int | None = None, waves: int = 1) -> int:
+                      ctas_per_sm: int | None = None) -> int:
     """Segments per request (decode: a CTA serves every KV head) or per (request, KV head)
     (verification: pass ``num_kv_heads`` and ``VERIFY_CTAS_PER_SM``): about
-    ``ctas_per_sm`` (default: CTAS_PER_SM as the module has it now) CTAs per multiprocessor,
-    ``waves`` times over (the cap too)."""
+    ``ctas_per_sm`` (default: CTAS_PER_SM as the module has it now) CTAs per multiprocessor."""
     per_sm = CTAS_PER_SM if ctas_per_sm is None else ctas_per_sm
-    return split_count(per_sm * waves, MAX_SEGMENTS * waves, num_selected * num_kv_heads, sms)
-
-
-def segment_waves() -> int:
-    """Waves of CTAs the decode and verification kernels' segments fill: SEGMENT_WAVES or the
-    VLLM_PRISM_ATTN_SEGMENT_WAVES switch (envs.CHOICES)."""
-    if SEGMENT_WAVES:
-        return SEGMENT_WAVES
-    return int(envs.choice("VLLM_PRISM_ATTN_SEGMENT_WAVES"))
+    return split_count(per_sm, MAX_SEGMENTS, num_selected * num_kv_heads, sms)
 
 
 def launch_cuda_verify(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor,

@@ -533,8 +533,7 @@ def _cuda_split_kv(q: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadat
     nkv = kv_cache.shape[1] if verify else 1
     # read from the module at each call: a benchmark varies them
     per_sm = cuda_decode.VERIFY_CTAS_PER_SM if verify else cuda_decode.CTAS_PER_SM
-    segs = num_segs or num_cuda_segments(n_sel, sm_count(q.device), nkv, per_sm,
-                                         cuda_decode.segment_waves())
+    segs = num_segs or num_cuda_segments(n_sel, sm_count(q.device), nkv, per_sm)
     hq, hs = q.shape[1], q.shape[2]
     if segs > 1:
         part_o = torch.empty(n_sel, max_q, hq, segs, hs, dtype=cuda_decode.PARTIALS_DTYPE,
