@@ -20,7 +20,9 @@
 // pipeline), `wait_us` / `compute_us` a later stage's wait for its copies and its compute (the
 // iteration's S^T, softmax and O^T), `end_us` (the loop's end to the output written), of it
 // `merge_us` (to the warps' results in shared memory: the CTA's barriers and stores) and
-// `write_us` (the merge over the tiles and the partials' stores).
+// `write_us` (the merge over the tiles and the partials' stores); where a stage holds one tile
+// (4 KV heads, this harness's shape) the kernel writes from registers, so `merge_us` is the
+// lanes' row sums alone and `write_us` the stores.
 // The CTAs' spread (attn_trace_common.cuh, read_tail; two traced launches): a CTA's stream is
 // its first copies issued to its stage loop's end; `tail_us` its max less its mean, `sm_corr`
 // whether the same multiprocessors are slow in both launches, `lone` / `shared` the CTAs alone

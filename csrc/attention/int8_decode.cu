@@ -93,7 +93,8 @@ __device__ __forceinline__ void stage_wait(uint64_t* bar, uint32_t parity) {
 // there), thread 0's, kTraceStride words: 0 kernel entry, 1 its %globaltimer (ns), 2 the
 // prologue's copies issued (after the grid-dependency wait), 3 the stage loop done, 4 the
 // output written, 5 its %globaltimer, 6 the multiprocessor (%smid), 7 the warps' results in
-// shared memory (the end's merge: 3 to 7, its writes: 7 to 4); kTraceIter + 2 it (+ 1)
+// shared memory (the end's merge: 3 to 7, its writes: 7 to 4; where a stage holds one tile,
+// the writes from registers begin at 7); kTraceIter + 2 it (+ 1)
 // iteration it waits for its stage (its stage is in and the next one's copies issued).
 constexpr int kTraceMaxIters = 128;
 constexpr int kTraceIter = 8;
@@ -402,9 +403,9 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
       const int j = 2 * t + e;
       if (j >= p.group) continue;
       const float mmax = e ? m1 : m0;
-      const float lsum = mmax != -INFINITY ? (e ? l1 : l0) : 0.f;
+      const bool live = mmax != -INFINITY;  // not a segment without tiles
+      const float lsum = live ? (e ? l1 : l0) : 0.f;
       const float inv = lsum > 0.f ? 1.f / lsum : 0.f;
-      const bool live = mmax != -INFINITY;
 #pragma unroll
       for (int pp = 0; pp < KH; ++pp) {
         float o[4] = {0.f, 0.f, 0.f, 0.f};
