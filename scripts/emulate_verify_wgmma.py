@@ -53,6 +53,7 @@ def emulate(
     lazy: bool = False,  # noqa: C901, N803
     stages: int = 3,
     tma_head: int | None = None,
+    out_regs: bool = False,
 ) -> float:
     """The kernel's output for one CTA against the reference: relative L2 error. ``lazy``: the
     lazy maxima (p.lazy_max); ``stages`` >= 5 adds a key along the queries at slot 200 (scores
@@ -60,7 +61,10 @@ def emulate(
     stages fall back, and one at 140 within it, whose stage stays lazy.
     ``tma_head``: the stages come from the TMA-box producer (``wgmma_tma``) instead, as KV head
     ``tma_head`` of a paged NHD cache of four heads (SHIFT unused: a box starts at the 16-byte
-    boundary at or before the head's row, which lands 0 or 8 bytes in)."""
+    boundary at or before the head's row, which lands 0 or 8 bytes in).
+    ``out_regs``: the output as write_output_regs writes it (the experiment, compiled with
+    PRISM_VERIFY_OUT_REGS: each lane's four consecutive dimensions of a column straight from
+    its accumulators), checked to give write_output's values exactly."""
     rng = np.random.default_rng(seed)
     group = 6
     q_len = min(8, (8 * NT) // group)
@@ -501,6 +505,24 @@ def emulate(
 
     colsum = colsums(rsum)
 
+    def lane_pieces(w, lane, n, e):
+        """Lane ``lane`` of warp ``w``'s raw O^T elements of column 8n + 2t + e: (first
+        dimension, four consecutive dimensions' values), one piece a row half at head size
+        256, one at 128 (the kernel's dimension order of the m-blocks)."""
+        g = lane >> 2
+        acc = oacc[w][lane]
+        if HD == 256:
+            return [(4 * (16 * w + g + 8 * h), [acc[b][4 * n + 2 * h + e] for b in range(4)])
+                    for h in range(2)]
+        return [(4 * (8 * w + g), [acc[0][4 * n + e], acc[0][4 * n + 2 + e],
+                                   acc[1][4 * n + e], acc[1][4 * n + 2 + e]])]
+
+    inv_group = np.float32(1.0) / np.float32(group)
+
+    def column_query(col):  # int8_verify_common.cuh's: the column's token by a float product
+        tq = int((np.float32(col) + np.float32(0.5)) * inv_group)
+        return tq, col - tq * group
+
     # finalize: write_output. Each lane puts its raw O^T elements as four consecutive
     # dimensions of a column into the output buffer (a column kOStride floats), warp 0's g = 0
     # lanes each column's factor; then the warpgroup's threads store 16-byte pieces in order
@@ -513,31 +535,37 @@ def emulate(
             for n in range(NT):
                 for e in range(2):
                     col = 8 * n + 2 * t + e
-                    if HD == 256:
-                        for h in range(2):
-                            at = col * kOStride + 4 * (16 * w + g + 8 * h)
-                            for b in range(4):
-                                ob[at + b] = oacc[w][lane][b][4 * n + 2 * h + e]
-                    else:
-                        at = col * kOStride + 4 * (8 * w + g)
-                        ob[at : at + 4] = [
-                            oacc[w][lane][0][4 * n + e],
-                            oacc[w][lane][0][4 * n + 2 + e],
-                            oacc[w][lane][1][4 * n + e],
-                            oacc[w][lane][1][4 * n + 2 + e],
-                        ]
+                    for d, vals in lane_pieces(w, lane, n, e):
+                        ob[col * kOStride + d : col * kOStride + d + 4] = vals
                     if w == 0 and g == 0:
                         ls = colsum[col]
                         ob[fac_at + col] = run_vmax / ls if ls > 0 else 0.0  # direct: 0
     out = np.full((q_len, group, HD), np.nan)
-    inv_group = np.float32(1.0) / np.float32(group)
     pieces = HD // 4
     for i in range(n_cols * pieces):  # thread i % 128's piece i
         col, d = i // pieces, (i % pieces) * 4
         f = ob[fac_at + col]
-        tq = int((np.float32(col) + np.float32(0.5)) * inv_group)  # column_query
-        hq = col - tq * group
+        tq, hq = column_query(col)
         out[tq, hq, d : d + 4] = ob[col * kOStride + d : col * kOStride + d + 4] * f
+
+    if out_regs:  # write_output_regs: a lane's pieces straight to the output
+        regs_out = np.full((q_len, group, HD), np.nan)
+        for w in range(4):
+            for lane in range(32):
+                t = lane & 3
+                for n in range(NT):
+                    for e in range(2):
+                        col = 8 * n + 2 * t + e
+                        if col >= n_cols:
+                            continue
+                        ls = colsum[col]
+                        f = run_vmax / ls if ls > 0 else 0.0
+                        tq, hq = column_query(col)
+                        for d, vals in lane_pieces(w, lane, n, e):
+                            regs_out[tq, hq, d : d + 4] = [v * f for v in vals]
+        # the same products as through shared memory, every element written
+        assert np.array_equal(regs_out, out), "write_output_regs differs from write_output"
+        out = regs_out
 
     # reference
     Kf = K8 * ks[:, None]
@@ -583,6 +611,9 @@ def main() -> None:
         help="also the TMA-box producer's stages, as this KV head of four (3: the last, whose "
         "boxes run past the slot's heads; at head size 256, 2 starts at 0 and 3 at 8 mod 16)",
     )
+    ap.add_argument("--out-regs", action="store_true",
+                    help="also check write_output_regs (PRISM_VERIFY_OUT_REGS) against "
+                    "write_output, element by element")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     worst = 0.0
@@ -600,6 +631,7 @@ def main() -> None:
                         bool(lazy),
                         args.stages,
                         tma_head=head,
+                        out_regs=args.out_regs,
                     )
                     worst = max(worst, err if err == err else float("inf"))
                     where = (f"rows at {shift} mod 16" if head is None

@@ -422,7 +422,8 @@ __device__ __forceinline__ void write_output(const Int8AttnParams& p, const Veri
 // A consumer's output straight from its registers (an experiment against write_output): a
 // lane's O^T elements of a column are four consecutive dimensions (the m-blocks' order), so
 // each (column, row half) is one 16-byte store of its raw accumulators times the column's
-// factor, the same products as write_output's; no barrier of both consumers, no ring bytes.
+// factor, the same products as write_output's; no barrier of both consumers, no ring bytes
+// (scripts/emulate_verify_wgmma.py --out-regs checks the mapping against write_output's).
 template <int HD, int NT>
 __device__ __forceinline__ void write_output_regs(const Int8AttnParams& p, const VerifyWork& w,
                                                   int kvh, int sel, int slot, bool direct,
