@@ -62,7 +62,7 @@ def emulate(
     ``tma_head``: the stages come from the TMA-box producer (``wgmma_tma``) instead, as KV head
     ``tma_head`` of a paged NHD cache of four heads (SHIFT unused: a box starts at the 16-byte
     boundary at or before the head's row, which lands 0 or 8 bytes in).
-    ``out_regs``: the output as write_output_regs writes it (the experiment, compiled with
+    ``out_regs``: the output as write_column_regs writes it (the experiment, compiled with
     PRISM_VERIFY_OUT_REGS: each lane's four consecutive dimensions of a column straight from
     its accumulators), checked to give write_output's values exactly."""
     rng = np.random.default_rng(seed)
@@ -548,7 +548,7 @@ def emulate(
         tq, hq = column_query(col)
         out[tq, hq, d : d + 4] = ob[col * kOStride + d : col * kOStride + d + 4] * f
 
-    if out_regs:  # write_output_regs: a lane's pieces straight to the output
+    if out_regs:  # write_column_regs: a lane's pieces straight to the output
         regs_out = np.full((q_len, group, HD), np.nan)
         for w in range(4):
             for lane in range(32):
@@ -564,7 +564,7 @@ def emulate(
                         for d, vals in lane_pieces(w, lane, n, e):
                             regs_out[tq, hq, d : d + 4] = [v * f for v in vals]
         # the same products as through shared memory, every element written
-        assert np.array_equal(regs_out, out), "write_output_regs differs from write_output"
+        assert np.array_equal(regs_out, out), "write_column_regs differs from write_output"
         out = regs_out
 
     # reference
@@ -612,7 +612,7 @@ def main() -> None:
         "boxes run past the slot's heads; at head size 256, 2 starts at 0 and 3 at 8 mod 16)",
     )
     ap.add_argument("--out-regs", action="store_true",
-                    help="also check write_output_regs (PRISM_VERIFY_OUT_REGS) against "
+                    help="also check write_column_regs (PRISM_VERIFY_OUT_REGS) against "
                     "write_output, element by element")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()

@@ -419,41 +419,28 @@ __device__ __forceinline__ void write_output(const Int8AttnParams& p, const Veri
   }
 }
 
-// A consumer's output straight from its registers (an experiment against write_output): a
-// lane's O^T elements of a column are four consecutive dimensions (the m-blocks' order), so
-// each (column, row half) is one 16-byte store of its raw accumulators times the column's
-// factor, the same products as write_output's; no barrier of both consumers, no ring bytes
-// (scripts/emulate_verify_wgmma.py --out-regs checks the mapping against write_output's).
+// A consumer's output straight from its registers (an experiment against write_output), one
+// column of the lane (8n + 2t + e: query token tq, head hq, factor f) at a time: a lane's O^T
+// elements of a column are four consecutive dimensions (the m-blocks' order), so each row half
+// is one 16-byte store of its raw accumulators times f, the same products as write_output's;
+// no barrier of both consumers, no ring bytes (scripts/emulate_verify_wgmma.py --out-regs
+// checks the mapping against write_output's).
 template <int HD, int NT>
-__device__ __forceinline__ void write_output_regs(const Int8AttnParams& p, const VerifyWork& w,
-                                                  int kvh, int sel, int slot, bool direct,
-                                                  float inv_group, int wwarp, int g, int t,
-                                                  const float (&oacc)[HD / 64][4 * NT],
-                                                  const float (&lsum)[NT][2], float run_vmax) {
+__device__ __forceinline__ void write_column_regs(const Int8AttnParams& p, const VerifyWork& w,
+                                                  int sel, int slot, bool direct, int wwarp,
+                                                  int g, int n, int e, int tq, int hq, float f,
+                                                  const float (&oacc)[HD / 64][4 * NT]) {
+  if constexpr (HD == 256) {
 #pragma unroll
-  for (int n = 0; n < NT; ++n) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = 8 * n + 2 * t + e;
-      if (col >= w.n_cols) continue;
-      const float ls = lsum[n][e];
-      if (!(ls > 0.f) && !direct) continue;  // an empty segment: the merge skips its partial
-      const float f = ls > 0.f ? run_vmax / ls : 0.f;
-      const ColumnQuery cq = column_query(col, kvh, p.group, inv_group);
-      if constexpr (HD == 256) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float o[4] = {oacc[0][4 * n + 2 * h + e] * f, oacc[1][4 * n + 2 * h + e] * f,
-                              oacc[2][4 * n + 2 * h + e] * f, oacc[3][4 * n + 2 * h + e] * f};
-          store_column(p, sel, slot, w.q_start, direct, cq.tq, cq.hq,
-                       4 * (16 * wwarp + g + 8 * h), o);
-        }
-      } else {
-        const float o[4] = {oacc[0][4 * n + e] * f, oacc[0][4 * n + 2 + e] * f,
-                            oacc[1][4 * n + e] * f, oacc[1][4 * n + 2 + e] * f};
-        store_column(p, sel, slot, w.q_start, direct, cq.tq, cq.hq, 4 * (8 * wwarp + g), o);
-      }
+    for (int h = 0; h < 2; ++h) {
+      const float o[4] = {oacc[0][4 * n + 2 * h + e] * f, oacc[1][4 * n + 2 * h + e] * f,
+                          oacc[2][4 * n + 2 * h + e] * f, oacc[3][4 * n + 2 * h + e] * f};
+      store_column(p, sel, slot, w.q_start, direct, tq, hq, 4 * (16 * wwarp + g + 8 * h), o);
     }
+  } else {
+    const float o[4] = {oacc[0][4 * n + e] * f, oacc[0][4 * n + 2 + e] * f,
+                        oacc[1][4 * n + e] * f, oacc[1][4 * n + 2 + e] * f};
+    store_column(p, sel, slot, w.q_start, direct, tq, hq, 4 * (8 * wwarp + g), o);
   }
 }
 
@@ -787,8 +774,11 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
   // both consumers go on, a barrier of both, then each its own part; else this one is alone
   // past the loops (every stage of the CTA landed and read)
 #ifdef PRISM_VERIFY_OUT_REGS
-  write_output_regs<HD, NT>(p, w, kvh, sel, seg, direct, inv_group, wwarp, g, t, oacc, lsum,
-                            run_vmax);
+  for_columns([&](int n, int e, int tq, int hq, float ls) {
+    if (!(ls > 0.f) && !direct) return;  // an empty segment: the merge skips its partial
+    write_column_regs<HD, NT>(p, w, sel, seg, direct, wwarp, g, n, e, tq, hq,
+                              ls > 0.f ? run_vmax / ls : 0.f, oacc);
+  });
 #else
   const bool both = (seg | 1) < p.num_segs;
   if (both) named_sync<kConsumerThreads>(kBarBoth);

@@ -41,7 +41,7 @@ def test_emulated_kernel_matches_reference(case):
 
 @pytest.mark.parametrize("hd,nt", [(256, 5), (128, 3)])
 def test_emulated_output_from_registers(hd, nt):
-    """write_output_regs (the experiment built with PRISM_VERIFY_OUT_REGS): each lane's pieces
+    """write_column_regs (the experiment built with PRISM_VERIFY_OUT_REGS): each lane's pieces
     straight to the output give write_output's values element by element (asserted inside:
     every element written, the same products), within the bound of the reference."""
     emulator = _emulator()
