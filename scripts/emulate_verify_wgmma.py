@@ -8,8 +8,8 @@ movmatrix's 8x8 transpose and prmt's byte selection. This script models those op
 the PTX ISA defines them and runs the kernel's loads, stores and register hand-overs lane by
 lane, as the kernel writes them, for one consumer warpgroup over five stages (a partial last
 tile, V-scale jumps within and past the lazy path's bound, a key far along the queries that
-sends the lazy maxima back to the exact path, the causal tail) and its output through shared
-memory (write_output), against a float reference. The stages come from the cp.async
+sends the lazy maxima back to the exact path, the causal tail) and its output straight from
+the lanes' registers (write_column), against a float reference. The stages come from the cp.async
 producer's rows (at 0 or 8 mod 16 in their shared rows) or from the TMA-box producer
 (``wgmma_tma``): boxes of the tensor map the host makes, over a paged NHD cache of four KV
 heads whose unused slots hold 0xFF, with the PTX ISA's out-of-bounds zero fill (the last
@@ -53,7 +53,6 @@ def emulate(
     lazy: bool = False,  # noqa: C901, N803
     stages: int = 3,
     tma_head: int | None = None,
-    out_regs: bool = False,
 ) -> float:
     """The kernel's output for one CTA against the reference: relative L2 error. ``lazy``: the
     lazy maxima (p.lazy_max); ``stages`` >= 5 adds a key along the queries at slot 200 (scores
@@ -61,10 +60,7 @@ def emulate(
     stages fall back, and one at 140 within it, whose stage stays lazy.
     ``tma_head``: the stages come from the TMA-box producer (``wgmma_tma``) instead, as KV head
     ``tma_head`` of a paged NHD cache of four heads (SHIFT unused: a box starts at the 16-byte
-    boundary at or before the head's row, which lands 0 or 8 bytes in).
-    ``out_regs``: the output as write_column_regs writes it (the experiment, compiled with
-    PRISM_VERIFY_OUT_REGS: each lane's four consecutive dimensions of a column straight from
-    its accumulators), checked to give write_output's values exactly."""
+    boundary at or before the head's row, which lands 0 or 8 bytes in)."""
     rng = np.random.default_rng(seed)
     group = 6
     q_len = min(8, (8 * NT) // group)
@@ -523,49 +519,22 @@ def emulate(
         tq = int((np.float32(col) + np.float32(0.5)) * inv_group)
         return tq, col - tq * group
 
-    # finalize: write_output. Each lane puts its raw O^T elements as four consecutive
-    # dimensions of a column into the output buffer (a column kOStride floats), warp 0's g = 0
-    # lanes each column's factor; then the warpgroup's threads store 16-byte pieces in order
-    kOStride = HD + 4
-    ob = np.full(kN * kOStride + kN, np.nan)
-    fac_at = kN * kOStride
+    # finalize: write_column. Each lane stores its raw O^T elements of a column (four
+    # consecutive dimensions a piece) times the column's factor, straight to the output
+    out = np.full((q_len, group, HD), np.nan)  # an element no lane writes stays NaN
     for w in range(4):
         for lane in range(32):
-            g, t = lane >> 2, lane & 3
+            t = lane & 3
             for n in range(NT):
                 for e in range(2):
                     col = 8 * n + 2 * t + e
+                    if col >= n_cols:
+                        continue
+                    ls = colsum[col]
+                    f = run_vmax / ls if ls > 0 else 0.0  # direct: 0
+                    tq, hq = column_query(col)
                     for d, vals in lane_pieces(w, lane, n, e):
-                        ob[col * kOStride + d : col * kOStride + d + 4] = vals
-                    if w == 0 and g == 0:
-                        ls = colsum[col]
-                        ob[fac_at + col] = run_vmax / ls if ls > 0 else 0.0  # direct: 0
-    out = np.full((q_len, group, HD), np.nan)
-    pieces = HD // 4
-    for i in range(n_cols * pieces):  # thread i % 128's piece i
-        col, d = i // pieces, (i % pieces) * 4
-        f = ob[fac_at + col]
-        tq, hq = column_query(col)
-        out[tq, hq, d : d + 4] = ob[col * kOStride + d : col * kOStride + d + 4] * f
-
-    if out_regs:  # write_column_regs: a lane's pieces straight to the output
-        regs_out = np.full((q_len, group, HD), np.nan)
-        for w in range(4):
-            for lane in range(32):
-                t = lane & 3
-                for n in range(NT):
-                    for e in range(2):
-                        col = 8 * n + 2 * t + e
-                        if col >= n_cols:
-                            continue
-                        ls = colsum[col]
-                        f = run_vmax / ls if ls > 0 else 0.0
-                        tq, hq = column_query(col)
-                        for d, vals in lane_pieces(w, lane, n, e):
-                            regs_out[tq, hq, d : d + 4] = [v * f for v in vals]
-        # the same products as through shared memory, every element written
-        assert np.array_equal(regs_out, out), "write_column_regs differs from write_output"
-        out = regs_out
+                        out[tq, hq, d : d + 4] = [v * f for v in vals]
 
     # reference
     Kf = K8 * ks[:, None]
@@ -611,9 +580,6 @@ def main() -> None:
         help="also the TMA-box producer's stages, as this KV head of four (3: the last, whose "
         "boxes run past the slot's heads; at head size 256, 2 starts at 0 and 3 at 8 mod 16)",
     )
-    ap.add_argument("--out-regs", action="store_true",
-                    help="also check write_column_regs (PRISM_VERIFY_OUT_REGS) against "
-                    "write_output, element by element")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     worst = 0.0
@@ -631,7 +597,6 @@ def main() -> None:
                         bool(lazy),
                         args.stages,
                         tma_head=head,
-                        out_regs=args.out_regs,
                     )
                     worst = max(worst, err if err == err else float("inf"))
                     where = (f"rows at {shift} mod 16" if head is None

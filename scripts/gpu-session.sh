@@ -31,9 +31,7 @@
 #        prologue, stages, end; both kernels' CTA spread over two launches (DECODE_SEGMENTS,
 #        VERIFY_SEGMENTS: segment counts to try instead of the op's, e.g. 256,512,1024 and,
 #        a KV head, 66,132,256; "" keeps the op's)
-#        (benchmarks/kernels/verify_trace.cu, decode_trace.cu: no torch; needs no vLLM);
-#        VERIFY_AB=1 also runs the verification harness built with -DPRISM_VERIFY_OUT_REGS (the
-#        kernel's output straight from registers, an experiment: verify_trace_regs.jsonl)
+#        (benchmarks/kernels/verify_trace.cu, decode_trace.cu: no torch; needs no vLLM)
 #   bash scripts/gpu-session.sh gemv-sweep [SHAPES [MS]]  configurations of the CUDA C++ GEMV against a
 #        same-size streaming-read probe (benchmarks/kernels/pq2_gemv_sweep.cu, no torch)
 #   bash scripts/gpu-session.sh ptq1mem      weight memory of the 27B-shaped PQ2_0 and PTQ1_0 files
@@ -212,11 +210,6 @@ case $stage in
     wait $v || exit 1
     timeout $(limit 200) /tmp/verify-trace "${2:-32768,131072}" "${3:-4,6,8}" ${6:-} \
       | tee "$OUT/verify_trace.jsonl"
-    if [ "${VERIFY_AB:-}" = 1 ]; then  # the experiment beside it: the output from registers
-      nvcc "${f[@]}" -DPRISM_VERIFY_OUT_REGS benchmarks/kernels/verify_trace.cu \
-        -o /tmp/verify-trace-regs && timeout $(limit 200) /tmp/verify-trace-regs \
-        "${2:-32768,131072}" "${3:-4,6,8}" ${6:-} | tee "$OUT/verify_trace_regs.jsonl"
-    fi
     timeout $(limit 150) /tmp/decode-trace "${4:-4096,32768,131072}" ${5:-} \
       | tee "$OUT/decode_trace.jsonl"
     python3 benchmarks/kernels/trace_summary.py "$OUT/verify_trace.jsonl" \

@@ -1,6 +1,6 @@
 // Split-KV verification attention over the paged INT8 cache on Hopper's warpgroup MMA (sm_90a;
 // compiled apart by CMakeLists.txt's prism_sm90a object, launched by the torch op only on
-// compute capability 9.0 and only where asked: VLLM_PRISM_ATTN_VERIFY_FORM=wgmma). The same
+// compute capability 9.0: VLLM_PRISM_ATTN_VERIFY_FORM, "auto" picks it). The same
 // call as int8_verify.cu (parameters, segments, partials, PDL; the grid is half the segments),
 // another inner loop:
 //
@@ -15,18 +15,18 @@
 // VLLM_PRISM_ATTN_VERIFY_FORM=wgmma_tma, 2026-12-05; its boxes land in any order, so it
 // issues a stage only once the stage kTmaLag before has landed: produce_tma), consumer
 // warpgroup c computes segment 2 blockIdx.z + c (its stages are the even / odd ones of the
-// ring's order) and writes that segment's partial (through the ring's buffers once both loops
-// are done: write_output). The ring's full and empty mbarriers are the only synchronisation between the producer and a consumer, a consumer's own steps are ordered
-// by its named barrier (128 threads), so neither consumer waits for a copy issue or for the
-// other (FlashAttention-3's producer / consumer split; the form with one warpgroup that copied
-// its own stages behind CTA barriers, the thirty-second session's, spent about a sixth of its
-// stall samples on the copies' issue and the block-table reads: attention_h200_notes.md,
-// thirty-sixth session). Each int8 K and V element becomes an fp16 operand once, in the
-// registers of the consumer warp whose rows it is; Q^T (once a CTA, shared by both consumers)
-// and P^T (once a stage, a buffer a consumer) are the MMAs' B operands in shared memory,
-// K-major core matrices without swizzle (8 columns x 16 bytes a core matrix, written by the
-// threads, so each write is followed by fence.proxy.async before the barrier that publishes
-// it). A consumer's stage:
+// ring's order) and writes that segment's partial straight from its registers (write_column).
+// The ring's full and empty mbarriers are the only synchronisation between the producer and a
+// consumer, a consumer's own steps are ordered by its named barrier (128 threads), so neither
+// consumer waits for a copy issue or for the other (FlashAttention-3's producer / consumer
+// split; the form with one warpgroup that copied its own stages behind CTA barriers, the
+// thirty-second session's, spent about a sixth of its stall samples on the copies' issue and
+// the block-table reads: attention_h200_notes.md, thirty-sixth session). Each int8 K and V
+// element becomes an fp16 operand once, in the registers of the consumer warp whose rows it
+// is; Q^T (once a CTA, shared by both consumers) and P^T (once a stage, a buffer a consumer)
+// are the MMAs' B operands in shared memory, K-major core matrices without swizzle (8 columns
+// x 16 bytes a core matrix, written by the threads, so each write is followed by
+// fence.proxy.async before the barrier that publishes it). A consumer's stage:
 //   1. the stage's rows are in (its full mbarrier); the consumer's barrier;
 //   2. S^T: the warp's K fragments (rows g, g + 8 of its tile in the decode kernel's slot
 //      order; a lane's 8 bytes at 32 kk + 8 t are k-steps 2 kk and 2 kk + 1, so Q^T is stored
@@ -88,11 +88,9 @@ static_assert(kGroupThreads * kProducerRegs + kConsumerThreads * kConsumerRegs <
                   kThreads * kLaunchRegs,
               "the consumers' registers come from the producers'");
 
-// named barriers (0 is __syncthreads): both consumers (Q^T), then one a consumer, then both
-// consumers again (after both loops: the output through the ring's buffers, write_output)
+// named barriers (0 is __syncthreads): both consumers (Q^T), then one a consumer
 constexpr int kBarQuery = 1;
 constexpr int kBarConsumer = 2;
-constexpr int kBarBoth = kBarConsumer + kConsumers;
 
 // The CTA's timeline for benchmarks/kernels/verify_trace.cu (attn_trace.cuh: compiled in only
 // there), kTraceStride words:
@@ -141,13 +139,6 @@ struct WShape {
   static constexpr int kRedOff = kPOff + kConsumers * kPBytes;
   static constexpr int kBarOff = kRedOff + kConsumers * kRedFloats * 4;  // full, then empty
   static constexpr int kSmem = kBarOff + 2 * kRing * 8;
-  // the output through shared memory (write_output): a consumer's columns' O, fp32, a column
-  // kOStride floats (4 past HD: a warp's stores of its 4 t lanes' columns land on distinct
-  // banks), then a factor a column; consumer c's in the ring's bytes from c kOutBytes
-  static constexpr int kOStride = HD + 4;
-  static constexpr int kOutBytes = (kN * kOStride + kN) * 4;
-  static_assert(kConsumers * kOutBytes <= kRing * kStageBytes && kOutBytes % 16 == 0,
-                "both consumers' outputs fit in the ring");
   static_assert(HD == 128 || HD == 256, "head sizes 128 and 256");
   static_assert(kSRow >= kRow + 8 && (kSRow / 4) % 32 == 8 && kSRow % 16 == 0, "row layout");
   static_assert(kStageBytes % 128 == 0 && kQOff % 128 == 0 && kPOff % 128 == 0 &&
@@ -363,70 +354,16 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
   cp_async_wait<0>();
 }
 
-// A consumer's output (its segment's partial, or the output where `direct`): each lane puts
-// its O^T elements (raw accumulators) as four consecutive dimensions of a column into `ob`
-// (S::kOutBytes of the free ring), the first warp's g = 0 lanes each column's factor (run_vmax
-// over its row sum; -1 where an empty segment leaves no partial), then the warpgroup stores
-// 16-byte pieces in order, a warp's 32 pieces consecutive dimensions of one column. One short
-// loop instead of the lanes' unrolled stores, a division and the output's 64-bit address a
-// store each (the end was a sixth of the stall samples at 32K, mostly instruction-cache misses
-// and the divisions: Nsight Compute, 2026-12-06).
+// A consumer's output (its segment's partial, or the output where `direct`) straight from its
+// registers, one column of the lane (8n + 2t + e: query token tq, head hq, factor f) at a time:
+// a lane's O^T elements of a column are four consecutive dimensions (the m-blocks' order), so
+// each row half is one 16-byte store of its raw accumulators times f. No barrier of both
+// consumers and no pass through shared memory: the form through the ring's buffers (a short
+// loop of 16-byte pieces after a barrier of both consumers, 8c7cee9) spent 3.3-6.1 us past the
+// loops where this spends 2.0-4.3, 1.3-2.5 us less a call (verify_trace.cu, one H100,
+// 2026-12-07; the mapping is checked on the CPU by scripts/emulate_verify_wgmma.py).
 template <int HD, int NT>
-__device__ __forceinline__ void write_output(const Int8AttnParams& p, const VerifyWork& w, int kvh,
-                                             int sel, int slot, bool direct, float inv_group,
-                                             int wwarp, int g, int t,
-                                             const float (&oacc)[HD / 64][4 * NT],
-                                             const float (&lsum)[NT][2], float run_vmax,
-                                             uint8_t* ob_bytes, int bar) {
-  using S = WShape<HD, NT>;
-  float* ob = reinterpret_cast<float*>(ob_bytes);
-  float* fac = ob + S::kN * S::kOStride;
-#pragma unroll
-  for (int n = 0; n < NT; ++n) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int col = 8 * n + 2 * t + e;
-      float* oc = ob + col * S::kOStride;
-      if constexpr (HD == 256) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<float4*>(oc + 4 * (16 * wwarp + g + 8 * h)) =
-              make_float4(oacc[0][4 * n + 2 * h + e], oacc[1][4 * n + 2 * h + e],
-                          oacc[2][4 * n + 2 * h + e], oacc[3][4 * n + 2 * h + e]);
-      } else {
-        *reinterpret_cast<float4*>(oc + 4 * (8 * wwarp + g)) =
-            make_float4(oacc[0][4 * n + e], oacc[0][4 * n + 2 + e], oacc[1][4 * n + e],
-                        oacc[1][4 * n + 2 + e]);
-      }
-      if (wwarp == 0 && g == 0) {
-        const float ls = lsum[n][e];
-        fac[col] = ls > 0.f ? run_vmax / ls : (direct ? 0.f : -1.f);
-      }
-    }
-  }
-  named_sync<kGroupThreads>(bar);
-  constexpr int kPieces = HD / 4;
-  const int items = w.n_cols * kPieces;
-  for (int i = threadIdx.x % kGroupThreads; i < items; i += kGroupThreads) {
-    const int col = i / kPieces;
-    const int d = (i - col * kPieces) * 4;
-    const float f = fac[col];
-    if (f < 0.f) continue;  // an empty segment: the merge skips its partial
-    const float4 v = *reinterpret_cast<const float4*>(ob + col * S::kOStride + d);
-    const float o[4] = {v.x * f, v.y * f, v.z * f, v.w * f};
-    const ColumnQuery cq = column_query(col, kvh, p.group, inv_group);
-    store_column(p, sel, slot, w.q_start, direct, cq.tq, cq.hq, d, o);
-  }
-}
-
-// A consumer's output straight from its registers (an experiment against write_output), one
-// column of the lane (8n + 2t + e: query token tq, head hq, factor f) at a time: a lane's O^T
-// elements of a column are four consecutive dimensions (the m-blocks' order), so each row half
-// is one 16-byte store of its raw accumulators times f, the same products as write_output's;
-// no barrier of both consumers, no ring bytes (scripts/emulate_verify_wgmma.py --out-regs
-// checks the mapping against write_output's).
-template <int HD, int NT>
-__device__ __forceinline__ void write_column_regs(const Int8AttnParams& p, const VerifyWork& w,
+__device__ __forceinline__ void write_column(const Int8AttnParams& p, const VerifyWork& w,
                                                   int sel, int slot, bool direct, int wwarp,
                                                   int g, int n, int e, int tq, int hq, float f,
                                                   const float (&oacc)[HD / 64][4 * NT]) {
@@ -770,21 +707,13 @@ __device__ __forceinline__ void consume(const Int8AttnParams& p, const VerifyWor
     });
   }
 
-  // ---- O through shared memory: the ring's buffers are free once both loops are done. Where
-  // both consumers go on, a barrier of both, then each its own part; else this one is alone
-  // past the loops (every stage of the CTA landed and read)
-#ifdef PRISM_VERIFY_OUT_REGS
+  // ---- O from the registers, a column of the lane at a time (an empty segment's partial is
+  // skipped by the merge and not written)
   for_columns([&](int n, int e, int tq, int hq, float ls) {
-    if (!(ls > 0.f) && !direct) return;  // an empty segment: the merge skips its partial
-    write_column_regs<HD, NT>(p, w, sel, seg, direct, wwarp, g, n, e, tq, hq,
-                              ls > 0.f ? run_vmax / ls : 0.f, oacc);
+    if (!(ls > 0.f) && !direct) return;
+    write_column<HD, NT>(p, w, sel, seg, direct, wwarp, g, n, e, tq, hq,
+                         ls > 0.f ? run_vmax / ls : 0.f, oacc);
   });
-#else
-  const bool both = (seg | 1) < p.num_segs;
-  if (both) named_sync<kConsumerThreads>(kBarBoth);
-  write_output<HD, NT>(p, w, kvh, sel, seg, direct, inv_group, wwarp, g, t, oacc, lsum,
-                       run_vmax, smem + (both ? c : 0) * S::kOutBytes, bar);
-#endif
   trace_at(tracer, 4 + c);
   trace_at(tracer && c == 0, 6, true);
 }

@@ -38,13 +38,3 @@ def test_emulated_kernel_matches_reference(case):
     assert emulator.ERROR_BOUND <= 3e-3
     assert err < emulator.ERROR_BOUND, err
 
-
-@pytest.mark.parametrize("hd,nt", [(256, 5), (128, 3)])
-def test_emulated_output_from_registers(hd, nt):
-    """write_column_regs (the experiment built with PRISM_VERIFY_OUT_REGS): each lane's pieces
-    straight to the output give write_output's values element by element (asserted inside:
-    every element written, the same products), within the bound of the reference."""
-    emulator = _emulator()
-    err = emulator.emulate(3 + nt, hd, nt, 0, True, 5, tma_head=None, out_regs=True)
-    assert err < emulator.ERROR_BOUND, err
-

@@ -153,20 +153,17 @@ def test_kv_copy_probe_compiles(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(NVCC is None, reason="no CUDA toolkit (nvcc) on this machine")
-@pytest.mark.parametrize("harness,kernel,defines", [
-    ("verify_trace.cu", "int8_verify_wgmma_kernel", []),
-    ("verify_trace.cu", "int8_verify_wgmma_kernel", ["-DPRISM_VERIFY_OUT_REGS"]),
-    ("decode_trace.cu", "int8_decode_kernel", [])])
-def test_attn_trace_compiles(harness: str, kernel: str, defines: list[str],
-                             tmp_path: Path) -> None:
+@pytest.mark.parametrize("harness,kernel", [
+    ("verify_trace.cu", "int8_verify_wgmma_kernel"),
+    ("decode_trace.cu", "int8_decode_kernel")])
+def test_attn_trace_compiles(harness: str, kernel: str, tmp_path: Path) -> None:
     """The attention kernels' timeline harnesses (benchmarks/kernels/verify_trace.cu,
     decode_trace.cu) build as scripts/gpu-session.sh attn-trace builds them, with the trace
-    compiled in (and the verification kernel's experimental output from registers,
-    PRISM_VERIFY_OUT_REGS, as its VERIFY_AB=1 builds it), and their traced kernels do not
-    spill; the verification kernel keeps the extension's register plan, 168 registers a
-    thread at launch (else the consumers' setmaxnreg.inc waits forever), so the timeline is
-    the kernel's; and each reads a made-up timeline back right (`--selftest`, no GPU)."""
-    res = subprocess.run([NVCC, "-std=c++17", "-O3", "--use_fast_math", *SM90A_FLAGS, *defines,
+    compiled in, and their traced kernels do not spill; the verification kernel keeps the
+    extension's register plan, 168 registers a thread at launch (else the consumers'
+    setmaxnreg.inc waits forever), so the timeline is the kernel's; and each reads a made-up
+    timeline back right (`--selftest`, no GPU)."""
+    res = subprocess.run([NVCC, "-std=c++17", "-O3", "--use_fast_math", *SM90A_FLAGS,
                           "-Xptxas", "-v", f"-I{ROOT / 'csrc'}",
                           str(ROOT / "benchmarks/kernels" / harness),
                           "-o", str(tmp_path / "trace"), "-keep", "-keep-dir", str(tmp_path)],
