@@ -75,8 +75,8 @@ environment_variables: dict[str, Callable[[], Any]] = {
     # sm_90, head sizes 128 / 256, exact Q.K; the "mma" form serves every other call) or
     # "wgmma_tma" (the same kernel, its producer copying each 16-slot tile as one TMA box of a
     # tensor map over the cache: vLLM's NHD layout, else "wgmma"; on the H100 (2026-12-06)
-    # 0.74-0.86x the mma form's time at 4-8 tokens, verification 1.25x / 1.23x the two-warp
-    # decode kernel at 32K / 128K). "wgmma" takes 0.96-1.15x the mma form's time
+    # 0.73-0.84x the mma form's time at 4-8 tokens; at 6 tokens 1.24x / 1.23x the decode
+    # kernel at 32K / 128K, 2026-12-08). "wgmma" takes 0.94-1.17x the mma form's time
     # (docs/attention.md). Read per call, outside any traced graph; any other value is refused
     # before the engine starts.
     "VLLM_PRISM_ATTN_VERIFY_FORM": lambda: os.getenv("VLLM_PRISM_ATTN_VERIFY_FORM",

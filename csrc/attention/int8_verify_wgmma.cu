@@ -360,8 +360,9 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
 // each row half is one 16-byte store of its raw accumulators times f. No barrier of both
 // consumers and no pass through shared memory: the form through the ring's buffers (a short
 // loop of 16-byte pieces after a barrier of both consumers, 8c7cee9) spent 3.3-6.1 us past the
-// loops where this spends 2.0-4.3, 1.3-2.5 us less a call (verify_trace.cu, one H100,
-// 2026-12-07; the mapping is checked on the CPU by scripts/emulate_verify_wgmma.py).
+// loops where this spends 2.0-4.3, 0.7-2.5 us less a call, 1.3-2.5 with TMA boxes
+// (verify_trace.cu, one H100, 2026-12-07: attention_trace_h100_2026-12-08_verify_regs.md; the
+// mapping is checked on the CPU by scripts/emulate_verify_wgmma.py).
 template <int HD, int NT>
 __device__ __forceinline__ void write_column(const Int8AttnParams& p, const VerifyWork& w,
                                                   int sel, int slot, bool direct, int wwarp,
