@@ -8,12 +8,13 @@ request, vLLM's NHD paged cache with block size 16 and a shuffled block table.
   read bandwidth measured in the same run (bytes = K+V rows and scales of every context token),
   ratio to torch SDPA (flash) on contiguous BF16 K/V of the same shape (``vs_sdpa`` = SDPA time
   / ours), and for verify the ratio to decode at the same context (``vs_decode``). The CUDA
-  C++ kernels' variants follow their default rows (``vs_default``): bf16 partials, the other
-  dim_split, the decode kernel's other copies (``cuda bulk copy``: a bulk-copy request a tile,
-  or ``cuda cp.async copy``; compute capability 9.0), the other maxima form and, where it can
-  run (sm_90a build, compute capability 9.0), the verification kernel's warpgroup-MMA forms
-  (``cuda wgmma``, its producer on cp.async, ``cuda wgmma tma``, on a TMA tensor map over
-  the cache, and ``cuda wgmma tma bf16``, its partials in bf16; with ``vs_decode``).
+  C++ kernels' variants follow their default rows (``vs_default``): bf16 and fp16 partials,
+  the other dim_split, the decode kernel's other copies (``cuda bulk copy``: a bulk-copy
+  request a tile, or ``cuda cp.async copy``; compute capability 9.0), the other maxima form
+  and, where it can run (sm_90a build, compute capability 9.0), the verification kernel's
+  warpgroup-MMA forms (``cuda wgmma``, its producer on cp.async, ``cuda wgmma tma``, on a
+  TMA tensor map over the cache, and ``cuda wgmma tma bf16`` / ``fp16``, its partials in bf16
+  / fp16; with ``vs_decode``).
   The ``cuda`` verification rows are its mma form (int8_verify.cu), whatever the library's
   default (``auto``: ``cuda wgmma tma`` where it can serve the call).
 * noncausal: a DFlash drafter's 6-token block against the whole context (no mask), split,
@@ -70,6 +71,8 @@ HQ, HKV, HS = 24, 4, 256
 CONTEXTS = [4096, 32768, 65536, 131072]
 VERIFY_Q = [4, 6, 8]
 PREFILL_CONTEXTS = (0, 32768)
+# the CUDA kernels' partial outputs (cuda_decode.PARTIALS_DTYPE) the variant rows time
+PART_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 L2_MULTIPLE = 3
 T0 = time.time()
 
@@ -307,7 +310,7 @@ def main() -> None:
                     res["records"].append(rec)
                     print(json.dumps(rec), flush=True)
                     # the kernel's other form (one warp a (tile, head), or two), and bf16
-                    # partials
+                    # and fp16 partials
                     other = 3 - split
                     for rec in (cuda_variant_record(cache, ctx, 1, dec, bytes_, read_bw,
                                                     f"cuda dim_split={other}",
@@ -317,7 +320,10 @@ def main() -> None:
                                                     s_us, triton_dec),
                                 cuda_variant_record(cache, ctx, 1, dec, bytes_, read_bw,
                                                     "cuda bf16 partials",
-                                                    {"PARTIALS_DTYPE": torch.bfloat16})):
+                                                    {"PARTIALS_DTYPE": torch.bfloat16}),
+                                cuda_variant_record(cache, ctx, 1, dec, bytes_, read_bw,
+                                                    "cuda fp16 partials",
+                                                    {"PARTIALS_DTYPE": torch.float16})):
                         res["records"].append(rec)
                         print(json.dumps(rec), flush=True)
                     # the tiles on the bulk-copy engine (sm_90+), against the default copies
@@ -360,6 +366,9 @@ def main() -> None:
                                                         "cuda bf16 partials",
                                                         {"PARTIALS_DTYPE": torch.bfloat16}),
                                     cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
+                                                        "cuda fp16 partials",
+                                                        {"PARTIALS_DTYPE": torch.float16}),
+                                    cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
                                                         f"cuda dim_split={other}",
                                                         {"VERIFY_DIM_SPLIT": other},
                                                         dict(dim_split=other)),
@@ -371,15 +380,15 @@ def main() -> None:
                             print(json.dumps(rec), flush=True)
                         # the warpgroup-MMA forms (opt-in: its producer on cp.async, or on a
                         # TMA tensor map), against the default
-                        # (and the TMA form with bf16 partials)
-                        for form, bf16 in ((("wgmma", False), ("wgmma_tma", False),
-                                            ("wgmma_tma", True))
+                        # (and the TMA form with bf16 and fp16 partials)
+                        for form, part in ((("wgmma", "fp32"), ("wgmma_tma", "fp32"),
+                                            ("wgmma_tma", "bf16"), ("wgmma_tma", "fp16"))
                                            if wgmma_ready() else ()):
-                            label = f"cuda {form.replace('_', ' ')}{' bf16' if bf16 else ''}"
+                            label = (f"cuda {form.replace('_', ' ')}"
+                                     f"{'' if part == 'fp32' else ' ' + part}")
                             rec = cuda_variant_record(
                                 cache, ctx, ql, us, bytes_, read_bw, label,
-                                {"VERIFY_FORM": form,
-                                 "PARTIALS_DTYPE": torch.bfloat16 if bf16 else torch.float32},
+                                {"VERIFY_FORM": form, "PARTIALS_DTYPE": PART_DTYPES[part]},
                                 dict(form=form))
                             rec["vs_decode"] = round(rec["us"] / dec, 3)
                             res["records"].append(rec)
@@ -726,7 +735,7 @@ def markdown(res: dict) -> str:
              "the CUDA verification kernel with Q.K on the int8 tensor cores: the exact "
              "kernel's time / its time); `vs_default` = a CUDA C++ kernel's variant (the "
              "decode or verification kernel's other `dim_split`, the verification kernel's "
-             "lazy maxima, or bf16 partials) / the "
+             "lazy maxima, or bf16 / fp16 partials) / the "
              "default form's "
              "time; `err` = relative L2 error against the fp32 reference.", "",
              "| kind | kernel | kv | context | q tokens | us | bw_frac | vs_sdpa | vs_decode | "

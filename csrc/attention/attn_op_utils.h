@@ -56,15 +56,16 @@ inline void check_attention_io(const char* op, const torch::Tensor& q, const tor
 inline void check_partials(const char* op, const torch::Tensor& part_o,
                            const torch::Tensor& part_lse, int64_t n_sel, int64_t rows,
                            int64_t heads, int64_t num_segs, int64_t hs) {
-  const bool bf16 = part_o.scalar_type() == torch::kBFloat16;
-  TORCH_CHECK((bf16 || part_o.scalar_type() == torch::kFloat32) && part_o.dim() == 5 &&
+  const bool half = part_o.scalar_type() == torch::kBFloat16 ||
+                    part_o.scalar_type() == torch::kHalf;
+  TORCH_CHECK((half || part_o.scalar_type() == torch::kFloat32) && part_o.dim() == 5 &&
                   part_o.size(0) >= n_sel && part_o.size(1) >= rows && part_o.size(2) == heads &&
                   part_o.size(3) >= num_segs && part_o.size(4) == hs && part_o.stride(4) == 1 &&
-                  aligned_to(part_o, bf16 ? 8 : 16) && part_o.stride(0) % 4 == 0 &&
+                  aligned_to(part_o, half ? 8 : 16) && part_o.stride(0) % 4 == 0 &&
                   part_o.stride(1) % 4 == 0 && part_o.stride(2) % 4 == 0 &&
                   part_o.stride(3) % 4 == 0,
-              op, ": part_o must be fp32 or bf16 [selected, ", rows, ", heads, segments, "
-              "head_size], rows 16-byte (bf16: 8-byte) aligned");
+              op, ": part_o must be fp32, fp16 or bf16 [selected, ", rows, ", heads, "
+              "segments, head_size], rows 16-byte (fp16, bf16: 8-byte) aligned");
   TORCH_CHECK(part_lse.scalar_type() == torch::kFloat32 && part_lse.dim() == 4 &&
                   part_lse.size(0) >= n_sel && part_lse.size(1) >= rows &&
                   part_lse.size(2) == heads && part_lse.size(3) >= num_segs &&
@@ -98,7 +99,8 @@ inline Int8AttnParams fill_int8_attn_params(
   if (num_segs > 1) {
     check_partials(op, part_o, part_lse, num_selected, max_q, q.size(1), num_segs, hs);
     p.part_o = part_o.data_ptr();
-    p.part_bf16 = part_o.scalar_type() == torch::kBFloat16 ? 1 : 0;
+    p.part_dtype =
+        part_o.scalar_type() == torch::kFloat32 ? 0 : half_dtype_code(part_o, op, "part_o");
     p.part_lse = part_lse.data_ptr<float>();
     p.stride_pr = part_o.stride(0);
     p.stride_pt = part_o.stride(1);

@@ -32,7 +32,7 @@ struct Int8AttnParams {
   int64_t stride_ot, stride_oh;
   int out_dtype;  // 1 fp16, 2 bf16
   void* part_o;  // [selected, max_q, q heads, num_segs, hd] partial outputs (num_segs > 1)
-  int part_bf16;  // part_o in bf16 (1) or fp32 (0)
+  int part_dtype;  // part_o: 0 fp32, 1 fp16, 2 bf16 (out_dtype's codes)
   float* part_lse;  // [selected, max_q, q heads, num_segs] log2-sum-exp (-inf: empty segment)
   int64_t stride_pr, stride_pt, stride_ph, stride_ps;
   int64_t stride_lr, stride_lt, stride_lh;

@@ -384,7 +384,7 @@ __global__ void __launch_bounds__(Shape<HD, NKV, SPLIT>::kThreads, SPLIT > 1 ? 2
       return;
     }
     if (lsum > 0.f) {
-      store_partial(p.part_o, p.part_bf16,
+      store_partial(p.part_o, p.part_dtype,
                     sel * p.stride_pr + hq * p.stride_ph + seg * p.stride_ps + d, o);
     }
     if (d == 0)

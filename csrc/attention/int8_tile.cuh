@@ -206,10 +206,17 @@ __device__ __forceinline__ void store_out(void* out, int dtype, const float (&v)
 }
 
 // Four consecutive values of a segment's partial output at element `i` of part_o: fp32
-// (16 bytes) or bf16 (8 bytes, the merge kernel reads either).
-__device__ __forceinline__ void store_partial(void* part_o, int bf16, int64_t i,
+// (dtype 0, 16 bytes), fp16 (1) or bf16 (2; 8 bytes; the merge kernel reads each). A partial
+// is normalized (a convex combination of the segment's V rows); fp16 saturates at its largest
+// finite value instead of becoming inf, which the merge would turn into NaN.
+__device__ __forceinline__ void store_partial(void* part_o, int dtype, int64_t i,
                                               const float (&v)[4]) {
-  if (bf16) {
+  if (dtype == 1) {
+    constexpr float kMax = 65504.f;
+    const float c[4] = {fminf(fmaxf(v[0], -kMax), kMax), fminf(fmaxf(v[1], -kMax), kMax),
+                        fminf(fmaxf(v[2], -kMax), kMax), fminf(fmaxf(v[3], -kMax), kMax)};
+    store_out(static_cast<uint8_t*>(part_o) + i * 2, 1, c);
+  } else if (dtype == 2) {
     store_out(static_cast<uint8_t*>(part_o) + i * 2, 2, v);
   } else {
     *reinterpret_cast<float4*>(static_cast<float*>(part_o) + i) = make_float4(v[0], v[1], v[2],

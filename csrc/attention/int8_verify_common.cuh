@@ -291,7 +291,7 @@ __device__ __forceinline__ void store_column(const Int8AttnParams& p, int sel, i
                    static_cast<int64_t>(hq) * p.stride_oh + d) * 2;
     store_out(op, p.out_dtype, o);
   } else {
-    store_partial(p.part_o, p.part_bf16,
+    store_partial(p.part_o, p.part_dtype,
                   sel * p.stride_pr + tq * p.stride_pt + hq * p.stride_ph + seg * p.stride_ps + d,
                   o);
   }

@@ -425,11 +425,12 @@ def test_cuda_verify_wgmma_falls_back_at_head_size_64(monkeypatch):
 
 @needs_c
 @pytest.mark.parametrize("dim_split", [1, 2])
-def test_cuda_bf16_partials(dim_split, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_cuda_half_partials(dtype, dim_split, monkeypatch):
     """The CUDA C++ decode and verification kernels writing their segments' partial outputs
-    in bf16 (cuda_decode.PARTIALS_DTYPE), merged by the log-sum-exp kernel: within the fp32
-    partials' tolerance of the reference, at the 27B layer's shape and a TP shard's."""
-    monkeypatch.setattr(cuda_decode, "PARTIALS_DTYPE", torch.bfloat16)
+    in bf16 or fp16 (cuda_decode.PARTIALS_DTYPE), merged by the log-sum-exp kernel: within
+    the fp32 partials' tolerance of the reference, at the 27B layer's shape and a TP shard's."""
+    monkeypatch.setattr(cuda_decode, "PARTIALS_DTYPE", dtype)
     monkeypatch.setattr(cuda_decode, "DECODE_DIM_SPLIT", dim_split)
     for nkv, group, hs in ((4, 6, 256), (2, 8, 128)):
         dec = make_batch([17, 4101, 70001], [1, 1, 1], torch.int8, device="cuda",
@@ -438,6 +439,26 @@ def test_cuda_bf16_partials(dim_split, monkeypatch):
         ver = make_batch([100, 5000, 70001], [2, 6, 5], torch.int8, device="cuda",
                          head_size=hs, num_kv_heads=nkv, group=group, seed=22)
         _check_cuda_segmentations(ver, verify_attention)
+
+
+@needs_c
+@pytest.mark.parametrize("attention,q_len", [(decode_attention, 1), (verify_attention, 6)],
+                         ids=["decode", "verify"])
+def test_cuda_fp16_partials_keep_fp32_precision(attention, q_len, monkeypatch):
+    """fp16 partials (normalized, 11 significant bits) add next to nothing to the kernels'
+    error at the 27B layer over 70K tokens (the op's segment count): within 10 % of the fp32
+    partials' error, and below bf16's (8 bits), so the test tells the two half types apart."""
+    b = make_batch([70001], [q_len], torch.int8, device="cuda", seed=23)
+    ref = _ref(b)
+    errs = {}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        monkeypatch.setattr(cuda_decode, "PARTIALS_DTYPE", dtype)
+        out = poisoned_out(b.q)
+        attention(b.q, b.cache, b.md, out=out, kernel="cuda")
+        synchronize_or_fail(f"{attention.__name__} with {dtype} partials")
+        errs[dtype] = max(_per_request(out, ref, b))
+    assert errs[torch.float16] <= 1.1 * errs[torch.float32], errs
+    assert errs[torch.bfloat16] > errs[torch.float16], errs
 
 
 @needs_c

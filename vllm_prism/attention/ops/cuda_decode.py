@@ -124,9 +124,12 @@ ATTN_PDL: bool | None = None
 # --cuda-decompose, two runs): "end" 12.1 against 14.9 us at 4K, 18.9 / 19.3 at 16K, 27.9 /
 # 28.1 at 32K, 75.6 / 74.1 at 128K; the 6-token verification call within 0.5 us either way
 ATTN_PDL_TRIGGER = "end"
-# The segments' partial outputs the CUDA kernels write for the merge: fp32, or bf16 (half the
-# bytes written and read back: 6.3 MB a 32K decode call of the 27B layer in fp32; the Triton
-# verification path's partials are bf16). fp32 until bf16 is timed on a GPU.
+# The segments' partial outputs the CUDA kernels write for the merge: fp32, or fp16 / bf16
+# (half the bytes written and read back: 6.3 MB a 32K decode call of the 27B layer in fp32;
+# the Triton verification path's partials are bf16). A partial is normalized (a convex
+# combination of its segment's V rows), so fp16's range holds it (the kernels saturate past
+# it) with 3 more mantissa bits than bf16. bf16 on the H100 (2026-12-08): 0.957x the decode
+# call at 32K, error 2.4e-3 against fp32's 1.7e-3; fp32 stays until fp16 is timed on a GPU.
 PARTIALS_DTYPE = torch.float32
 MIN_TILES = 4  # a segment covers at least 64 context tokens
 MIN_CAPABILITY = (8, 0)  # the extension's oldest target (CMakeLists.txt: sm_80)
