@@ -26,7 +26,8 @@
 #        (benchmarks/kernels/kv_copy_probe.cu, no torch; needs no vLLM: touch
 #        /tmp/vllm-gpu/env.sh first on a machine without it)
 #   bash scripts/gpu-session.sh attn-trace [CONTEXTS [QS [DECODE_CONTEXTS [DECODE_SEGMENTS
-#        [VERIFY_SEGMENTS]]]]]  the INT8 attention kernels' timelines from inside them: the
+#        [VERIFY_SEGMENTS [DECODE_PARTIALS]]]]]]  the INT8 attention kernels' timelines from
+#        inside them (DECODE_PARTIALS: the decode partials' dtypes, e.g. fp32,fp16,bf16): the
 #        verification kernel's copy waits, S^T, softmax and O^T steps; the decode kernel's
 #        prologue, stages, end; both kernels' CTA spread over two launches (DECODE_SEGMENTS,
 #        VERIFY_SEGMENTS: segment counts to try instead of the op's, e.g. 256,512,1024 and,
@@ -210,7 +211,7 @@ case $stage in
     wait $v || exit 1
     timeout $(limit 200) /tmp/verify-trace "${2:-32768,131072}" "${3:-4,6,8}" ${6:-} \
       | tee "$OUT/verify_trace.jsonl"
-    timeout $(limit 150) /tmp/decode-trace "${4:-4096,32768,131072}" ${5:-} \
+    timeout $(limit 150) /tmp/decode-trace "${4:-4096,32768,131072}" "${5:-}" "${7:-fp32}" \
       | tee "$OUT/decode_trace.jsonl"
     python3 benchmarks/kernels/trace_summary.py "$OUT/verify_trace.jsonl" \
       "$OUT/decode_trace.jsonl" --title "$(date +%F)" --out "$OUT/attention_trace.md"

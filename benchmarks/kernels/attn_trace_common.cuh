@@ -164,6 +164,48 @@ struct Cache {
   }
 };
 
+// Partials the kernel wrote as fp16 (dtype 1) or bf16 (2) into the first half of `po`'s bytes,
+// widened in place to fp32 (backwards: element i's 4 bytes start at or past half i's 2); fp32
+// (0) is left as it is.
+inline void widen_partials(std::vector<float>& po, int dtype) {
+  if (dtype == 0) return;
+  const uint16_t* h = reinterpret_cast<const uint16_t*>(po.data());
+  for (size_t i = po.size(); i-- > 0;) {
+    const uint16_t bits = h[i];
+    if (dtype == 1) {
+      __half_raw raw;
+      raw.x = bits;
+      po[i] = __half2float(__half(raw));
+    } else {
+      const uint32_t f = static_cast<uint32_t>(bits) << 16;
+      std::memcpy(&po[i], &f, 4);
+    }
+  }
+}
+
+// widen_partials on values both half types hold exactly: (read, expected) pairs for
+// selftest_verdict
+inline std::vector<std::pair<double, double>> widen_selftest() {
+  const float vals[5] = {1.5f, -0.375f, 256.f, 0.f, -2.f};
+  std::vector<std::pair<double, double>> out;
+  for (int dtype = 1; dtype <= 2; ++dtype) {
+    std::vector<float> po(5, 0.f);
+    uint16_t* h = reinterpret_cast<uint16_t*>(po.data());
+    for (int i = 0; i < 5; ++i) {
+      if (dtype == 1) {
+        h[i] = __half_raw(__float2half(vals[i])).x;
+      } else {
+        uint32_t f;
+        std::memcpy(&f, &vals[i], 4);
+        h[i] = static_cast<uint16_t>(f >> 16);
+      }
+    }
+    widen_partials(po, dtype);
+    for (int i = 0; i < 5; ++i) out.emplace_back(po[i], vals[i]);
+  }
+  return out;
+}
+
 // One request of `ctx` tokens whose last nq are the query: its query, partials and the
 // kernels' parameters as the op fills them (fill_int8_attn_params; no PDL, one warp a tile,
 // lazy maxima, cp.async tiles: each harness sets its own).
@@ -240,6 +282,7 @@ struct Request {
     std::vector<float> po(n_part * kHD), pl(n_part);
     CHECK(cudaMemcpy(po.data(), d_po, po.size() * 4, cudaMemcpyDeviceToHost));
     CHECK(cudaMemcpy(pl.data(), d_pl, pl.size() * 4, cudaMemcpyDeviceToHost));
+    widen_partials(po, p.part_dtype);
     double err = 0;
     const int cols[2][2] = {{0, 0}, {nq - 1, kQHeads - 1}};
     for (const auto& col : cols) {

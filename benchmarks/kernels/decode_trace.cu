@@ -34,7 +34,10 @@
 //        benchmarks/kernels/decode_trace.cu -o trace
 //   ./trace 4096,32768,131072 > trace.jsonl
 //   ./trace 32768,131072 256,512,1024 > trace.jsonl    (segment counts other than the op's)
-// Output: the device's line (its read bandwidth), then one JSON object per (context, copy).
+//   ./trace 32768,131072 "" fp32,fp16,bf16 > trace.jsonl    (the partials' dtypes,
+//        cuda_decode.PARTIALS_DTYPE; "" keeps the op's segments; default fp32)
+// Output: the device's line (its read bandwidth), then one JSON object per (context, segments,
+// partials, copy).
 // `trace --selftest` (no GPU) checks the timeline's reading on a made-up one.
 #define PRISM_ATTN_TRACE 1
 #include "attention/int8_decode.cu"
@@ -172,6 +175,7 @@ int selftest() {
       {r.span, 16.3}, {static_cast<double>(runs.size()), 4}, {runs[3].stream_us, 13.5},
       {static_cast<double>(runs[3].sm), 10}, {r.working, 4}};
   for (const auto& pair : tail_selftest()) got.push_back(pair);
+  for (const auto& pair : widen_selftest()) got.push_back(pair);
   return selftest_verdict(got, fields(r));
 }
 
@@ -180,25 +184,39 @@ int selftest() {
 int main(int argc, char** argv) {
   if (argc > 1 && std::strcmp(argv[1], "--selftest") == 0) return selftest();
   const std::vector<int> contexts = parse_ints(argc > 1 ? argv[1] : "4096,32768,131072");
+  // the partials' dtypes (Int8AttnParams::part_dtype: 0 fp32, 1 fp16, 2 bf16)
+  const std::map<std::string, int> dtype_codes = {{"fp32", 0}, {"fp16", 1}, {"bf16", 2}};
+  std::vector<std::string> partials;
+  for (std::string rest = argc > 3 ? argv[3] : "fp32"; !rest.empty();) {
+    const size_t comma = rest.find(',');
+    partials.push_back(rest.substr(0, comma));
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    if (!dtype_codes.count(partials.back())) {
+      std::fprintf(stderr, "partials: fp32, fp16 or bf16, not %s\n", partials.back().c_str());
+      return 2;
+    }
+  }
   SweepDevice dev;
   // the op's segment count, or the given ones (past 2 CTAs a multiprocessor: more waves, which
   // the block scheduler hands out as CTAs finish)
   const int op_segs = num_segments(dev.sms, 1, kCtasPerSm);
-  const std::vector<int> seg_counts =
-      argc > 2 ? parse_ints(argv[2]) : std::vector<int>{op_segs};
+  const std::vector<int> seg_counts = argc > 2 && argv[2][0] != '\0'
+                                          ? parse_ints(argv[2])
+                                          : std::vector<int>{op_segs};
   const int max_segs = *std::max_element(seg_counts.begin(), seg_counts.end());
   const size_t max_words = static_cast<size_t>(max_segs) * kTraceStride;
   unsigned long long* trace = trace_buffer(max_words);
   const float qk_scale = static_cast<float>(1.0 / 16.0 * 1.4426950408889634);
   for (const int ctx : contexts) {
     const Cache cache(ctx, dev);
-    for (const int segs : seg_counts) {
-      const Request req(ctx, 1, segs, cache, qk_scale);
+    for (const int segs : seg_counts) for (const std::string& part : partials) {
+      Request req(ctx, 1, segs, cache, qk_scale);
+      req.p.part_dtype = dtype_codes.at(part);
       const size_t words = static_cast<size_t>(segs) * kTraceStride;
       for (const int bulk : {0, 1}) {
-        char what[96];
-        std::snprintf(what, sizeof(what), "decode at context %d, %d segments, %s copies", ctx,
-                      segs, bulk ? "bulk" : "cp_async");
+        char what[128];
+        std::snprintf(what, sizeof(what), "decode at context %d, %d segments, %s partials, %s "
+                      "copies", ctx, segs, part.c_str(), bulk ? "bulk" : "cp_async");
         const Measured m = measure(cache, req, qk_scale, dev, trace, words, what, [&](int c) {
           vllm_prism::Int8AttnParams pc = req.p;
           pc.cache = cache.copies[c];
@@ -208,9 +226,11 @@ int main(int argc, char** argv) {
         const double gbps = cache.bytes / m.us / 1e3;
         const Timeline r = read_timeline(m.timelines[0], segs);
         const Tail tail = read_tail(r.runs, read_timeline(m.timelines[1], segs).runs);
-        std::printf("{\"context\": %d, \"copy\": \"%s\", \"segments\": %d, \"us\": %.2f, "
+        std::printf("{\"context\": %d, \"copy\": \"%s\", \"segments\": %d, "
+                    "\"partials\": \"%s\", \"us\": %.2f, "
                     "\"gbps\": %.0f, \"frac\": %.3f, \"rel_err\": %.2e, %s, %s}\n",
-                    ctx, bulk ? "bulk" : "cp_async", segs, m.us, gbps, gbps / dev.read_gbps,
+                    ctx, bulk ? "bulk" : "cp_async", segs, part.c_str(), m.us, gbps,
+                    gbps / dev.read_gbps,
                     m.err, fields(r).c_str(),
                     tail_fields(tail).c_str());
         std::fflush(stdout);

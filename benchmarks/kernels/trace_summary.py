@@ -37,7 +37,8 @@ VERIFY_COLUMNS = [
 ]
 DECODE_COLUMNS = [
     ("context", "context"), ("copy", "copy"), ("segments", "segments"),
-    ("ctas_with_work", "CTAs with work"), ("us", "us"), ("frac", "bw frac"),
+    ("partials", "partials"), ("ctas_with_work", "CTAs with work"), ("us", "us"),
+    ("frac", "bw frac"),
     ("span_us", "span"), ("start_spread_us", "start spread"), ("prologue_us", "prologue"),
     ("first_wait_us", "first copy"), ("iterations", "iterations"), ("wait_us", "wait"),
     ("compute_us", "compute"), ("end_us", "end"), ("merge_us", "end: merge"),
@@ -118,7 +119,7 @@ def summary(paths: list[Path], title: str) -> str:
         out += ["## Decode (int8_decode.cu, the kernel alone, without the merge)", ""]
         out += table(decode, DECODE_COLUMNS, "decode") + [""]
     for rows, keys, kind, name in ((verify, VERIFY_COLUMNS[:4], "verify", "Verification"),
-                                   (decode, DECODE_COLUMNS[:4], "decode", "Decode")):
+                                   (decode, DECODE_COLUMNS[:5], "decode", "Decode")):
         traced = [r for r in rows if "tail_us" in r]
         if traced:
             out += [f"## {name}: the CTAs' spread (streams in us, two launches)", ""]

@@ -20,8 +20,9 @@ VERIFY = {"context": 32768, "q_tokens": 6, "producer": "tma", "segments": 66, "c
           "us": 40.0, "frac": 0.5, "wait_us": 1.5, "s_us": 0.5, "p_us": 1.0, "o_us": 1.0,
           "pre_us": 2.0, "post_us": 1.0, "prod_blocked_us": 0.25, "arrival_us": 3.0,
           "arrival_p90_us": 4.0, "compute_bound_us": 30.0}
-DECODE = {"context": 4096, "copy": "cp_async", "segments": 256, "us": 12.0, "frac": 0.2,
-          "span_us": 11.0, "start_spread_us": 1.0, "prologue_us": 0.5, "first_wait_us": 2.0,
+DECODE = {"context": 4096, "copy": "cp_async", "segments": 256, "partials": "fp16", "us": 12.0,
+          "frac": 0.2, "span_us": 11.0, "start_spread_us": 1.0, "prologue_us": 0.5,
+          "first_wait_us": 2.0,
           "iterations": 2.0, "wait_us": 0.75, "compute_us": 1.25, "end_us": 1.5,
           "merge_us": 0.5, "write_us": 1.0, "end_spread_us": 0.5, "ctas_with_work": 64,
           "stream_min_us": 5.0, "stream_p50_us": 6.0,
@@ -74,12 +75,12 @@ def test_tables(tmp_path: Path) -> None:
     assert verify_cells[10] == "0.375"  # wait share
     assert verify_cells[-1] == "0.750"  # free copies
     decode_cells = [c.strip() for c in rows[1].strip("|").split("|")]
-    assert decode_cells[:5] == ["4096", "cp_async", "256", "64", "12.00"]
+    assert decode_cells[:6] == ["4096", "cp_async", "256", "fp16", "64", "12.00"]
     assert decode_cells[-1] == "7.000"  # fixed
-    assert decode_cells[13:16] == ["1.500", "0.500", "1.000"]  # the end, its merge, its writes
+    assert decode_cells[14:17] == ["1.500", "0.500", "1.000"]  # the end, its merge, its writes
     # the spread: a table for decode only (the verification line has none)
     assert "## Decode: the CTAs' spread" in text and "## Verification: the CTAs'" not in text
     cells = [c.strip() for c in rows[2].strip("|").split("|")]
-    assert cells[:5] == ["4096", "cp_async", "256", "64", "12.00"]
-    assert cells[10] == "0.250"  # tail share
+    assert cells[:6] == ["4096", "cp_async", "256", "fp16", "64", "12.00"]
+    assert cells[11] == "0.250"  # tail share
     assert cells[-2:] == ["0.900", "3 17"]  # sm corr, the slowest SMs
