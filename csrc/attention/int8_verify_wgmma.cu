@@ -365,9 +365,9 @@ __device__ __forceinline__ void produce(const Int8AttnParams& p, const VerifyWor
 // mapping is checked on the CPU by scripts/emulate_verify_wgmma.py).
 template <int HD, int NT>
 __device__ __forceinline__ void write_column(const Int8AttnParams& p, const VerifyWork& w,
-                                                  int sel, int slot, bool direct, int wwarp,
-                                                  int g, int n, int e, int tq, int hq, float f,
-                                                  const float (&oacc)[HD / 64][4 * NT]) {
+                                             int sel, int slot, bool direct, int wwarp, int g,
+                                             int n, int e, int tq, int hq, float f,
+                                             const float (&oacc)[HD / 64][4 * NT]) {
   if constexpr (HD == 256) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
