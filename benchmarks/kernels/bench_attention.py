@@ -71,8 +71,9 @@ HQ, HKV, HS = 24, 4, 256
 CONTEXTS = [4096, 32768, 65536, 131072]
 VERIFY_Q = [4, 6, 8]
 PREFILL_CONTEXTS = (0, 32768)
-# the CUDA kernels' partial outputs (cuda_decode.PARTIALS_DTYPE) the variant rows time
-PART_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# the CUDA kernels' half-size partial outputs (cuda_decode.PARTIALS_DTYPE) the variant rows
+# time beside the default fp32
+HALF_PARTIALS = {"bf16": torch.bfloat16, "fp16": torch.float16}
 L2_MULTIPLE = 3
 T0 = time.time()
 
@@ -318,12 +319,10 @@ def main() -> None:
                                                     dict(dim_split=other,
                                                          sdpa_us=round(s_us, 2)),
                                                     s_us, triton_dec),
-                                cuda_variant_record(cache, ctx, 1, dec, bytes_, read_bw,
-                                                    "cuda bf16 partials",
-                                                    {"PARTIALS_DTYPE": torch.bfloat16}),
-                                cuda_variant_record(cache, ctx, 1, dec, bytes_, read_bw,
-                                                    "cuda fp16 partials",
-                                                    {"PARTIALS_DTYPE": torch.float16})):
+                                *(cuda_variant_record(cache, ctx, 1, dec, bytes_, read_bw,
+                                                      f"cuda {name} partials",
+                                                      {"PARTIALS_DTYPE": dtype})
+                                  for name, dtype in HALF_PARTIALS.items())):
                         res["records"].append(rec)
                         print(json.dumps(rec), flush=True)
                     # the tiles on the bulk-copy engine (sm_90+), against the default copies
@@ -362,12 +361,10 @@ def main() -> None:
                         print(json.dumps(rec), flush=True)
                         other = 3 - cuda_decode.VERIFY_DIM_SPLIT
                         lazy = cuda_decode.verify_lazy_max()
-                        for rec in (cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
-                                                        "cuda bf16 partials",
-                                                        {"PARTIALS_DTYPE": torch.bfloat16}),
-                                    cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
-                                                        "cuda fp16 partials",
-                                                        {"PARTIALS_DTYPE": torch.float16}),
+                        for rec in (*(cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
+                                                          f"cuda {name} partials",
+                                                          {"PARTIALS_DTYPE": dtype})
+                                      for name, dtype in HALF_PARTIALS.items()),
                                     cuda_variant_record(cache, ctx, ql, us, bytes_, read_bw,
                                                         f"cuda dim_split={other}",
                                                         {"VERIFY_DIM_SPLIT": other},
@@ -381,14 +378,14 @@ def main() -> None:
                         # the warpgroup-MMA forms (opt-in: its producer on cp.async, or on a
                         # TMA tensor map), against the default
                         # (and the TMA form with bf16 and fp16 partials)
-                        for form, part in ((("wgmma", "fp32"), ("wgmma_tma", "fp32"),
-                                            ("wgmma_tma", "bf16"), ("wgmma_tma", "fp16"))
-                                           if wgmma_ready() else ()):
-                            label = (f"cuda {form.replace('_', ' ')}"
-                                     f"{'' if part == 'fp32' else ' ' + part}")
+                        forms = [("wgmma", "", torch.float32), ("wgmma_tma", "", torch.float32)]
+                        forms += [("wgmma_tma", f" {name}", dtype)
+                                  for name, dtype in HALF_PARTIALS.items()]
+                        for form, suffix, dtype in forms if wgmma_ready() else ():
                             rec = cuda_variant_record(
-                                cache, ctx, ql, us, bytes_, read_bw, label,
-                                {"VERIFY_FORM": form, "PARTIALS_DTYPE": PART_DTYPES[part]},
+                                cache, ctx, ql, us, bytes_, read_bw,
+                                f"cuda {form.replace('_', ' ')}{suffix}",
+                                {"VERIFY_FORM": form, "PARTIALS_DTYPE": dtype},
                                 dict(form=form))
                             rec["vs_decode"] = round(rec["us"] / dec, 3)
                             res["records"].append(rec)

@@ -186,13 +186,10 @@ int main(int argc, char** argv) {
   const std::vector<int> contexts = parse_ints(argc > 1 ? argv[1] : "4096,32768,131072");
   // the partials' dtypes (Int8AttnParams::part_dtype: 0 fp32, 1 fp16, 2 bf16)
   const std::map<std::string, int> dtype_codes = {{"fp32", 0}, {"fp16", 1}, {"bf16", 2}};
-  std::vector<std::string> partials;
-  for (std::string rest = argc > 3 ? argv[3] : "fp32"; !rest.empty();) {
-    const size_t comma = rest.find(',');
-    partials.push_back(rest.substr(0, comma));
-    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
-    if (!dtype_codes.count(partials.back())) {
-      std::fprintf(stderr, "partials: fp32, fp16 or bf16, not %s\n", partials.back().c_str());
+  const std::vector<std::string> partials = parse_names(argc > 3 ? argv[3] : "fp32");
+  for (const std::string& part : partials) {
+    if (!dtype_codes.count(part)) {
+      std::fprintf(stderr, "partials: fp32, fp16 or bf16, not %s\n", part.c_str());
       return 2;
     }
   }

@@ -132,6 +132,18 @@ inline std::vector<int> parse_ints(const char* s) {
   return out;
 }
 
+// A comma-separated list of names ("fp32,fp16"): its entries, in order.
+inline std::vector<std::string> parse_names(const char* s) {
+  std::vector<std::string> out;
+  for (const char* q = s; *q;) {
+    const char* e = q;
+    while (*e && *e != ',') ++e;
+    out.emplace_back(q, e);
+    q = *e ? e + 1 : e;
+  }
+  return out;
+}
+
 // Median of `reps` replays of a graph of `calls` launches made by `launch(i)`, us per launch.
 template <typename F>
 double time_graph(int calls, F launch, cudaStream_t s, int reps = 9) {

@@ -37,4 +37,3 @@ def test_emulated_kernel_matches_reference(case):
     # fp16 operands give ~4e-4; an index error gives ~1e-1 (the script's own bound)
     assert emulator.ERROR_BOUND <= 3e-3
     assert err < emulator.ERROR_BOUND, err
-
